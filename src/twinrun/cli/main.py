@@ -1,0 +1,80 @@
+"""Entry point: a click group whose commands are imported only when called, so `twinrun --help`
+answers without importing torch. Known errors print one line and exit non-zero; a traceback only
+with TWINRUN_DEBUG=1."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+# command name -> (module, attribute, one-line help). Modules are imported lazily.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "toy-model": ("twinrun.cli.toy_model", "toy_model", "Write a tiny Llama checkpoint."),
+    "tune": ("twinrun.cli.tune", "tune", "Train a LoRA adapter, or evaluate one."),
+    "generate": ("twinrun.cli.generate", "generate", "Generate text (greedy or seeded)."),
+    "diff": ("twinrun.cli.diff", "diff", "First divergence between two runs."),
+    "demo": ("twinrun.cli.demo", "demo", "The guided tour on the toy model."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="twinrun")
+def cli() -> None:
+    """twinrun: reproducible LLM post-training.
+
+    Every run is an artifact: same command, seed, checkpoint and locked environment write the
+    same adapter bytes. Start with `twinrun demo`.
+    """
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("TWINRUN_DEBUG", "") not in ("", "0")
+
+
+def run_cli(args: list[str] | None = None) -> int:
+    """Run the CLI and return the exit code (used by tests in-process and by `main`)."""
+    from twinrun.errors import TwinrunError
+
+    try:
+        rv = cli.main(args=args, prog_name="twinrun", standalone_mode=False)
+    except TwinrunError as exc:
+        if debug_enabled():
+            raise
+        click.echo(f"twinrun: error: {exc.one_line()}", err=True)
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("twinrun: aborted", err=True)
+        return 130
+    except KeyboardInterrupt:
+        click.echo("twinrun: interrupted", err=True)
+        return 130
+    # commands return their exit code (or None for success); click returns Exit codes likewise
+    return rv if isinstance(rv, int) else 0
+
+
+def main() -> None:
+    sys.exit(run_cli())

@@ -1,0 +1,52 @@
+"""The error hierarchy. Every error a user can cause is a TwinrunError: the CLI prints its one
+line (what is wrong, then what to do) and exits non-zero; a traceback only with TWINRUN_DEBUG=1.
+
+Each class also subclasses the builtin that fits, so callers catching ValueError or OSError keep
+working (the PEFT habit).
+"""
+
+from __future__ import annotations
+
+
+class TwinrunError(Exception):
+    """Base class. `hint` says what to do about it."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def one_line(self) -> str:
+        return f"{self.message} — {self.hint}" if self.hint else self.message
+
+
+class ConfigError(TwinrunError, ValueError):
+    """A flag or config key is missing, malformed or contradicts another."""
+
+
+class DataError(TwinrunError, ValueError):
+    """An examples file (or other input data) is missing, empty or malformed."""
+
+
+class ModelError(TwinrunError, ValueError):
+    """A model or adapter directory is missing or is not a usable checkpoint."""
+
+
+class OutputError(TwinrunError, OSError):
+    """An output path exists, cannot be written, or would be overwritten."""
+
+
+class ContractError(TwinrunError, RuntimeError):
+    """A determinism or replay contract does not hold (e.g. strict mode could not be set)."""
+
+
+class IntegrityError(TwinrunError, ValueError):
+    """A pinned SHA256 does not match: `Expected sha256 <x>  Got <y>` for a path."""
+
+    def __init__(self, expected: str, got: str, path: str, hint: str | None = None) -> None:
+        super().__init__(f"{path}: Expected sha256 {expected}  Got {got}", hint)
+        self.expected = expected
+        self.got = got
+        self.path = path

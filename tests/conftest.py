@@ -1,0 +1,33 @@
+"""Session fixtures: the toy checkpoint is built once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def toy_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real Llama-architecture HF checkpoint (4 layers, hidden 64), written by twinrun."""
+    from twinrun.model.toy import write_toy_checkpoint
+
+    out = tmp_path_factory.mktemp("toy") / "model"
+    write_toy_checkpoint(out, seed=0)
+    return out
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu` tests are skipped where no CUDA device exists."""
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except Exception:  # pragma: no cover - torch is a hard dependency
+        has_gpu = False
+    if has_gpu:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
