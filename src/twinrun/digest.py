@@ -44,3 +44,14 @@ def canonical_json(obj: Any) -> bytes:
 
 def sha256_json(obj: Any) -> str:
     return sha256_bytes(canonical_json(obj))
+
+
+def sha256_dir(path: str | os.PathLike[str]) -> str:
+    """One digest over every regular file under `path` (hidden files skipped)."""
+    root = Path(path)
+    files = [
+        p
+        for p in root.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    ]
+    return sha256_files(files, root)

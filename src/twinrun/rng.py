@@ -70,8 +70,8 @@ def _words(part: KeyPart) -> list[int]:
     if isinstance(part, bool) or not isinstance(part, int | str):
         raise TypeError(f"stream key parts must be int or str, got {type(part).__name__}")
     if isinstance(part, int):
-        if not -(2**63) <= part < 2**64:
-            raise ValueError(f"stream index out of 64-bit range: {part}")
+        if not 0 <= part < 2**64:
+            raise ValueError(f"stream index must be in [0, 2**64), got {part}")
         return [0x49 << 56 | 8, part & MASK64]  # 'I'
     data = part.encode("utf-8")
     padded = data + b"\0" * (-len(data) % 8)
@@ -83,6 +83,8 @@ def _words(part: KeyPart) -> list[int]:
 def stream_key(seed: int, purpose: str, *indices: KeyPart) -> int:
     """The 64-bit key of the stream for (seed, purpose, *indices)."""
     check_seed(seed)
+    if not isinstance(purpose, str):
+        raise TypeError(f"stream purpose must be a str, got {type(purpose).__name__}")
     h = mix64(seed + GAMMA)
     for part in (purpose, *indices):
         for w in _words(part):
@@ -110,6 +112,8 @@ class Stream:
 
     def u64_array(self, n: int) -> np.ndarray:
         """The next n raw draws as a uint64 array (the same numbers `next_u64` would give)."""
+        if n < 0:
+            raise ValueError(f"cannot draw {n} values")
         start = self.position + 1
         self.position += n
         with np.errstate(over="ignore"):
@@ -127,8 +131,8 @@ class Stream:
     def integers(self, low: int, high: int) -> int:
         """An unbiased integer in [low, high) by rejection of the short top range."""
         n = high - low
-        if n <= 0:
-            raise ValueError(f"empty range [{low}, {high})")
+        if not 0 < n <= 1 << 64:
+            raise ValueError(f"range [{low}, {high}) must hold 1 to 2**64 integers")
         limit = (1 << 64) - ((1 << 64) % n)  # largest multiple of n that fits
         while True:
             u = self.next_u64()

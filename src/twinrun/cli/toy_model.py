@@ -1,0 +1,35 @@
+"""`twinrun toy-model DIR --seed N`: a tiny Llama-architecture checkpoint from twinrun streams."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("toy-model")
+@click.argument("directory", type=str)
+@click.option("--seed", type=int, required=True, help="Seed for the weights.")
+@click.option("--layers", type=int, default=4, show_default=True)
+@click.option("--hidden", type=int, default=64, show_default=True)
+@click.option("--intermediate", type=int, default=128, show_default=True)
+@click.option("--heads", type=int, default=4, show_default=True)
+@click.option("--kv-heads", type=int, default=2, show_default=True)
+@click.option("--overwrite", is_flag=True, help="Replace an existing directory.")
+def toy_model(
+    directory: str, seed: int, layers: int, hidden: int, intermediate: int, heads: int,
+    kv_heads: int, overwrite: bool,
+) -> None:
+    """Write a tiny Llama checkpoint (byte-level tokenizer with a chat template) to DIRECTORY."""
+    from twinrun.errors import ConfigError
+    from twinrun.model.toy import write_toy_checkpoint
+
+    if not 0 <= seed < 2**63:
+        raise ConfigError(f"--seed must be in [0, 2**63), got {seed}")
+    for name, v in (("layers", layers), ("hidden", hidden), ("intermediate", intermediate),
+                    ("heads", heads), ("kv-heads", kv_heads)):
+        if v < 1:
+            raise ConfigError(f"--{name} must be >= 1, got {v}")
+    if hidden % heads or heads % kv_heads:
+        raise ConfigError("--hidden must divide by --heads, and --heads by --kv-heads")
+    write_toy_checkpoint(directory, seed, layers=layers, hidden=hidden, intermediate=intermediate,
+                         heads=heads, kv_heads=kv_heads, overwrite=overwrite)
+    click.echo(f"toy model written to {directory}")

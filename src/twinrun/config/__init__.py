@@ -1,0 +1,1 @@
+"""Run configuration: one dataclass tree for flags, TOML and the sidecar."""

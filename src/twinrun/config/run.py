@@ -1,0 +1,138 @@
+"""The run configuration: one dataclass whose fields each name their flag and their TOML key, so
+flags, a TOML config and the sidecar all map to the same tree.
+
+Every training number is required — none has a silent default — and a command missing several
+learns about all of them in one error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from twinrun.errors import ConfigError
+
+OBJECTIVES = ("sft", "dpo", "reward", "grpo")
+PRECISIONS = ("f32", "bf16")
+
+
+def _f(flag: str, toml: str, required: bool = True, default: Any = None, doc: str = "") -> Any:
+    return field(
+        default=default, metadata={"flag": flag, "toml": toml, "required": required, "doc": doc}
+    )
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """Everything that shapes a training run. `None` means "not given"."""
+
+    objective: str = _f("", "training.trainer", doc="sft | dpo | reward | grpo")
+    model: str | None = _f("--model", "model.path", doc="local HF checkpoint directory")
+    examples: str | None = _f("--examples", "data.examples", doc="JSONL or JSON array")
+    output: str | None = _f("--output", "logging.dir", doc="run directory")
+    seed: int | None = _f("--seed", "training.seed")
+    epochs: int | None = _f("--epochs", "training.epochs")
+    batch_size: int | None = _f("--batch-size", "training.batch_size", doc="rows per forward")
+    accumulation: int | None = _f("--accumulation", "training.accumulation")
+    learning_rate: float | None = _f("--learning-rate", "training.learning_rate")
+    warmup_steps: int | None = _f("--warmup-steps", "training.warmup_steps")
+    lora_rank: int | None = _f("--lora-rank", "model.lora_rank")
+    lora_alpha: float | None = _f("--lora-alpha", "model.lora_alpha")
+    precision: str | None = _f("--precision", "training.precision", doc="f32 | bf16")
+    chat_template: str | None = _f("--chat-template", "model.chat_template", doc="on | off")
+    # objective coefficients
+    beta: float | None = _f("--beta", "dpo.beta", required=False)
+    # optional switches (defaults are stated, not silent: they are recorded in the sidecar)
+    diag: bool = _f("--diag", "logging.diag", required=False, default=False)
+    trace_step: int | None = _f("--trace-step", "logging.trace_step", required=False)
+    inject: list[str] = _f("--inject", "debug.inject", required=False, default=None)
+    threads: int | None = _f("--threads", "backend.options.threads", required=False)
+    device: str = _f("--device", "backend.devices", required=False, default="cpu")
+    strict: bool = _f(
+        "--strict/--no-strict", "backend.options.strict_deterministic", required=False, default=True
+    )
+    batch_invariant: bool = _f(
+        "--batch-invariant", "backend.options.batch_invariant", required=False, default=False
+    )
+    overwrite: bool = _f("--overwrite", "", required=False, default=False)
+    quiet: bool = _f("--quiet", "", required=False, default=False)
+    # fixed optimizer numbers: recorded so the sidecar is the whole record
+    weight_decay: float = field(default=0.0, metadata={"toml": "optimizer.weight_decay"})
+    adam_betas: tuple[float, float] = field(
+        default=(0.9, 0.999), metadata={"toml": "optimizer.betas"}
+    )
+    adam_eps: float = field(default=1e-8, metadata={"toml": "optimizer.eps"})
+
+    def __post_init__(self) -> None:
+        if self.inject is None:
+            self.inject = []
+
+
+REQUIRED_BY_OBJECTIVE: dict[str, tuple[str, ...]] = {
+    "sft": (),
+    "dpo": ("beta",),
+    "reward": (),
+}
+NOT_FOR: dict[str, tuple[str, ...]] = {"sft": ("beta",), "reward": ("beta",)}
+
+
+def fields_meta() -> dict[str, dict[str, Any]]:
+    return {f.name: dict(f.metadata) for f in dataclasses.fields(RunConfig)}
+
+
+def validate(cfg: RunConfig) -> None:
+    """Every problem at once: missing numbers first, then bad values."""
+    meta = fields_meta()
+    missing = [
+        meta[name]["flag"]
+        for name, m in meta.items()
+        if m.get("required") and m.get("flag") and getattr(cfg, name) is None
+    ]
+    missing += [meta[n]["flag"] for n in REQUIRED_BY_OBJECTIVE.get(cfg.objective, ())
+                if getattr(cfg, n) is None]
+    if missing:
+        raise ConfigError(
+            f"missing required {'flag' if len(missing) == 1 else 'flags'}: {' '.join(missing)}",
+            "every training number must be given (twinrun has no silent defaults)",
+        )
+    problems: list[str] = []
+    for name in NOT_FOR.get(cfg.objective, ()):
+        if getattr(cfg, name) is not None:
+            problems.append(f"{meta[name]['flag']} does not apply to {cfg.objective}")
+    assert cfg.seed is not None and cfg.epochs is not None and cfg.batch_size is not None
+    if not 0 <= cfg.seed < 2**63:
+        problems.append(f"--seed must be in [0, 2**63), got {cfg.seed}")
+    for name in ("epochs", "batch_size", "accumulation", "lora_rank"):
+        if getattr(cfg, name) < 1:
+            problems.append(f"{meta[name]['flag']} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.warmup_steps is not None and cfg.warmup_steps < 0:
+        problems.append(f"--warmup-steps must be >= 0, got {cfg.warmup_steps}")
+    if not (cfg.learning_rate or 0) > 0:
+        problems.append(f"--learning-rate must be > 0, got {cfg.learning_rate}")
+    if not (cfg.lora_alpha or 0) > 0:
+        problems.append(f"--lora-alpha must be > 0, got {cfg.lora_alpha}")
+    if cfg.precision not in PRECISIONS:
+        problems.append(f"--precision must be f32 or bf16, got {cfg.precision!r}")
+    if cfg.chat_template not in ("on", "off"):
+        problems.append(f"--chat-template must be on or off, got {cfg.chat_template!r}")
+    if cfg.beta is not None and not cfg.beta > 0:
+        problems.append(f"--beta must be > 0, got {cfg.beta}")
+    if cfg.threads is not None and cfg.threads < 1:
+        problems.append(f"--threads must be >= 1, got {cfg.threads}")
+    if cfg.trace_step is not None and cfg.trace_step < 0:
+        problems.append(f"--trace-step must be >= 0, got {cfg.trace_step}")
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def shaping_numbers(cfg: RunConfig) -> dict[str, Any]:
+    """Every number that shaped the run, as recorded in the sidecar's `train` section."""
+    skip = {"model", "examples", "output", "overwrite", "quiet"}
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(RunConfig):
+        if f.name in skip:
+            continue
+        value = getattr(cfg, f.name)
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out

@@ -1,0 +1,1 @@
+"""Example files, chat templates, batching (pad + mask) and sampling plans."""

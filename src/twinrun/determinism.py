@@ -1,0 +1,218 @@
+"""Strict determinism mode (DESIGN §1): establish, verify, and record as provenance.
+
+`establish(strict, threads, device, attention)` runs before any model or CUDA state exists. In
+strict mode it sets
+
+- `torch.use_deterministic_algorithms(True)` (errors, not warnings, on nondeterministic ops),
+- `torch.backends.cudnn.deterministic = True` and `torch.backends.cudnn.benchmark = False`,
+- `CUBLAS_WORKSPACE_CONFIG` (`:4096:8` when unset; `:4096:8` or `:16:8` are kept; any other
+  value is a `ContractError`),
+
+records the attention implementation, applies the torch intra-op thread count (in both modes),
+reads every setting back and raises `ContractError` if one did not stick. It fails closed when
+CUDA was initialised before `CUBLAS_WORKSPACE_CONFIG` was set: cuBLAS may already have chosen its
+workspaces, and nothing done now can undo that.
+
+The returned provenance dict records the settings as they are after the call (in non-strict mode
+too), for the run's sidecar. `runtime_versions()` lists library versions through package
+metadata, so nothing heavy is imported. torch is imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+from twinrun.errors import ConfigError, ContractError
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
+CUBLAS_ALLOWED = (":4096:8", ":16:8")
+CUBLAS_DEFAULT = ":4096:8"
+
+# "eager": twinrun's own explicit attention (matmul + mask + softmax); "sdpa": torch's
+# scaled_dot_product_attention, whose kernel choice torch's deterministic mode governs.
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
+
+RUNTIME_PACKAGES = (
+    "torch",
+    "transformers",
+    "peft",
+    "safetensors",
+    "numpy",
+    "tokenizers",
+    "twinrun",
+)
+
+_DEVICE_RE = re.compile(r"cuda:(\d+)")
+
+
+def parse_device(device: str) -> int | None:
+    """The CUDA index of `device` ("cuda:N"), None for "cpu"; anything else is a ConfigError."""
+    if device == "cpu":
+        return None
+    m = _DEVICE_RE.fullmatch(device) if isinstance(device, str) else None
+    if m is None:
+        raise ConfigError(
+            f"--device must be cpu or cuda:N, got {device!r}", "use --device cpu or --device cuda:0"
+        )
+    return int(m.group(1))
+
+
+def _check_threads(threads: int | None) -> None:
+    if threads is None:
+        return
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ConfigError(
+            f"--threads must be an integer >= 1, got {threads!r}",
+            "use --threads N with N >= 1, or leave it out to keep torch's default",
+        )
+
+
+def _check_attention(attention: str) -> None:
+    if attention not in ATTENTION_IMPLEMENTATIONS:
+        raise ConfigError(
+            f"unknown attention implementation {attention!r}",
+            f"use one of: {', '.join(ATTENTION_IMPLEMENTATIONS)}",
+        )
+
+
+def _check_cuda_device(torch: ModuleType, device: str, index: int) -> None:
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"--device {device} asked for but no CUDA device is available", "use --device cpu"
+        )
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ConfigError(
+            f"--device {device} asked for but only {count} CUDA device(s) are visible",
+            f"use --device cuda:0 .. cuda:{count - 1}, or --device cpu",
+        )
+
+
+def _device_name(torch: ModuleType, index: int | None) -> str:
+    if index is not None:
+        return str(torch.cuda.get_device_name(index))
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def verify_strict() -> None:
+    """Raise ContractError unless every strict setting holds right now (read back from torch
+    and the environment). Cheap; callable again later, e.g. after the model is built."""
+    import torch
+
+    problems: list[str] = []
+    if not torch.are_deterministic_algorithms_enabled():
+        problems.append("torch deterministic algorithms are off")
+    elif torch.is_deterministic_algorithms_warn_only_enabled():
+        problems.append("torch deterministic algorithms are in warn-only mode")
+    if torch.backends.cudnn.deterministic is not True:
+        problems.append("cudnn.deterministic is not True")
+    if torch.backends.cudnn.benchmark is not False:
+        problems.append("cudnn.benchmark is not False")
+    value = os.environ.get(CUBLAS_ENV)
+    if value not in CUBLAS_ALLOWED:
+        problems.append(f"{CUBLAS_ENV}={value!r}")
+    if problems:
+        raise ContractError(
+            "strict determinism did not hold: " + "; ".join(problems),
+            "something reset a strict setting after twinrun set it; run with --no-strict to "
+            "proceed without the guarantee",
+        )
+
+
+def establish(
+    strict: bool,
+    threads: int | None,
+    device: str = "cpu",
+    attention: str = "eager",
+) -> dict[str, Any]:
+    """Establish (strict) or only record (non-strict) the determinism settings; return the
+    provenance dict. All inputs are validated before anything global is changed."""
+    index = parse_device(device)
+    _check_threads(threads)
+    _check_attention(attention)
+
+    import torch
+
+    if index is not None:
+        _check_cuda_device(torch, device, index)
+
+    if strict:
+        cuda_was_initialised = bool(torch.cuda.is_initialized())
+        cublas_before = os.environ.get(CUBLAS_ENV)
+        if cublas_before is not None and cublas_before not in CUBLAS_ALLOWED:
+            raise ContractError(
+                f"{CUBLAS_ENV}={cublas_before!r} is not a deterministic cuBLAS workspace setting",
+                f"set {CUBLAS_ENV} to {' or '.join(CUBLAS_ALLOWED)}, or unset it "
+                f"(twinrun then sets {CUBLAS_DEFAULT})",
+            )
+        if index is not None and cuda_was_initialised and cublas_before is None:
+            raise ContractError(
+                f"CUDA was initialised before strict mode could set {CUBLAS_ENV}",
+                f"export {CUBLAS_ENV}={CUBLAS_DEFAULT} before starting, or call "
+                "twinrun.determinism.establish() before anything touches CUDA",
+            )
+        if cublas_before is None:
+            os.environ[CUBLAS_ENV] = CUBLAS_DEFAULT
+        torch.use_deterministic_algorithms(True, warn_only=False)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+        got = torch.get_num_threads()
+        if got != threads:
+            raise ContractError(
+                f"torch thread count did not stick: asked for {threads}, got {got}",
+                "check OMP_NUM_THREADS / MKL settings, or leave --threads out",
+            )
+
+    if strict:
+        verify_strict()
+
+    return {
+        "strict": bool(strict),
+        "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "cublas_workspace_config": os.environ.get(CUBLAS_ENV),
+        "attention": attention,
+        "threads": int(torch.get_num_threads()),
+        "interop_threads": int(torch.get_num_interop_threads()),
+        "device": device,
+        "torch": str(torch.__version__),
+        "cuda": torch.version.cuda or None,
+        "device_name": _device_name(torch, index),
+    }
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def runtime_versions() -> dict[str, str | None]:
+    """python, platform and library versions from package metadata (None when not installed);
+    imports none of the libraries."""
+    versions: dict[str, str | None] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    for package in RUNTIME_PACKAGES:
+        versions[package] = _version(package)
+    return versions

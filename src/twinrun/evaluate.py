@@ -1,0 +1,144 @@
+"""`twinrun tune evaluate`: per-example completion losses in input order, with provenance.
+
+Rows go through forwards of `batch_size` in input order (no shuffle). An example's loss is its
+token-mean completion NLL; the report's `loss` is the mean over examples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from twinrun.errors import ConfigError, OutputError
+
+REPORT_FORMAT = "twinrun.evaluate.v1"
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    model: str | None = None
+    adapter: str | None = None
+    examples: str | None = None
+    chat_template: str | None = None
+    precision: str | None = None
+    batch_size: int | None = None
+    output: str | None = None
+    threads: int | None = None
+    device: str = "cpu"
+    strict: bool = True
+    batch_invariant: bool = False
+    overwrite: bool = False
+    quiet: bool = False
+    diag: str | None = None  # write eval-phase diag rows to this file
+
+    def validate(self) -> None:
+        flags = {
+            "--model": self.model, "--examples": self.examples,
+            "--chat-template": self.chat_template, "--precision": self.precision,
+            "--batch-size": self.batch_size, "--output": self.output,
+        }
+        missing = [k for k, v in flags.items() if v is None]
+        if missing:
+            raise ConfigError(f"missing required flags: {' '.join(missing)}",
+                              "evaluate needs every one of them")
+        problems = []
+        if self.batch_size is not None and self.batch_size < 1:
+            problems.append(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.precision not in ("f32", "bf16"):
+            problems.append(f"--precision must be f32 or bf16, got {self.precision!r}")
+        if self.chat_template not in ("on", "off"):
+            problems.append(f"--chat-template must be on or off, got {self.chat_template!r}")
+        if problems:
+            raise ConfigError("; ".join(problems))
+        out = Path(self.output)  # type: ignore[arg-type]
+        if out.exists() and not self.overwrite:
+            raise OutputError(f"report {out} exists", "choose another --output or pass --overwrite")
+
+
+def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
+    import torch
+
+    from twinrun.data.batching import pad_rows
+    from twinrun.data.examples import encode_sft_rows, load_rows
+    from twinrun.determinism import establish, runtime_versions
+    from twinrun.digest import sha256_dir, sha256_file
+    from twinrun.fileio import atomic_write_json
+    from twinrun.model.llama import load_base_model, read_config
+    from twinrun.model.lora import load_adapter
+    from twinrun.model.tokenizer import load_tokenizer
+    from twinrun.objectives.sft import completion_nll
+
+    cfg.validate()
+    model_dir = Path(cfg.model)  # type: ignore[arg-type]
+    max_len = int(read_config(model_dir).get("max_position_embeddings", 2048))
+    tok = load_tokenizer(model_dir)
+    rows = encode_sft_rows(tok, load_rows(cfg.examples), cfg.chat_template == "on", max_len)  # type: ignore[arg-type]
+    if cfg.adapter is not None:
+        from twinrun.model.lora import read_adapter_config
+
+        read_adapter_config(cfg.adapter)  # fail before building anything
+    provenance = establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
+    model = load_base_model(model_dir, precision=cfg.precision, device=cfg.device)
+    if cfg.adapter is not None:
+        load_adapter(model, cfg.adapter)
+    model.eval()
+    recorder = None
+    if cfg.diag:
+        from twinrun.diag.recorder import DiagRecorder
+
+        recorder = DiagRecorder(cfg.diag)
+    per_example: list[dict[str, Any]] = []
+    bs = cfg.batch_size
+    assert bs is not None
+    with torch.no_grad():
+        for batch_no, start in enumerate(range(0, len(rows), bs)):
+            batch = rows[start : start + bs]
+            ids, attn, mask = (t.to(cfg.device) for t in pad_rows(batch, tok.pad_id))
+            ctx = (torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16)
+                   if cfg.precision == "bf16" else _null())
+            with ctx:
+                logits = model(ids, attn)
+            sums, counts = completion_nll(logits, ids, mask)
+            for b in range(len(batch)):
+                n = int(counts[b])
+                per_example.append({
+                    "index": start + b,
+                    "loss": float(sums[b]) / n if n else 0.0,
+                    "tokens": n,
+                })
+            if recorder is not None:
+                recorder.record(batch_no, {
+                    "batch.sample_indices": torch.arange(start, start + len(batch)),
+                    "batch.tokens": ids.cpu(),
+                    "forward.logits": logits.float().cpu(),
+                    "loss": (sums.double() / counts.clamp(min=1)).cpu(),
+                }, phase="eval")
+    if recorder is not None:
+        recorder.close()
+    report = {
+        "format": REPORT_FORMAT,
+        "loss": sum(e["loss"] for e in per_example) / len(per_example),
+        "tokens": sum(e["tokens"] for e in per_example),
+        "examples": len(per_example),
+        "per_example": per_example,
+        "precision": cfg.precision,
+        "chat_template": cfg.chat_template,
+        "batch_size": cfg.batch_size,
+        "batch_invariant": cfg.batch_invariant,
+        "model_sha256": sha256_dir(model_dir),
+        "adapter_sha256": (
+            sha256_file(Path(cfg.adapter) / "adapter_model.safetensors") if cfg.adapter else None
+        ),
+        "data_sha256": sha256_file(cfg.examples),  # type: ignore[arg-type]
+        "determinism": provenance,
+        "runtime": runtime_versions(),
+    }
+    atomic_write_json(cfg.output, report)  # type: ignore[arg-type]
+    return report
+
+
+def _null() -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()

@@ -1,0 +1,90 @@
+"""`twinrun generate` as a library call: validate, build, generate, decode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from twinrun.errors import ConfigError
+
+
+@dataclass(kw_only=True)
+class GenerateConfig:
+    model: str | None = None
+    adapter: str | None = None
+    prompt: str | None = None
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    chat_template: str | None = None
+    seed: int | None = None
+    precision: str = "f32"
+    steer: str | None = None
+    steer_scale: float | None = None
+    device: str = "cpu"
+    threads: int | None = None
+    strict: bool = True
+
+    def validate(self) -> None:
+        flags = {
+            "--model": self.model, "--prompt": self.prompt,
+            "--max-new-tokens": self.max_new_tokens, "--temperature": self.temperature,
+            "--chat-template": self.chat_template, "--seed": self.seed,
+        }
+        missing = [k for k, v in flags.items() if v is None]
+        if missing:
+            raise ConfigError(f"missing required flags: {' '.join(missing)}",
+                              "generate needs every one of them")
+        problems = []
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            problems.append(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature is not None and self.temperature < 0:
+            problems.append(f"--temperature must be >= 0, got {self.temperature}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            problems.append(f"--seed must be in [0, 2**63), got {self.seed}")
+        if self.chat_template not in ("on", "off"):
+            problems.append(f"--chat-template must be on or off, got {self.chat_template!r}")
+        if (self.steer is None) != (self.steer_scale is None):
+            problems.append("--steer and --steer-scale go together")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+
+def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
+    import torch
+
+    from twinrun.data.examples import prompt_text
+    from twinrun.determinism import establish
+    from twinrun.model.generate import generate_tokens
+    from twinrun.model.llama import load_base_model, read_config
+    from twinrun.model.lora import load_adapter
+    from twinrun.model.tokenizer import load_tokenizer
+    from twinrun.rng import stream
+
+    cfg.validate()
+    model_dir = Path(cfg.model)  # type: ignore[arg-type]
+    read_config(model_dir)
+    tok = load_tokenizer(model_dir)
+    text = prompt_text(tok, [{"role": "user", "content": cfg.prompt}], cfg.chat_template == "on")  # type: ignore[list-item]
+    prompt_ids = [tok.bos_id, *tok.encode(text)]
+    establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
+    model = load_base_model(model_dir, precision=cfg.precision, device=cfg.device)
+    if cfg.adapter is not None:
+        load_adapter(model, cfg.adapter)
+    if cfg.steer is not None:
+        from twinrun.steering import attach_steering
+
+        attach_steering(model, cfg.steer, cfg.steer_scale)  # type: ignore[arg-type]
+    model.eval()
+    seed = cfg.seed
+    assert seed is not None
+
+    def draw(position: int) -> float:
+        return stream(seed, "sample", position).uniform()
+
+    with torch.no_grad():
+        result = generate_tokens(
+            model, prompt_ids, cfg.max_new_tokens, cfg.temperature, draw=draw, eos_id=tok.eos_id
+        )
+    tokens = list(result.tokens)
+    return {"prompt_tokens": prompt_ids, "tokens": tokens, "text": tok.decode(tokens)}

@@ -1,0 +1,1 @@
+"""Pure loss functions, one module per objective."""

@@ -1,0 +1,1 @@
+"""The step loop, its optimizer boundary, schedule, and run outputs."""

@@ -1,0 +1,102 @@
+"""The optimizer-step loop shared by every objective.
+
+An objective supplies `step_fn(plan) -> StepOutcome`: it runs the forwards and backwards of one
+optimizer step and reports its loss and its early diag leaves (sampled indices, tokens, logits,
+loss). The loop owns everything around that: the learning rate, zeroing and stepping AdamW, the
+gradient norm, metrics rows, the later diag leaves (gradients, Adam moments, parameters, lr, RNG
+state) and progress.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from twinrun.progress import Progress
+from twinrun.train.schedule import lr_at
+
+
+@dataclass
+class StepOutcome:
+    """What one step's forwards/backwards produced."""
+
+    loss: float
+    tokens: int
+    rows: int
+    leaves: dict[str, Any] = field(default_factory=dict)  # early diag leaves, dataflow order
+    metrics: dict[str, Any] = field(default_factory=dict)  # objective-specific metrics
+
+
+@dataclass
+class Loop:
+    params: list[tuple[str, torch.nn.Parameter]]
+    optimizer: torch.optim.Optimizer
+    base_lr: float
+    warmup_steps: int
+    total_steps: int
+    recorder: Any = None  # a DiagRecorder when --diag
+    progress: Progress | None = None
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    on_step_end: Callable[[int], None] | None = None
+
+    def run_step(self, step: int, step_fn: Callable[[], StepOutcome]) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        lr = lr_at(step, self.base_lr, self.warmup_steps, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=False)
+        outcome = step_fn()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in self.params]
+        grad_norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+        self.optimizer.step()
+        row = {
+            "step": step,
+            "loss": outcome.loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": outcome.tokens,
+            "rows": outcome.rows,
+            **outcome.metrics,
+            "wall_s": time.perf_counter() - t0,
+        }
+        self.metrics.append(row)
+        if self.recorder is not None:
+            self.recorder.record(step, {**outcome.leaves, **self.late_leaves(grads, lr)})
+        if self.progress is not None:
+            self.progress.update(step + 1, f"loss {outcome.loss:.4f} lr {lr:.2e}")
+        return row
+
+    def late_leaves(self, grads: list[torch.Tensor], lr: float) -> dict[str, Any]:
+        """The leaves after the backward: gradients, Adam moments, parameters, lr, RNG state."""
+        states = [self.optimizer.state.get(p, {}) for _, p in self.params]
+        return {
+            "grads.lora": [g.detach() for g in grads],
+            "adam.exp_avg": [s["exp_avg"] for s in states if "exp_avg" in s],
+            "adam.exp_avg_sq": [s["exp_avg_sq"] for s in states if "exp_avg_sq" in s],
+            "params.lora": [p.detach() for _, p in self.params],
+            "lr": torch.tensor([lr], dtype=torch.float64),
+            "rng.state": rng_state_leaf(),
+        }
+
+
+def rng_state_leaf() -> list[torch.Tensor]:
+    """The torch generator states (CPU, and CUDA when initialised) as uint8 tensors."""
+    parts = [torch.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        parts += list(torch.cuda.get_rng_state_all())
+    return parts
+
+
+def make_optimizer(
+    params: list[tuple[str, torch.nn.Parameter]], lr: float, betas: tuple[float, float],
+    eps: float, weight_decay: float,
+) -> torch.optim.Optimizer:
+    """AdamW with the single-tensor (non-foreach) path: one fixed order of operations."""
+    return torch.optim.AdamW(
+        [p for _, p in params], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+        foreach=False, fused=False,
+    )

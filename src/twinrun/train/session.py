@@ -1,0 +1,118 @@
+"""What every training command does around its step loop: validate everything before writing
+anything, establish strict mode before any model exists, load the checkpoint and apply LoRA, and
+at the end write the adapter, metrics and sidecar atomically."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from twinrun.config.run import RunConfig, shaping_numbers, validate
+from twinrun.data.examples import SourcedRow, load_rows
+from twinrun.digest import sha256_dir, sha256_file
+from twinrun.fileio import atomic_write_json, atomic_write_jsonl
+from twinrun.progress import Progress
+from twinrun.train.faults import Faults, parse_faults
+from twinrun.train.outputs import begin_output_dir, check_output_dir, sidecar
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass
+class Session:
+    cfg: RunConfig
+    out: Path
+    tok: Any
+    model: Any
+    params: list[Any]
+    provenance: dict[str, Any]
+    runtime: dict[str, Any]
+    model_sha256: str
+    data_sha256: str
+    faults: Faults
+    progress: Progress | None = None
+    started: float = field(default_factory=time.perf_counter)
+
+    def autocast(self) -> Any:
+        """bf16 runs the base model in bfloat16 under autocast; f32 casts nothing."""
+        import contextlib
+
+        import torch
+
+        if self.cfg.precision == "bf16":
+            return torch.autocast(device_type=self.cfg.device.split(":")[0], dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+
+def open_session(
+    cfg: RunConfig, encode: Callable[[Any, list[SourcedRow], int], list[Any]]
+) -> tuple[Session, list[Any]]:
+    """Validate config, model, examples and output; then build. Nothing is written before every
+    input has been checked."""
+    from twinrun.model.tokenizer import load_tokenizer
+
+    validate(cfg)
+    faults = parse_faults(cfg.inject, cfg.objective)
+    out = check_output_dir(cfg.output, cfg.overwrite)  # type: ignore[arg-type]
+    model_dir = Path(cfg.model)  # type: ignore[arg-type]
+    from twinrun.model.llama import read_config
+
+    model_config = read_config(model_dir)  # ModelError when missing / not a checkpoint
+    tok = load_tokenizer(model_dir)
+    rows = load_rows(cfg.examples)  # type: ignore[arg-type]
+    encoded = encode(tok, rows, int(model_config.get("max_position_embeddings", 2048)))
+
+    from twinrun.determinism import establish, runtime_versions
+
+    provenance = establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
+    from twinrun.model.llama import load_base_model
+    from twinrun.model.lora import apply_lora, lora_parameters
+
+    model = load_base_model(model_dir, precision=cfg.precision, device=cfg.device)
+    apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.seed, targets=LORA_TARGETS)
+    params = lora_parameters(model)
+    begin_output_dir(out, cfg.overwrite)
+    session = Session(
+        cfg=cfg,
+        out=out,
+        tok=tok,
+        model=model,
+        params=params,
+        provenance=provenance,
+        runtime=runtime_versions(),
+        model_sha256=sha256_dir(model_dir),
+        data_sha256=sha256_file(cfg.examples),  # type: ignore[arg-type]
+        faults=faults,
+    )
+    return session, encoded
+
+
+def finish_session(
+    s: Session, metrics: list[dict[str, Any]], summary: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write the adapter, metrics.jsonl and the sidecar (last: it marks a finished run)."""
+    from twinrun.model.lora import save_adapter
+
+    save_adapter(
+        s.model, s.out, base_model_path=str(s.cfg.model), rank=s.cfg.lora_rank,
+        alpha=s.cfg.lora_alpha, targets=LORA_TARGETS,
+    )
+    atomic_write_jsonl(s.out / "metrics.jsonl", metrics)
+    adapter_sha = sha256_file(s.out / "adapter_model.safetensors")
+    record = sidecar(
+        train=shaping_numbers(s.cfg) | {"lora_targets": list(LORA_TARGETS)},
+        model_sha256=s.model_sha256,
+        data_sha256=s.data_sha256,
+        adapter_sha256=adapter_sha,
+        determinism=s.provenance,
+        runtime=s.runtime,
+        metrics=summary | {"wall_s": time.perf_counter() - s.started},
+        extra={"inputs": {"model": str(s.cfg.model), "examples": str(s.cfg.examples)}}
+        | (extra or {}),
+    )
+    atomic_write_json(s.out / "twinrun.json", record)
+    return record

@@ -1,0 +1,108 @@
+"""`twinrun tune sft`: LoRA supervised fine-tuning with completion-only loss (objectives/sft.py),
+shuffled per epoch by `stream(seed, "shuffle", epoch)`, AdamW, warmup then cosine to zero."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from twinrun.config.run import RunConfig
+from twinrun.data.batching import StepPlan, pad_rows, padding_fraction, plan_steps
+from twinrun.data.examples import EncodedRow, encode_sft_rows
+from twinrun.objectives.sft import completion_nll
+from twinrun.progress import Progress
+from twinrun.train.loop import Loop, StepOutcome, make_optimizer
+from twinrun.train.session import Session, finish_session, open_session
+
+
+def train_sft(cfg: RunConfig) -> dict[str, Any]:
+    """Run SFT end to end; returns the sidecar record."""
+    cfg.objective = "sft"
+    session, rows = open_session(
+        cfg, lambda tok, raw, max_len: encode_sft_rows(tok, raw, cfg.chat_template == "on", max_len)
+    )
+    plans = plan_steps(len(rows), cfg.epochs, cfg.batch_size, cfg.accumulation, cfg.seed)
+    loop = make_loop(session, len(plans))
+    try:
+        for plan in plans:
+            loop.run_step(plan.step, lambda plan=plan: sft_step(session, rows, plan))
+    finally:
+        if loop.progress is not None:
+            loop.progress.close()
+        if loop.recorder is not None:
+            loop.recorder.close()
+    last = loop.metrics[-1]
+    return finish_session(session, loop.metrics, {"final_loss": last["loss"], "steps": len(plans)})
+
+
+def make_loop(s: Session, total_steps: int) -> Loop:
+    cfg = s.cfg
+    recorder = None
+    if cfg.diag:
+        from twinrun.diag.recorder import DiagRecorder
+
+        recorder = DiagRecorder(s.out / "diag.jsonl")
+    return Loop(
+        params=s.params,
+        optimizer=make_optimizer(
+            s.params, cfg.learning_rate, cfg.adam_betas, cfg.adam_eps, cfg.weight_decay
+        ),
+        base_lr=cfg.learning_rate,
+        warmup_steps=cfg.warmup_steps,
+        total_steps=total_steps,
+        recorder=recorder,
+        progress=Progress(total_steps, f"{cfg.objective} step", quiet=cfg.quiet),
+    )
+
+
+def step_forwards(s: Session, n: int, plan: StepPlan) -> tuple[tuple[int, ...], ...]:
+    """The forwards of a step; with `--inject sampler@K` step K's indices are drawn unseeded."""
+    if s.faults.at("sampler", plan.step):
+        unseeded = random.SystemRandom()
+        return tuple(tuple(unseeded.randrange(n) for _ in fw) for fw in plan.forwards)
+    return plan.forwards
+
+
+def sft_step(s: Session, rows: list[EncodedRow], plan: StepPlan) -> StepOutcome:
+    forwards = step_forwards(s, len(rows), plan)
+    if s.faults.at("rng", plan.step):
+        torch.rand(1)  # the planted stray draw: shifts the torch CPU generator
+    reorder = s.faults.at("reduction", plan.step)
+    device = s.cfg.device
+    total = sum(rows[i].targets for fw in forwards for i in fw)
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    tokens, logits_parts, pad = [], [], []
+    for fw in forwards:
+        batch = [rows[i] for i in fw]
+        ids, attn, mask = (t.to(device) for t in pad_rows(batch, s.tok.pad_id))
+        with s.autocast():
+            logits = s.model(ids, attn)
+        sums, _ = completion_nll(logits, ids, mask)
+        if reorder:  # the planted reduction fault: per-row backwards, last row first
+            for b in reversed(range(len(batch))):
+                (sums[b] / total).backward(retain_graph=True)
+        else:
+            (sums.sum() / total).backward()
+        loss_sum += sums.detach().double().sum().cpu()
+        if s.cfg.diag:
+            tokens.append(ids.cpu())
+            logits_parts.append(logits.detach().float().cpu())
+        pad.append(padding_fraction(batch))
+    loss = loss_sum / total
+    leaves: dict[str, Any] = {}
+    if s.cfg.diag:
+        leaves = {
+            "batch.sample_indices": torch.tensor([i for fw in forwards for i in fw]),
+            "batch.tokens": tokens,
+            "forward.logits": logits_parts,
+            "loss": loss.reshape(1),
+        }
+    return StepOutcome(
+        loss=float(loss),
+        tokens=total,
+        rows=sum(len(fw) for fw in forwards),
+        leaves=leaves,
+        metrics={"epoch": plan.epoch, "padding_fraction": sum(pad) / len(pad)},
+    )
