@@ -36,10 +36,24 @@ def run_demo(root: Path, threads: int | None = None) -> dict[str, str]:
     for name, seed in zip(("run-a", "run-b", "run-c"), DEMO_SEEDS, strict=True):
         console.print(f"[bold]2.[/] SFT {name} at seed {seed} on {examples.name} (64 examples)")
         cfg = RunConfig(
-            objective="sft", model=str(model), examples=str(examples), output=str(root / name),
-            seed=seed, epochs=2, batch_size=4, accumulation=2, learning_rate=5e-3,
-            warmup_steps=2, lora_rank=8, lora_alpha=16.0, precision="f32", chat_template="on",
-            diag=True, threads=threads, overwrite=True, quiet=True,
+            objective="sft",
+            model=str(model),
+            examples=str(examples),
+            output=str(root / name),
+            seed=seed,
+            epochs=2,
+            batch_size=4,
+            accumulation=2,
+            learning_rate=5e-3,
+            warmup_steps=2,
+            lora_rank=8,
+            lora_alpha=16.0,
+            precision="f32",
+            chat_template="on",
+            diag=True,
+            threads=threads,
+            overwrite=True,
+            quiet=True,
         )
         record = train_sft(cfg)
         shas[name] = record["adapter"]["sha256"]
@@ -55,35 +69,65 @@ def run_demo(root: Path, threads: int | None = None) -> dict[str, str]:
     console.print(table)
 
     report_path = root / "run-a" / "evaluate.json"
-    report = run_evaluate(EvalConfig(
-        model=str(model), adapter=str(root / "run-a"), examples=str(examples),
-        chat_template="on", precision="f32", batch_size=8, output=str(report_path),
-        threads=threads, overwrite=True,
-    ))
-    base = run_evaluate(EvalConfig(
-        model=str(model), examples=str(examples), chat_template="on", precision="f32",
-        batch_size=8, output=str(root / "base-evaluate.json"), threads=threads, overwrite=True,
-    ))
+    report = run_evaluate(
+        EvalConfig(
+            model=str(model),
+            adapter=str(root / "run-a"),
+            examples=str(examples),
+            chat_template="on",
+            precision="f32",
+            batch_size=8,
+            output=str(report_path),
+            threads=threads,
+            overwrite=True,
+        )
+    )
+    base = run_evaluate(
+        EvalConfig(
+            model=str(model),
+            examples=str(examples),
+            chat_template="on",
+            precision="f32",
+            batch_size=8,
+            output=str(root / "base-evaluate.json"),
+            threads=threads,
+            overwrite=True,
+        )
+    )
     prompt = "What is 2 + 3?"
-    gen = run_generate(GenerateConfig(
-        model=str(model), adapter=str(root / "run-a"), prompt=prompt, max_new_tokens=8,
-        temperature=0.0, chat_template="on", seed=0, threads=threads,
-    ))
+    gen = run_generate(
+        GenerateConfig(
+            model=str(model),
+            adapter=str(root / "run-a"),
+            prompt=prompt,
+            max_new_tokens=8,
+            temperature=0.0,
+            chat_template="on",
+            seed=0,
+            threads=threads,
+        )
+    )
     same = shas["run-a"] == shas["run-b"]
     differ = shas["run-a"] != shas["run-c"]
-    console.print(f"[bold]3.[/] evaluate: mean loss {base['loss']:.4f} (base) -> "
-                  f"{report['loss']:.4f} (run-a adapter) -> {report_path}")
+    console.print(
+        f"[bold]3.[/] evaluate: mean loss {base['loss']:.4f} (base) -> "
+        f"{report['loss']:.4f} (run-a adapter) -> {report_path}"
+    )
     console.print(f"[bold]4.[/] generate (greedy) {prompt!r} -> {gen['text']!r}")
     console.print()
     console.print("[bold]Summary[/]")
     console.print(f"  same seed, same bytes:      {'yes' if same else 'NO'} (run-a vs run-b)")
     console.print(f"  other seed, other bytes:    {'yes' if differ else 'NO'} (run-a vs run-c)")
-    console.print(f"  compare two runs step by step: twinrun diff {root / 'run-a'} {root / 'run-b'}")
+    console.print(
+        f"  compare two runs step by step: twinrun diff {root / 'run-a'} {root / 'run-b'}"
+    )
     console.print(f"  every number of a run is in {root / 'run-a' / 'twinrun.json'}")
     console.print(f"  demo took {time.perf_counter() - t0:.1f} s")
     if not (same and differ):
         from twinrun.errors import ContractError
 
-        raise ContractError("the demo's reproducibility check failed",
-                            "report this with the demo directory's twinrun.json files")
+        raise ContractError(
+            "the demo's reproducibility check failed",
+            "report this with the demo directory's twinrun.json files",
+        )
     return shas

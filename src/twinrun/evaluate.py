@@ -34,14 +34,18 @@ class EvalConfig:
 
     def validate(self) -> None:
         flags = {
-            "--model": self.model, "--examples": self.examples,
-            "--chat-template": self.chat_template, "--precision": self.precision,
-            "--batch-size": self.batch_size, "--output": self.output,
+            "--model": self.model,
+            "--examples": self.examples,
+            "--chat-template": self.chat_template,
+            "--precision": self.precision,
+            "--batch-size": self.batch_size,
+            "--output": self.output,
         }
         missing = [k for k, v in flags.items() if v is None]
         if missing:
-            raise ConfigError(f"missing required flags: {' '.join(missing)}",
-                              "evaluate needs every one of them")
+            raise ConfigError(
+                f"missing required flags: {' '.join(missing)}", "evaluate needs every one of them"
+            )
         problems = []
         if self.batch_size is not None and self.batch_size < 1:
             problems.append(f"--batch-size must be >= 1, got {self.batch_size}")
@@ -64,7 +68,8 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
     from twinrun.determinism import establish, runtime_versions
     from twinrun.digest import sha256_dir, sha256_file
     from twinrun.fileio import atomic_write_json
-    from twinrun.model.llama import load_base_model, read_config
+    from twinrun.model.llama import load_base_model
+    from twinrun.model.loading import read_model_config as read_config
     from twinrun.model.lora import load_adapter
     from twinrun.model.tokenizer import load_tokenizer
     from twinrun.objectives.sft import completion_nll
@@ -95,25 +100,34 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
         for batch_no, start in enumerate(range(0, len(rows), bs)):
             batch = rows[start : start + bs]
             ids, attn, mask = (t.to(cfg.device) for t in pad_rows(batch, tok.pad_id))
-            ctx = (torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16)
-                   if cfg.precision == "bf16" else _null())
+            ctx = (
+                torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16)
+                if cfg.precision == "bf16"
+                else _null()
+            )
             with ctx:
                 logits = model(ids, attn)
             sums, counts = completion_nll(logits, ids, mask)
             for b in range(len(batch)):
                 n = int(counts[b])
-                per_example.append({
-                    "index": start + b,
-                    "loss": float(sums[b]) / n if n else 0.0,
-                    "tokens": n,
-                })
+                per_example.append(
+                    {
+                        "index": start + b,
+                        "loss": float(sums[b]) / n if n else 0.0,
+                        "tokens": n,
+                    }
+                )
             if recorder is not None:
-                recorder.record(batch_no, {
-                    "batch.sample_indices": torch.arange(start, start + len(batch)),
-                    "batch.tokens": ids.cpu(),
-                    "forward.logits": logits.float().cpu(),
-                    "loss": (sums.double() / counts.clamp(min=1)).cpu(),
-                }, phase="eval")
+                recorder.record(
+                    batch_no,
+                    {
+                        "batch.sample_indices": torch.arange(start, start + len(batch)),
+                        "batch.tokens": ids.cpu(),
+                        "forward.logits": logits.float().cpu(),
+                        "loss": (sums.double() / counts.clamp(min=1)).cpu(),
+                    },
+                    phase="eval",
+                )
     if recorder is not None:
         recorder.close()
     report = {

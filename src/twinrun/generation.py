@@ -27,14 +27,18 @@ class GenerateConfig:
 
     def validate(self) -> None:
         flags = {
-            "--model": self.model, "--prompt": self.prompt,
-            "--max-new-tokens": self.max_new_tokens, "--temperature": self.temperature,
-            "--chat-template": self.chat_template, "--seed": self.seed,
+            "--model": self.model,
+            "--prompt": self.prompt,
+            "--max-new-tokens": self.max_new_tokens,
+            "--temperature": self.temperature,
+            "--chat-template": self.chat_template,
+            "--seed": self.seed,
         }
         missing = [k for k, v in flags.items() if v is None]
         if missing:
-            raise ConfigError(f"missing required flags: {' '.join(missing)}",
-                              "generate needs every one of them")
+            raise ConfigError(
+                f"missing required flags: {' '.join(missing)}", "generate needs every one of them"
+            )
         problems = []
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             problems.append(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
@@ -55,8 +59,9 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
 
     from twinrun.data.examples import prompt_text
     from twinrun.determinism import establish
-    from twinrun.model.generate import generate_tokens
-    from twinrun.model.llama import load_base_model, read_config
+    from twinrun.model.generate import generate as generate_tokens
+    from twinrun.model.llama import load_base_model
+    from twinrun.model.loading import read_model_config as read_config
     from twinrun.model.lora import load_adapter
     from twinrun.model.tokenizer import load_tokenizer
     from twinrun.rng import stream

@@ -18,8 +18,8 @@ class Progress:
         self._task: Any = None
         self._every = max(1, total // 20)
         if not quiet and sys.stderr.isatty():
-            from rich.progress import BarColumn, Progress as RichProgress, TextColumn
-            from rich.progress import TimeElapsedColumn
+            from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(
                 TextColumn("{task.description}"),

@@ -75,9 +75,12 @@ def _words(part: KeyPart) -> list[int]:
         return [0x49 << 56 | 8, part & MASK64]  # 'I'
     data = part.encode("utf-8")
     padded = data + b"\0" * (-len(data) % 8)
-    return [0x53 << 56 | len(data)] + [  # 'S'
-        int.from_bytes(padded[i : i + 8], "little") for i in range(0, len(padded), 8)
-    ]
+    return (
+        [0x53 << 56 | len(data)]
+        + [  # 'S'
+            int.from_bytes(padded[i : i + 8], "little") for i in range(0, len(padded), 8)
+        ]
+    )
 
 
 def stream_key(seed: int, purpose: str, *indices: KeyPart) -> int:

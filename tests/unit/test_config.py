@@ -10,9 +10,20 @@ from twinrun.errors import ConfigError
 
 def full(**over: object) -> RunConfig:
     base = dict(
-        objective="sft", model="m", examples="e", output="o", seed=1, epochs=1, batch_size=2,
-        accumulation=1, learning_rate=1e-3, warmup_steps=0, lora_rank=4, lora_alpha=8.0,
-        precision="f32", chat_template="off",
+        objective="sft",
+        model="m",
+        examples="e",
+        output="o",
+        seed=1,
+        epochs=1,
+        batch_size=2,
+        accumulation=1,
+        learning_rate=1e-3,
+        warmup_steps=0,
+        lora_rank=4,
+        lora_alpha=8.0,
+        precision="f32",
+        chat_template="off",
     )
     base.update(over)
     return RunConfig(**base)  # type: ignore[arg-type]
@@ -54,8 +65,23 @@ def test_dpo_requires_beta() -> None:
 
 def test_shaping_numbers_record_everything_that_shapes_a_run() -> None:
     numbers = shaping_numbers(full())
-    for key in ("seed", "epochs", "batch_size", "accumulation", "learning_rate", "warmup_steps",
-                "lora_rank", "lora_alpha", "precision", "chat_template", "weight_decay",
-                "adam_betas", "adam_eps", "threads", "device", "strict"):
+    for key in (
+        "seed",
+        "epochs",
+        "batch_size",
+        "accumulation",
+        "learning_rate",
+        "warmup_steps",
+        "lora_rank",
+        "lora_alpha",
+        "precision",
+        "chat_template",
+        "weight_decay",
+        "adam_betas",
+        "adam_eps",
+        "threads",
+        "device",
+        "strict",
+    ):
         assert key in numbers
     assert "output" not in numbers

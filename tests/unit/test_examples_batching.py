@@ -64,9 +64,14 @@ def test_missing_file(tmp_path: Path) -> None:
         ({"prompt": 3, "completion": "b"}, "'prompt' must be a string"),
         ({"prompt": " ", "completion": "b"}, "'prompt' is empty"),
         ({"messages": [{"role": "user", "content": "x"}]}, "at least two"),
-        ({"messages": [{"role": "user"}, {"role": "assistant", "content": "y"}]}, "messages\\[0\\]"),
-        ({"messages": [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]},
-         "last message"),
+        (
+            {"messages": [{"role": "user"}, {"role": "assistant", "content": "y"}]},
+            "messages\\[0\\]",
+        ),
+        (
+            {"messages": [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]},
+            "last message",
+        ),
     ],
 )
 def test_bad_rows(tmp_path: Path, row: dict, match: str) -> None:

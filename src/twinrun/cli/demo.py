@@ -9,8 +9,13 @@ import click
 
 
 @click.command()
-@click.option("--dir", "directory", default="twinrun-demo", show_default=True,
-              help="Where the demo writes (its own subdirectories are replaced on a rerun).")
+@click.option(
+    "--dir",
+    "directory",
+    default="twinrun-demo",
+    show_default=True,
+    help="Where the demo writes (its own subdirectories are replaced on a rerun).",
+)
 @click.option("--threads", type=int, default=None, help="torch threads.")
 def demo(directory: str, threads: int | None) -> None:
     """Show that a run reproduces itself, on the toy model and shipped examples."""

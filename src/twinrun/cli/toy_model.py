@@ -15,8 +15,14 @@ import click
 @click.option("--kv-heads", type=int, default=2, show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace an existing directory.")
 def toy_model(
-    directory: str, seed: int, layers: int, hidden: int, intermediate: int, heads: int,
-    kv_heads: int, overwrite: bool,
+    directory: str,
+    seed: int,
+    layers: int,
+    hidden: int,
+    intermediate: int,
+    heads: int,
+    kv_heads: int,
+    overwrite: bool,
 ) -> None:
     """Write a tiny Llama checkpoint (byte-level tokenizer with a chat template) to DIRECTORY."""
     from twinrun.errors import ConfigError
@@ -24,12 +30,25 @@ def toy_model(
 
     if not 0 <= seed < 2**63:
         raise ConfigError(f"--seed must be in [0, 2**63), got {seed}")
-    for name, v in (("layers", layers), ("hidden", hidden), ("intermediate", intermediate),
-                    ("heads", heads), ("kv-heads", kv_heads)):
+    for name, v in (
+        ("layers", layers),
+        ("hidden", hidden),
+        ("intermediate", intermediate),
+        ("heads", heads),
+        ("kv-heads", kv_heads),
+    ):
         if v < 1:
             raise ConfigError(f"--{name} must be >= 1, got {v}")
     if hidden % heads or heads % kv_heads:
         raise ConfigError("--hidden must divide by --heads, and --heads by --kv-heads")
-    write_toy_checkpoint(directory, seed, layers=layers, hidden=hidden, intermediate=intermediate,
-                         heads=heads, kv_heads=kv_heads, overwrite=overwrite)
+    write_toy_checkpoint(
+        directory,
+        seed,
+        layers=layers,
+        hidden=hidden,
+        intermediate=intermediate,
+        heads=heads,
+        kv_heads=kv_heads,
+        overwrite=overwrite,
+    )
     click.echo(f"toy model written to {directory}")

@@ -89,8 +89,11 @@ def validate(cfg: RunConfig) -> None:
         for name, m in meta.items()
         if m.get("required") and m.get("flag") and getattr(cfg, name) is None
     ]
-    missing += [meta[n]["flag"] for n in REQUIRED_BY_OBJECTIVE.get(cfg.objective, ())
-                if getattr(cfg, n) is None]
+    missing += [
+        meta[n]["flag"]
+        for n in REQUIRED_BY_OBJECTIVE.get(cfg.objective, ())
+        if getattr(cfg, n) is None
+    ]
     if missing:
         raise ConfigError(
             f"missing required {'flag' if len(missing) == 1 else 'flags'}: {' '.join(missing)}",

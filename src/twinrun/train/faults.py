@@ -37,12 +37,17 @@ def parse_faults(specs: list[str], objective: str) -> Faults:
         name, sep, step = spec.partition("@")
         if not sep or not step.isdigit():
             raise ConfigError(
-                f"--inject {spec!r} is not FAULT@STEP", f"e.g. --inject sampler@2 ({', '.join(FAULTS)})"
+                f"--inject {spec!r} is not FAULT@STEP",
+                f"e.g. --inject sampler@2 ({', '.join(FAULTS)})",
             )
         if name not in FAULTS:
-            raise ConfigError(f"unknown fault {name!r} in --inject", f"choose from {', '.join(FAULTS)}")
+            raise ConfigError(
+                f"unknown fault {name!r} in --inject", f"choose from {', '.join(FAULTS)}"
+            )
         if name not in allowed:
-            raise ConfigError(f"fault {name!r} does not apply to {objective}",
-                              f"{objective} supports {', '.join(allowed)}")
+            raise ConfigError(
+                f"fault {name!r} does not apply to {objective}",
+                f"{objective} supports {', '.join(allowed)}",
+            )
         planted.add((name, int(step)))
     return Faults(frozenset(planted))

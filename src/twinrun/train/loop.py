@@ -92,11 +92,19 @@ def rng_state_leaf() -> list[torch.Tensor]:
 
 
 def make_optimizer(
-    params: list[tuple[str, torch.nn.Parameter]], lr: float, betas: tuple[float, float],
-    eps: float, weight_decay: float,
+    params: list[tuple[str, torch.nn.Parameter]],
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
 ) -> torch.optim.Optimizer:
     """AdamW with the single-tensor (non-foreach) path: one fixed order of operations."""
     return torch.optim.AdamW(
-        [p for _, p in params], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-        foreach=False, fused=False,
+        [p for _, p in params],
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        foreach=False,
+        fused=False,
     )

@@ -42,8 +42,10 @@ def begin_output_dir(p: Path, overwrite: bool) -> None:
 
 
 def command_line() -> list[str]:
-    return ["twinrun", *sys.argv[1:]] if sys.argv and sys.argv[0].endswith("twinrun") else list(
-        sys.argv
+    return (
+        ["twinrun", *sys.argv[1:]]
+        if sys.argv and sys.argv[0].endswith("twinrun")
+        else list(sys.argv)
     )
 
 

@@ -58,7 +58,7 @@ def open_session(
     faults = parse_faults(cfg.inject, cfg.objective)
     out = check_output_dir(cfg.output, cfg.overwrite)  # type: ignore[arg-type]
     model_dir = Path(cfg.model)  # type: ignore[arg-type]
-    from twinrun.model.llama import read_config
+    from twinrun.model.loading import read_model_config as read_config
 
     model_config = read_config(model_dir)  # ModelError when missing / not a checkpoint
     tok = load_tokenizer(model_dir)
@@ -91,15 +91,21 @@ def open_session(
 
 
 def finish_session(
-    s: Session, metrics: list[dict[str, Any]], summary: dict[str, Any],
+    s: Session,
+    metrics: list[dict[str, Any]],
+    summary: dict[str, Any],
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the adapter, metrics.jsonl and the sidecar (last: it marks a finished run)."""
     from twinrun.model.lora import save_adapter
 
     save_adapter(
-        s.model, s.out, base_model_path=str(s.cfg.model), rank=s.cfg.lora_rank,
-        alpha=s.cfg.lora_alpha, targets=LORA_TARGETS,
+        s.model,
+        s.out,
+        base_model_path=str(s.cfg.model),
+        rank=s.cfg.lora_rank,
+        alpha=s.cfg.lora_alpha,
+        targets=LORA_TARGETS,
     )
     atomic_write_jsonl(s.out / "metrics.jsonl", metrics)
     adapter_sha = sha256_file(s.out / "adapter_model.safetensors")

@@ -1,0 +1,222 @@
+"""The toy checkpoint: a tiny, real Llama-architecture Hugging Face checkpoint initialised from
+twinrun's generator, with a byte-level tokenizer and a chat template.
+
+`write_toy_checkpoint(out_dir, seed)` writes `model.safetensors`, `config.json`,
+`generation_config.json` (via `LlamaForCausalLM.save_pretrained`) and the tokenizer files (via
+`PreTrainedTokenizerFast.save_pretrained`). Every weight tensor is drawn from
+`stream(seed, "toy_init", name)`: linear and embedding weights uniform in ±0.02·√3 (the variance
+of HF's normal(0, 0.02) init), RMSNorm weights ones. The same seed gives the same bytes in every
+file; another seed gives another `model.safetensors`.
+
+Vocabulary (259): ids 0..255 are the byte values, then `<|bos|>` 256, `<|eos|>` 257,
+`<|pad|>` 258. Role markers such as `<|user|>` in the chat template are plain text (bytes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from twinrun.errors import OutputError
+from twinrun.fileio import fsync_dir
+
+BOS_TOKEN = "<|bos|>"
+EOS_TOKEN = "<|eos|>"
+PAD_TOKEN = "<|pad|>"
+BOS_ID, EOS_ID, PAD_ID = 256, 257, 258
+VOCAB_SIZE = 259
+INIT_STD = 0.02
+INIT_BOUND = INIT_STD * math.sqrt(3.0)  # uniform(-b, b) has variance b²/3 = std²
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|eos|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte → printable-character table (the ByteLevel pre-tokenizer's alphabet)."""
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+
+
+def build_byte_tokenizer() -> Any:
+    """A `tokenizers.Tokenizer` mapping byte value b to id b, plus bos/eos/pad special tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    table = bytes_to_unicode()
+    vocab = {table[b]: b for b in range(256)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN)]
+    )
+    if tok.get_vocab_size() != VOCAB_SIZE or tok.token_to_id(PAD_TOKEN) != PAD_ID:
+        raise RuntimeError("byte tokenizer construction gave an unexpected vocabulary")
+    return tok
+
+
+def toy_state_dict(seed: int, names_shapes: list[tuple[str, tuple[int, ...]]]) -> dict[str, Any]:
+    """The toy weights: each tensor from `stream(seed, "toy_init", name)`; norms are ones."""
+    import torch
+
+    from twinrun.rng import stream, torch_tensor
+
+    out: dict[str, Any] = {}
+    for name, shape in names_shapes:
+        if name.endswith("norm.weight"):
+            out[name] = torch.ones(shape, dtype=torch.float32)
+        else:
+            draw = stream(seed, "toy_init", name).uniform_fill(shape, INIT_BOUND)
+            out[name] = torch_tensor(draw, torch.float32)
+    return out
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' progress bars for the duration (restored afterwards)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _check_out_dir(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{out} exists and is not a directory", "choose another output path")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise OutputError(
+            f"output directory {out} exists and is not empty",
+            "choose a new directory or pass --overwrite",
+        )
+
+
+def write_toy_checkpoint(
+    out_dir: str | os.PathLike[str],
+    seed: int,
+    layers: int = 4,
+    hidden: int = 64,
+    intermediate: int = 128,
+    heads: int = 4,
+    kv_heads: int = 2,
+    overwrite: bool = False,
+) -> None:
+    """Write the toy Llama checkpoint + byte tokenizer to `out_dir` (appears atomically).
+
+    Raises OutputError when `out_dir` exists and is not empty (unless `overwrite`)."""
+    from twinrun.rng import check_seed
+
+    check_seed(seed)
+    for label, value in (("layers", layers), ("hidden", hidden), ("intermediate", intermediate)):
+        if value <= 0:
+            raise ValueError(f"{label} must be positive, got {value}")
+    if heads <= 0 or kv_heads <= 0 or hidden % heads or heads % kv_heads:
+        raise ValueError(
+            f"need hidden % heads == 0 and heads % kv_heads == 0 (hidden={hidden}, "
+            f"heads={heads}, kv_heads={kv_heads})"
+        )
+    out = Path(out_dir)
+    _check_out_dir(out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        _write_into(tmp, seed, layers, hidden, intermediate, heads, kv_heads)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
+        for f in tmp.iterdir():
+            os.chmod(f, 0o666 & ~umask)
+            with open(f, "rb+") as fh:
+                os.fsync(fh.fileno())
+        fsync_dir(tmp)
+        _check_out_dir(out, overwrite)
+        trash: Path | None = None
+        if out.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+            os.replace(out, trash / "old")
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+        if trash is not None:
+            shutil.rmtree(trash)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_into(
+    tmp: Path, seed: int, layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int
+) -> None:
+    import torch
+    from transformers import (
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+    )
+
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        hidden_act="silu",
+        max_position_embeddings=2048,
+        initializer_range=INIT_STD,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+        attention_bias=False,
+        mlp_bias=False,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        dtype="float32",
+    )
+    # Built on the meta device: HF's own init never runs and never touches torch's global RNG.
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    names_shapes = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
+    model.load_state_dict(toy_state_dict(seed, names_shapes), assign=True, strict=True)
+    model.generation_config = GenerationConfig(
+        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID
+    )
+    with quiet_transformers():
+        model.save_pretrained(tmp, safe_serialization=True)
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=build_byte_tokenizer(),
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        padding_side="right",
+        model_max_length=2048,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(tmp)

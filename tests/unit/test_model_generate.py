@@ -1,0 +1,93 @@
+"""KV-cached generation: greedy equals transformers, sampling is a pure function of the draws."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from twinrun.model.generate import generate, generate_tokens, greedy_index, sample_index
+from twinrun.model.llama import TwinLlama, load_base_model
+from twinrun.model.toy import EOS_ID
+from twinrun.rng import stream
+
+PROMPT = [256, 60, 124, 117, 115, 101, 114, 124, 62, 10, 104, 105]
+
+
+@pytest.fixture(scope="module")
+def twin(toy_model_dir: Path) -> TwinLlama:
+    return load_base_model(toy_model_dir)
+
+
+def seeded(seed: int):  # noqa: ANN201 - a draw function
+    return lambda position: stream(seed, "sample", 0, 0, 0, position).uniform()
+
+
+def test_greedy_matches_hf_generate(twin: TwinLlama, toy_model_dir: Path) -> None:
+    from transformers import LlamaForCausalLM
+
+    hf = LlamaForCausalLM.from_pretrained(toy_model_dir, attn_implementation="eager").eval()
+    ids = torch.tensor([PROMPT])
+    out = hf.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=16,
+        eos_token_id=EOS_ID,
+        pad_token_id=258,
+    )
+    want = out[0, len(PROMPT) :].tolist()
+    got = generate_tokens(twin, PROMPT, 16, temperature=0.0, eos_id=EOS_ID)
+    assert got == want
+    assert len(got) >= 1
+
+
+def test_cached_logits_equal_full_recompute(twin: TwinLlama) -> None:
+    res = generate(twin, PROMPT, 10, temperature=1.0, draw=seeded(4))
+    seq = PROMPT + res.tokens
+    with torch.no_grad():
+        full = twin(torch.tensor([seq]))[0].double()
+    for i, (tok, lp) in enumerate(zip(res.tokens, res.logprobs, strict=True)):
+        want = torch.log_softmax(full[len(PROMPT) - 1 + i], dim=-1)[tok].item()
+        assert abs(lp - want) < 1e-5
+
+
+def test_sampling_is_a_function_of_the_draws(twin: TwinLlama) -> None:
+    a = generate(twin, PROMPT, 12, temperature=1.0, draw=seeded(1))
+    b = generate(twin, PROMPT, 12, temperature=1.0, draw=seeded(1))
+    assert a == b
+    others = [generate(twin, PROMPT, 12, 1.0, draw=seeded(s)).tokens for s in range(2, 6)]
+    assert any(o != a.tokens for o in others)
+    assert all(isinstance(x, float) and x <= 0 for x in a.logprobs)
+    hot = generate(twin, PROMPT, 12, temperature=0.5, draw=seeded(1))
+    assert len(hot.logprobs) == len(hot.tokens)
+
+
+def test_stops_after_eos_and_respects_limits(twin: TwinLlama) -> None:
+    greedy = generate_tokens(twin, PROMPT, 5, temperature=0.0)
+    assert len(greedy) == 5
+    assert generate_tokens(twin, PROMPT, 5, 0.0, eos_id=greedy[0]) == greedy[:1]
+    assert generate_tokens(twin, PROMPT, 0, 0.0) == []
+    with pytest.raises(ValueError):
+        generate_tokens(twin, PROMPT, 3, temperature=1.0)  # no draw function
+    with pytest.raises(ValueError):
+        generate_tokens(twin, [], 3, temperature=0.0)
+    with pytest.raises(ValueError):
+        generate_tokens(twin, PROMPT, 3, temperature=1.0, draw=lambda _: 1.0)
+
+
+def test_sample_index_rule() -> None:
+    logits = torch.tensor(
+        [0.0, math.log(3.0), -math.inf, 0.0], dtype=torch.float64
+    )  # probs 1/5, 3/5, 0, 1/5
+    assert sample_index(logits, 1.0, 0.0)[0] == 0
+    assert sample_index(logits, 1.0, 0.19)[0] == 0
+    assert sample_index(logits, 1.0, 0.21)[0] == 1
+    assert sample_index(logits, 1.0, 0.79)[0] == 1
+    assert sample_index(logits, 1.0, 0.81)[0] == 3
+    assert sample_index(logits, 1.0, 1.0 - 2.0**-53)[0] == 3
+    tok, lp = sample_index(logits, 1.0, 0.5)
+    assert tok == 1 and abs(lp - math.log(0.6)) < 1e-12
+    assert greedy_index(torch.tensor([1.0, 3.0, 3.0, 2.0]))[0] == 1  # ties to the lowest id

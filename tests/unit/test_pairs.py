@@ -1,0 +1,136 @@
+"""Preference pair rows: every bad input gets a clear error naming the row; SFT-style encoding."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from twinrun.data.examples import encode_prompt_completion, load_rows
+from twinrun.data.pairs import EncodedPair, encode_pairs, pair_parts
+from twinrun.errors import DataError
+
+
+class FakeTok:
+    bos_id, eos_id, pad_id = 256, 257, 258
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        body = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        return body + ("<assistant>" if add_generation_prompt else "")
+
+
+def write_rows(tmp_path: Path, rows: list[Any]) -> Path:
+    p = tmp_path / "pairs.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
+
+
+USER = {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize(
+    ("row", "match"),
+    [
+        ({"prompt": "a", "chosen": "b"}, "missing 'rejected'"),
+        ({"prompt": "a"}, "missing 'chosen', 'rejected'"),
+        ({"chosen": "b", "rejected": "c"}, "needs 'prompt' \\(or 'messages'\\)"),
+        ({"prompt": "a", "messages": [USER], "chosen": "b", "rejected": "c"}, "both"),
+        ({"prompt": 1, "chosen": "b", "rejected": "c"}, "'prompt' must be a string \\(int\\)"),
+        ({"prompt": " ", "chosen": "b", "rejected": "c"}, "'prompt' is empty"),
+        ({"prompt": "a", "chosen": None, "rejected": "c"}, "'chosen' must be a string"),
+        ({"prompt": "a", "chosen": "b", "rejected": ["c"]}, "'rejected' must be a string"),
+        ({"prompt": "a", "chosen": "", "rejected": "c"}, "'chosen' is empty"),
+        ({"prompt": "a", "chosen": "b", "rejected": " \n\t"}, "'rejected' is empty"),
+        ({"prompt": "a", "chosen": "b", "rejected": "b"}, "same text.*teaches nothing"),
+        ({"messages": [], "chosen": "b", "rejected": "c"}, "non-empty list"),
+        ({"messages": "hi", "chosen": "b", "rejected": "c"}, "non-empty list"),
+        ({"messages": [{"role": "user"}], "chosen": "b", "rejected": "c"}, r"messages\[0\]"),
+        ({"messages": [USER, 3], "chosen": "b", "rejected": "c"}, r"messages\[1\]"),
+        (
+            {
+                "messages": [USER, {"role": "assistant", "content": "x"}],
+                "chosen": "b",
+                "rejected": "c",
+            },
+            "last prompt message has role 'assistant'",
+        ),
+    ],
+)
+def test_bad_pair_rows(tmp_path: Path, row: dict[str, Any], match: str) -> None:
+    good = {"prompt": "q", "chosen": "y", "rejected": "n"}
+    path = write_rows(tmp_path, [good, row])
+    rows = load_rows(path)
+    pair_parts(rows[0])
+    with pytest.raises(DataError, match=match) as info:
+        pair_parts(rows[1])
+    assert info.value.message.startswith(f"{path}:2: ")  # names the file and line
+    with pytest.raises(DataError, match=match):
+        encode_pairs(FakeTok(), rows, chat_template=False, max_length=100)
+
+
+def test_pair_parts_both_forms(tmp_path: Path) -> None:
+    system = {"role": "system", "content": "be brief"}
+    rows = load_rows(
+        write_rows(
+            tmp_path,
+            [
+                {"prompt": "What is 2 + 3?", "chosen": "5", "rejected": "6"},
+                {"messages": [system, USER], "chosen": "hello", "rejected": "go away"},
+                {"prompt": "p", "chosen": "x", "rejected": " x"},  # differs: not the same text
+            ],
+        )
+    )
+    assert pair_parts(rows[0]) == ([{"role": "user", "content": "What is 2 + 3?"}], "5", "6")
+    assert pair_parts(rows[1]) == ([system, USER], "hello", "go away")
+    assert pair_parts(rows[2])[1:] == ("x", " x")
+
+
+def test_encoding_matches_sft_per_side(tmp_path: Path) -> None:
+    tok = FakeTok()
+    rows = load_rows(write_rows(tmp_path, [{"prompt": "hi", "chosen": "ok", "rejected": "no!"}]))
+    (pair,) = encode_pairs(tok, rows, chat_template=False, max_length=100)
+    assert isinstance(pair, EncodedPair)
+    assert pair.chosen.input_ids == (256, ord("h"), ord("i"), ord("o"), ord("k"), 257)
+    assert pair.chosen.loss_mask == (0, 0, 0, 1, 1, 1)
+    assert pair.rejected.input_ids == (256, ord("h"), ord("i"), *b"no!", 257)
+    assert pair.rejected.loss_mask == (0, 0, 0, 1, 1, 1, 1)
+    assert pair.chosen.targets == 3 and pair.rejected.targets == 4
+    msgs = [USER]
+    assert pair.chosen == encode_prompt_completion(tok, msgs, "ok", False)
+
+
+def test_encoding_with_chat_template(tmp_path: Path) -> None:
+    tok = FakeTok()
+    rows = load_rows(write_rows(tmp_path, [{"messages": [USER], "chosen": "ok", "rejected": "no"}]))
+    (pair,) = encode_pairs(tok, rows, chat_template=True, max_length=100)
+    for side, text in ((pair.chosen, "ok"), (pair.rejected, "no")):
+        assert side.input_ids[0] == 256 and side.input_ids[-1] == 257
+        assert bytes(side.input_ids[1:-3]).decode() == "<user>hi<assistant>"
+        assert bytes(side.input_ids[-3:-1]).decode() == text
+        assert side.loss_mask == (0,) * 20 + (1, 1, 1)
+    # both sides share the prompt tokens exactly
+    assert pair.chosen.input_ids[:-3] == pair.rejected.input_ids[:-3]
+
+
+def test_too_long_side_names_row_and_side(tmp_path: Path) -> None:
+    rows = load_rows(write_rows(tmp_path, [{"prompt": "hi", "chosen": "ok", "rejected": "x" * 20}]))
+    with pytest.raises(DataError, match=r"pairs.jsonl:1 \(rejected\): 24 tokens exceed .* 10"):
+        encode_pairs(FakeTok(), rows, chat_template=False, max_length=10)
+    assert len(encode_pairs(FakeTok(), rows, chat_template=False, max_length=24)) == 1
+
+
+def test_shipped_pairs_are_valid() -> None:
+    path = resources.files("twinrun") / "examples" / "pairs.jsonl"
+    text = path.read_text(encoding="utf-8")
+    assert text.isascii()
+    rows = load_rows(str(path))
+    assert len(rows) == 32
+    pairs = encode_pairs(FakeTok(), rows, chat_template=True, max_length=128)
+    assert len(pairs) == 32
+    assert any("messages" in r.data for r in rows) and any("prompt" in r.data for r in rows)
