@@ -197,6 +197,18 @@ def torch_tensor(array: np.ndarray, dtype: torch.dtype | None = None) -> torch.T
 # -- framework generator state -----------------------------------------------------------------
 
 
+def seed_torch(seed: int) -> int:
+    """Seed torch's default generators from `stream(seed, "torch_generator")`, explicitly.
+
+    torch seeds its default generator differently in every process; twinrun never leaves it so,
+    even though its own draws never use it (a library's might)."""
+    import torch
+
+    torch_seed = stream(seed, "torch_generator").torch_seed()
+    torch.manual_seed(torch_seed)
+    return torch_seed
+
+
 def capture_torch_rng() -> dict[str, Any]:
     """The torch CPU (and CUDA, when initialised) generator states as uint8 tensors."""
     import torch

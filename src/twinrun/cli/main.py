@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "tune": ("twinrun.cli.tune", "tune", "Train a LoRA adapter, or evaluate one."),
     "generate": ("twinrun.cli.generate", "generate", "Generate text (greedy or seeded)."),
     "diff": ("twinrun.cli.diff", "diff", "First divergence between two runs."),
+    "check": ("twinrun.cli.check", "check", "Determinism harness: run a command three times."),
     "demo": ("twinrun.cli.demo", "demo", "The guided tour on the toy model."),
 }
 
@@ -63,8 +64,12 @@ def run_cli(args: list[str] | None = None) -> int:
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "twinrun"
+        click.echo(f"twinrun: error: {exc.format_message()} — see '{where} --help'", err=True)
+        return exc.exit_code
     except click.ClickException as exc:
-        exc.show()
+        click.echo(f"twinrun: error: {exc.format_message()}", err=True)
         return exc.exit_code
     except click.exceptions.Abort:
         click.echo("twinrun: aborted", err=True)

@@ -59,3 +59,49 @@ def evaluate(**opts: Any) -> None:
             f"evaluate: {report['examples']} examples, {report['tokens']} tokens, "
             f"loss {report['loss']:.6f} -> {opts['output']}"
         )
+
+
+def parse_env_args(pairs: tuple[str, ...]) -> dict[str, Any] | None:
+    """`--env-arg KEY=VALUE` (repeatable); VALUE is read as JSON when it parses, else a string."""
+    import json
+
+    from twinrun.errors import ConfigError
+
+    if not pairs:
+        return None
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--env-arg {pair!r} is not KEY=VALUE", "e.g. --env-arg level=3")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+@tune.command("grpo")
+@common_train_options
+@click.option("--steps", type=int, help="Optimizer steps.")
+@click.option("--prompts-per-step", type=int, help="Prompts sampled per step.")
+@click.option("--group-size", type=int, help="Completions per prompt (>= 2).")
+@click.option("--max-new-tokens", type=int, help="Completion length limit.")
+@click.option("--temperature", type=float, help="Sampling temperature (> 0).")
+@click.option("--clip-eps", type=float, help="PPO clip epsilon.")
+@click.option("--advantage-clip", type=float, help="Clip advantages to +-this.")
+@click.option("--token-cap", type=int, help="Completion tokens per row in the loss, at most.")
+@click.option("--env", type=str, help="arithmetic | clock | module.path:factory.")
+@click.option("--env-arg", multiple=True, help="KEY=VALUE for a plugin environment.")
+@click.option("--replay", default="none", show_default=True, help="none | per.")
+@click.option("--replay-capacity", type=int, help="Prioritized replay: buffer size.")
+@click.option("--replay-alpha", type=float, help="Prioritized replay: priority exponent.")
+@click.option("--replay-beta", type=float, help="Prioritized replay: importance exponent.")
+@click.option("--replay-fraction", type=float, help="Replayed rows per fresh row.")
+def grpo(**opts: Any) -> None:
+    """GRPO on an environment (PPO-clip, group-relative advantages, no KL term)."""
+    from twinrun.train.grpo import train_grpo
+
+    opts["env_args"] = parse_env_args(opts.pop("env_arg"))
+    cfg = config_from_options("grpo", opts)
+    print_run_summary(train_grpo(cfg), cfg.quiet)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from twinrun.errors import ConfigError
+from twinrun.redact import redact, redact_env_args
 
 OBJECTIVES = ("sft", "dpo", "reward", "grpo")
 PRECISIONS = ("f32", "bf16")
@@ -32,9 +33,9 @@ class RunConfig:
     examples: str | None = _f("--examples", "data.examples", doc="JSONL or JSON array")
     output: str | None = _f("--output", "logging.dir", doc="run directory")
     seed: int | None = _f("--seed", "training.seed")
-    epochs: int | None = _f("--epochs", "training.epochs")
+    epochs: int | None = _f("--epochs", "training.epochs", required=False)
     batch_size: int | None = _f("--batch-size", "training.batch_size", doc="rows per forward")
-    accumulation: int | None = _f("--accumulation", "training.accumulation")
+    accumulation: int | None = _f("--accumulation", "training.accumulation", required=False)
     learning_rate: float | None = _f("--learning-rate", "training.learning_rate")
     warmup_steps: int | None = _f("--warmup-steps", "training.warmup_steps")
     lora_rank: int | None = _f("--lora-rank", "model.lora_rank")
@@ -43,6 +44,22 @@ class RunConfig:
     chat_template: str | None = _f("--chat-template", "model.chat_template", doc="on | off")
     # objective coefficients
     beta: float | None = _f("--beta", "dpo.beta", required=False)
+    # grpo (replaces epochs/accumulation)
+    steps: int | None = _f("--steps", "training.max_steps", required=False)
+    prompts_per_step: int | None = _f("--prompts-per-step", "grpo.prompts_per_step", False)
+    group_size: int | None = _f("--group-size", "grpo.group_size", required=False)
+    max_new_tokens: int | None = _f("--max-new-tokens", "grpo.max_new_tokens", required=False)
+    temperature: float | None = _f("--temperature", "grpo.temperature", required=False)
+    clip_eps: float | None = _f("--clip-eps", "grpo.clip_eps", required=False)
+    advantage_clip: float | None = _f("--advantage-clip", "grpo.advantage_clip", False)
+    token_cap: int | None = _f("--token-cap", "grpo.token_cap", required=False)
+    env: str | None = _f("--env", "environment.name", required=False)
+    env_args: dict[str, Any] | None = _f("--env-arg", "environment.args", required=False)
+    replay: str = _f("--replay", "replay.kind", required=False, default="none")
+    replay_capacity: int | None = _f("--replay-capacity", "replay.capacity", False)
+    replay_alpha: float | None = _f("--replay-alpha", "replay.alpha", required=False)
+    replay_beta: float | None = _f("--replay-beta", "replay.beta", required=False)
+    replay_fraction: float | None = _f("--replay-fraction", "replay.fraction", False)
     # optional switches (defaults are stated, not silent: they are recorded in the sidecar)
     diag: bool = _f("--diag", "logging.diag", required=False, default=False)
     trace_step: int | None = _f("--trace-step", "logging.trace_step", required=False)
@@ -69,12 +86,31 @@ class RunConfig:
             self.inject = []
 
 
+GRPO_FIELDS = (
+    "steps",
+    "prompts_per_step",
+    "group_size",
+    "max_new_tokens",
+    "temperature",
+    "clip_eps",
+    "advantage_clip",
+    "token_cap",
+    "env",
+)
+REPLAY_FIELDS = ("replay_capacity", "replay_alpha", "replay_beta", "replay_fraction")
+EPOCH_FIELDS = ("epochs", "accumulation")
 REQUIRED_BY_OBJECTIVE: dict[str, tuple[str, ...]] = {
-    "sft": (),
-    "dpo": ("beta",),
-    "reward": (),
+    "sft": EPOCH_FIELDS,
+    "dpo": (*EPOCH_FIELDS, "beta"),
+    "reward": EPOCH_FIELDS,
+    "grpo": GRPO_FIELDS,
 }
-NOT_FOR: dict[str, tuple[str, ...]] = {"sft": ("beta",), "reward": ("beta",)}
+NOT_FOR: dict[str, tuple[str, ...]] = {
+    "sft": ("beta", *GRPO_FIELDS),
+    "dpo": GRPO_FIELDS,
+    "reward": ("beta", *GRPO_FIELDS),
+    "grpo": ("beta", *EPOCH_FIELDS),
+}
 
 
 def fields_meta() -> dict[str, dict[str, Any]]:
@@ -103,12 +139,34 @@ def validate(cfg: RunConfig) -> None:
     for name in NOT_FOR.get(cfg.objective, ()):
         if getattr(cfg, name) is not None:
             problems.append(f"{meta[name]['flag']} does not apply to {cfg.objective}")
-    assert cfg.seed is not None and cfg.epochs is not None and cfg.batch_size is not None
+    if cfg.replay == "per":
+        missing = [meta[n]["flag"] for n in REPLAY_FIELDS if getattr(cfg, n) is None]
+        if missing:
+            raise ConfigError(
+                f"--replay per needs {' '.join(missing)}",
+                "every replay number must be given",
+            )
+    assert cfg.seed is not None
     if not 0 <= cfg.seed < 2**63:
         problems.append(f"--seed must be in [0, 2**63), got {cfg.seed}")
-    for name in ("epochs", "batch_size", "accumulation", "lora_rank"):
-        if getattr(cfg, name) < 1:
-            problems.append(f"{meta[name]['flag']} must be >= 1, got {getattr(cfg, name)}")
+    positive = (
+        "epochs",
+        "batch_size",
+        "accumulation",
+        "lora_rank",
+        "steps",
+        "prompts_per_step",
+        "group_size",
+        "max_new_tokens",
+        "token_cap",
+        "replay_capacity",
+    )
+    for name in positive:
+        value = getattr(cfg, name)
+        if value is not None and value < 1:
+            problems.append(f"{meta[name]['flag']} must be >= 1, got {value}")
+    if cfg.objective == "grpo":
+        problems += grpo_problems(cfg)
     if cfg.warmup_steps is not None and cfg.warmup_steps < 0:
         problems.append(f"--warmup-steps must be >= 0, got {cfg.warmup_steps}")
     if not (cfg.learning_rate or 0) > 0:
@@ -129,13 +187,39 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("; ".join(problems))
 
 
+def grpo_problems(cfg: RunConfig) -> list[str]:
+    problems = []
+    if cfg.group_size is not None and cfg.group_size < 2:
+        problems.append("--group-size must be >= 2 (advantages are relative within a group)")
+    if cfg.temperature is not None and not cfg.temperature > 0:
+        problems.append(f"--temperature must be > 0 (GRPO samples), got {cfg.temperature}")
+    if cfg.clip_eps is not None and not 0 < cfg.clip_eps < 1:
+        problems.append(f"--clip-eps must be in (0, 1), got {cfg.clip_eps}")
+    if cfg.advantage_clip is not None and not cfg.advantage_clip > 0:
+        problems.append(f"--advantage-clip must be > 0, got {cfg.advantage_clip}")
+    if cfg.replay not in ("none", "per"):
+        problems.append(f"--replay must be none or per, got {cfg.replay!r}")
+    if cfg.replay_fraction is not None and not 0 < cfg.replay_fraction <= 1:
+        problems.append(f"--replay-fraction must be in (0, 1], got {cfg.replay_fraction}")
+    if cfg.replay_alpha is not None and not cfg.replay_alpha >= 0:
+        problems.append(f"--replay-alpha must be >= 0, got {cfg.replay_alpha}")
+    if cfg.replay_beta is not None and not 0 <= cfg.replay_beta <= 1:
+        problems.append(f"--replay-beta must be in [0, 1], got {cfg.replay_beta}")
+    return problems
+
+
 def shaping_numbers(cfg: RunConfig) -> dict[str, Any]:
     """Every number that shaped the run, as recorded in the sidecar's `train` section."""
     skip = {"model", "examples", "output", "overwrite", "quiet"}
+    not_for = set(NOT_FOR.get(cfg.objective, ()))
+    if cfg.replay != "per":
+        not_for |= set(REPLAY_FIELDS)
     out: dict[str, Any] = {}
     for f in dataclasses.fields(RunConfig):
-        if f.name in skip:
+        if f.name in skip or f.name in not_for:
             continue
         value = getattr(cfg, f.name)
         out[f.name] = list(value) if isinstance(value, tuple) else value
-    return out
+    if "env_args" in out:
+        out["env_args"] = redact_env_args(out["env_args"])
+    return redact(out)

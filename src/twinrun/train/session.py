@@ -68,6 +68,9 @@ def open_session(
     from twinrun.determinism import establish, runtime_versions
 
     provenance = establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
+    from twinrun.rng import seed_torch
+
+    provenance["torch_seed"] = seed_torch(cfg.seed)  # type: ignore[arg-type]
     from twinrun.model.llama import load_base_model
     from twinrun.model.lora import apply_lora, lora_parameters
 

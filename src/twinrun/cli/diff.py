@@ -1,0 +1,133 @@
+"""`twinrun diff RUN_A RUN_B`: the first divergence between two runs (DESIGN §4).
+
+Exit status: 0 deterministic, 1 divergence, 2 inputs missing or unreadable (a DataError names
+the file and line). Imports neither torch nor numpy (matplotlib only with --report).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import click
+
+from twinrun.diag.advice import advice_for
+from twinrun.diag.compare import CompareResult, Divergence, compare
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "missing"
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return repr(x)
+
+
+def _rel(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.3e}"
+
+
+def _first_line(f: Divergence) -> str:
+    leaf = f.leaf if f.leaf is not None else "*"
+    if f.kind == "missing_row":
+        a = "missing" if f.missing_in == "A" else "row"
+        b = "missing" if f.missing_in == "B" else "row"
+    else:
+        a, b = _num(f.a), _num(f.b)
+    line = f"FIRST_DIVERGENCE: step={f.step} leaf={leaf} run_A={a} run_B={b} delta={_num(f.delta)}"
+    if f.phase != "train":
+        line += f" phase={f.phase}"
+    return line
+
+
+def _text(r: CompareResult) -> list[str]:
+    mode = "bitwise (digests)" if r.bitwise else f"rel_tol={r.rel_tol:g} abs_tol={r.abs_tol:g}"
+    if r.first is None:
+        return [
+            f"DETERMINISTIC: {r.rows_compared} rows, {len(r.leaves)} leaves compared "
+            f"({r.values_compared} values, {mode})",
+            f"0 of {r.rows_compared} rows diverged",
+        ]
+    f = r.first
+    out = [_first_line(f)]
+    if f.kind == "missing_row":
+        out.append(f"  run {f.missing_in} has no row for phase={f.phase} step={f.step}")
+    elif f.kind == "missing_leaf":
+        out.append(f"  run {f.missing_in} has no leaf {f.leaf} at this step")
+    elif f.kind == "digest":
+        out.append("  digests differ (the bytes differ; checksums may agree)")
+    if r.co_diverging:
+        out.append(f"  diverging at this step, largest relative difference first ({mode}):")
+        width = max(len(d.leaf) for d in r.co_diverging)
+        for d in r.co_diverging:
+            note = "  <- first" if d.leaf == f.leaf else ""
+            kind = "" if d.kind == "value" else f"  ({d.kind})"
+            out.append(f"    {d.leaf:<{width}}  rel={_rel(d.rel)}{kind}{note}")
+    adv = advice_for(f.leaf)
+    out.append(f"advice: {adv.leaf}: {adv.one_line()}")
+    out.append(f"{r.rows_diverged} of {r.rows_compared} rows diverged")
+    return out
+
+
+def _json(r: CompareResult, report: str | None) -> str:
+    d = r.to_dict()
+    adv = advice_for(r.first.leaf) if r.first is not None else None
+    d["advice"] = None if adv is None else {"leaf": adv.leaf, "cause": adv.cause, "fix": adv.fix}
+    d["leaves_compared"] = len(r.leaves)
+    d["exit_code"] = 0 if r.deterministic else 1
+    if report is not None:
+        d["report"] = report
+    return json.dumps(d, allow_nan=False)
+
+
+@click.command(name="diff")
+@click.argument("run_a", metavar="RUN_A")
+@click.argument("run_b", metavar="RUN_B")
+@click.option("--rel-tol", type=float, default=1e-5, show_default=True, help="Relative tolerance.")
+@click.option("--abs-tol", type=float, default=1e-7, show_default=True, help="Absolute tolerance.")
+@click.option("--bitwise", is_flag=True, help="Compare digests (bitwise) instead of checksums.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.option(
+    "--report",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write a steps x leaves heatmap of relative differences to this PNG.",
+)
+def diff(
+    run_a: str,
+    run_b: str,
+    rel_tol: float,
+    abs_tol: float,
+    bitwise: bool,
+    as_json: bool,
+    report: str | None,
+) -> int:
+    """First divergence between two runs.
+
+    RUN_A and RUN_B are diag.jsonl files or run directories written with --diag. Rows are
+    matched by (phase, step); the first divergence is the earliest diverging leaf, in dataflow
+    order, of the first diverging row. Exit status: 0 deterministic, 1 divergence, 2 missing
+    or unreadable input.
+    """
+    result = compare(
+        run_a,
+        run_b,
+        rel_tol=rel_tol,
+        abs_tol=abs_tol,
+        bitwise=bitwise,
+        keep_matrix=report is not None,
+    )
+    if report is not None:
+        from twinrun.diag.report import write_report
+
+        write_report(result, report)
+    if as_json:
+        click.echo(_json(result, report))
+    else:
+        for line in _text(result):
+            click.echo(line)
+        if report is not None:
+            click.echo(f"report: {report}")
+    return 0 if result.deterministic else 1

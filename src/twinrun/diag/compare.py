@@ -1,0 +1,374 @@
+"""First divergence between two diag.jsonl files (DESIGN §4, "twinrun diff semantics").
+
+Rows are matched by (phase, step). Two checksums are equal when
+`|a-b| <= abs_tol + rel_tol * max(|a|, |b|)`; NaN equals NaN only; with `bitwise=True` the
+digests are compared instead. The first divergence is the first diverging row — rows ordered by
+(phase, in order of first appearance in run A; step) — and in it the earliest diverging leaf in
+the row's own (dataflow) order: the cause rather than the loudest symptom. A leaf or a row that
+only one run has is a divergence.
+
+Both files are streamed line by line in lockstep; only rows not yet matched are held (a small
+dict when the files are aligned), so memory is flat in the number of rows unless `keep_matrix`
+is asked for (the per-row relative differences the heatmap report draws). Byte-identical lines
+are parsed once and not compared leaf by leaf.
+
+Reading: blank lines are skipped; unknown keys in a row are ignored; rows whose `format` is
+another `twinrun.*` format (e.g. step traces) are skipped; checksums may be numbers or the
+strings "NaN", "Infinity", "-Infinity". Anything else unreadable raises DataError naming the
+file and line. This module imports neither torch nor numpy.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from twinrun.diag.recorder import DiagRow, decode_float, iter_lines, parse_row, resolve_diag_path
+from twinrun.errors import DataError
+
+__all__ = [
+    "CompareResult",
+    "DiffMatrix",
+    "Divergence",
+    "LeafDiff",
+    "compare",
+    "relative_difference",
+    "resolve_diag_path",
+    "values_equal",
+]
+
+
+@dataclass(frozen=True)
+class LeafDiff:
+    """One diverging leaf. `kind`: "value" (checksums differ beyond tolerance), "digest" (bitwise
+    mode: digests differ), "missing" (the leaf is in one run only: a or b is None)."""
+
+    leaf: str
+    a: float | None
+    b: float | None
+    delta: float
+    rel: float
+    kind: str
+    position: int  # index of the leaf in the row's dataflow order
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first divergence. `kind`: "value", "digest", "missing_leaf" or "missing_row" (then
+    `leaf` is None and `missing_in` says which run, "A" or "B", lacks the row or leaf)."""
+
+    phase: str
+    step: int
+    leaf: str | None
+    a: float | None
+    b: float | None
+    delta: float
+    rel: float
+    kind: str
+    missing_in: str | None = None
+
+
+@dataclass
+class DiffMatrix:
+    """Relative differences per (phase, step) row × leaf, rows in comparison order. A cell is
+    NaN where neither run has the leaf; `diverged` marks the cells that count as divergent."""
+
+    rows: list[tuple[str, int]]
+    leaves: list[str]
+    rel: list[list[float]]
+    diverged: list[list[bool]]
+
+
+@dataclass
+class CompareResult:
+    path_a: str
+    path_b: str
+    rel_tol: float
+    abs_tol: float
+    bitwise: bool
+    deterministic: bool
+    first: Divergence | None
+    co_diverging: list[LeafDiff]  # every diverging leaf of the first row, largest rel first
+    rows_compared: int  # distinct (phase, step) keys in either run
+    rows_diverged: int
+    leaves: list[str]  # every leaf seen, run A's order first
+    values_compared: int
+    matrix: DiffMatrix | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (non-finite floats as "NaN"/"Infinity" strings; no matrix)."""
+        d = asdict(self)
+        d.pop("matrix")
+        return _jsonable(d)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def values_equal(a: float, b: float, rel_tol: float = 1e-5, abs_tol: float = 1e-7) -> bool:
+    """`|a-b| <= abs_tol + rel_tol*max(|a|,|b|)`; NaN equals NaN only; inf equals itself only."""
+    if a == b:
+        return True
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    if math.isinf(a) or math.isinf(b):
+        return False
+    return abs(a - b) <= abs_tol + rel_tol * max(abs(a), abs(b))
+
+
+def relative_difference(a: float, b: float) -> float:
+    """|a-b| / max(|a|,|b|): 0 when equal (NaN and NaN too), inf for NaN or inf against
+    anything else."""
+    if a == b or (math.isnan(a) and math.isnan(b)):
+        return 0.0
+    if math.isnan(a) or math.isnan(b) or math.isinf(a) or math.isinf(b):
+        return math.inf
+    return abs(a - b) / max(abs(a), abs(b))
+
+
+class _Comparer:
+    """The streaming state: counters, the earliest divergence per phase, optional matrix."""
+
+    def __init__(self, pa: Path, pb: Path, rel_tol: float, abs_tol: float, bitwise: bool) -> None:
+        self.pa, self.pb = pa, pb
+        self.rel_tol, self.abs_tol, self.bitwise = rel_tol, abs_tol, bitwise
+        self.rows = 0
+        self.diverged = 0
+        self.values = 0
+        self.leaves: dict[str, None] = {}
+        self._last_leaves: tuple[str, ...] = ()
+        self.phase_a: dict[str, int] = {}
+        self.phase_b: dict[str, int] = {}
+        self.best: dict[str, tuple[int, Divergence, list[LeafDiff]]] = {}
+        self.matrix: list[tuple[str, int, dict[str, float], set[str]]] | None = None
+
+    def _see_leaves(self, names: list[str]) -> None:
+        key = tuple(names)
+        if key != self._last_leaves:
+            self._last_leaves = key
+            for n in names:
+                self.leaves.setdefault(n, None)
+
+    def identical(self, row: DiagRow) -> None:
+        names = row.leaves()
+        self._see_leaves(names)
+        self.rows += 1
+        self.values += len(names)
+        if self.matrix is not None:
+            self.matrix.append((row.phase, row.step, dict.fromkeys(names, 0.0), set()))
+
+    def pair(self, ra: DiagRow, rb: DiagRow) -> None:
+        ca_d, cb_d, da_d, db_d = ra.checks, rb.checks, ra.digs, rb.digs
+        if ca_d.keys() == cb_d.keys() == da_d.keys() == db_d.keys():
+            names = list(ca_d)  # the usual case: the same leaves everywhere
+        else:
+            names = ra.leaves() + [k for k in rb.leaves() if k not in ca_d and k not in da_d]
+        self._see_leaves(names)
+        self.rows += 1
+        self.values += len(names)
+        diffs: list[LeafDiff] = []
+        rels: dict[str, float] = {}
+        bitwise = self.bitwise
+        cur = self.best.get(ra.phase)
+        # details are needed only for a row that may become the first divergence (or the matrix)
+        detail = self.matrix is not None or cur is None or ra.step < cur[0]
+        for pos, leaf in enumerate(names):
+            if bitwise:
+                da = da_d.get(leaf)
+                if da is not None and da == db_d.get(leaf):
+                    continue  # bitwise equal
+            else:
+                ca = ca_d.get(leaf)
+                if type(ca) is float and ca == cb_d.get(leaf):
+                    continue  # equal numbers: no need to look further
+            d = self._leaf(ra, rb, leaf, pos)
+            if d is None:
+                continue
+            rels[leaf] = d[1]
+            if d[0] is not None:
+                if not detail:
+                    self.diverged += 1
+                    return
+                diffs.append(d[0])
+        if self.matrix is not None:
+            full = {leaf: rels.get(leaf, 0.0) for leaf in names}
+            self.matrix.append((ra.phase, ra.step, full, {d.leaf for d in diffs}))
+        if diffs:
+            f = diffs[0]
+            kind = "missing_leaf" if f.kind == "missing" else f.kind
+            missing = None if f.kind != "missing" else ("B" if f.b is None else "A")
+            div = Divergence(ra.phase, ra.step, f.leaf, f.a, f.b, f.delta, f.rel, kind, missing)
+            self._diverge(ra.phase, ra.step, div, diffs)
+
+    def _leaf(
+        self, ra: DiagRow, rb: DiagRow, leaf: str, pos: int
+    ) -> tuple[LeafDiff | None, float] | None:
+        ca, cb = ra.checks.get(leaf), rb.checks.get(leaf)
+        a = None if ca is None else decode_float(ca, self.pa, ra.lineno, leaf)
+        b = None if cb is None else decode_float(cb, self.pb, rb.lineno, leaf)
+        if a is not None and b is not None:
+            rel = relative_difference(a, b)
+            delta = 0.0 if rel == 0.0 else abs(a - b)
+        else:
+            rel, delta = math.inf, math.inf
+        da, db = ra.digs.get(leaf), rb.digs.get(leaf)
+        if self.bitwise and da is not None and db is not None:
+            equal, kind = da == db, "digest"
+        elif self.bitwise and da is None and db is None and a is not None and b is not None:
+            equal, kind = a == b or (math.isnan(a) and math.isnan(b)), "value"
+        elif not self.bitwise and a is not None and b is not None:
+            equal, kind = values_equal(a, b, self.rel_tol, self.abs_tol), "value"
+        elif not self.bitwise and ca is None and cb is None and da is not None and db is not None:
+            equal, kind = da == db, "digest"
+        else:
+            equal, kind = False, "missing"
+        if equal:
+            return None if rel == 0.0 else (None, rel)
+        return LeafDiff(leaf, a, b, delta, rel, kind, pos), rel
+
+    def _diverge(self, phase: str, step: int, div: Divergence, diffs: list[LeafDiff]) -> None:
+        self.diverged += 1
+        cur = self.best.get(phase)
+        if cur is None or step < cur[0]:
+            self.best[phase] = (step, div, diffs)
+
+    def missing_row(self, row: DiagRow, missing_in: str) -> None:
+        names = row.leaves()
+        self._see_leaves(names)
+        self.rows += 1
+        if self.matrix is not None:
+            self.matrix.append((row.phase, row.step, dict.fromkeys(names, math.inf), set(names)))
+        div = Divergence(
+            row.phase, row.step, None, None, None, math.inf, math.inf, "missing_row", missing_in
+        )
+        self._diverge(row.phase, row.step, div, [])
+
+    def note_phase(self, row: DiagRow, side: dict[str, int]) -> None:
+        if row.phase not in side:
+            side[row.phase] = len(side)
+
+    def rank(self, phase: str) -> tuple[int, int]:
+        if phase in self.phase_a:
+            return (0, self.phase_a[phase])
+        return (1, self.phase_b.get(phase, 0))
+
+
+def compare(
+    run_a: str | os.PathLike[str],
+    run_b: str | os.PathLike[str],
+    *,
+    rel_tol: float = 1e-5,
+    abs_tol: float = 1e-7,
+    bitwise: bool = False,
+    keep_matrix: bool = False,
+) -> CompareResult:
+    """Compare two runs (diag.jsonl files or run directories); see the module docstring.
+
+    Raises DataError (exit code 2) for a missing file, an unreadable line (named file:line),
+    a run without rows, or a (phase, step) recorded twice while still unmatched."""
+    if rel_tol < 0 or abs_tol < 0:
+        raise DataError("tolerances must be non-negative")
+    pa, pb = resolve_diag_path(run_a), resolve_diag_path(run_b)
+    st = _Comparer(pa, pb, rel_tol, abs_tol, bitwise)
+    if keep_matrix:
+        st.matrix = []
+    pend_a: dict[tuple[str, int], DiagRow] = {}
+    pend_b: dict[tuple[str, int], DiagRow] = {}
+    n_a = n_b = 0
+    ia, ib = iter_lines(pa), iter_lines(pb)
+
+    def take(row: DiagRow | None, mine: dict, other: dict, side: dict, path: Path) -> None:
+        if row is None:
+            return
+        st.note_phase(row, side)
+        key = (row.phase, row.step)
+        if key in other:
+            o = other.pop(key)
+            if mine is pend_a:
+                st.pair(row, o)
+            else:
+                st.pair(o, row)
+        elif key in mine:
+            first = mine[key].lineno
+            raise DataError(
+                f"{path}:{row.lineno}: phase={row.phase} step={row.step} recorded twice "
+                f"(first at line {first})",
+                "a resumed run must not re-record steps",
+            )
+        else:
+            mine[key] = row
+
+    while True:
+        la, lb = next(ia, None), next(ib, None)
+        if la is None and lb is None:
+            break
+        if la is not None and lb is not None and la[1] == lb[1]:
+            row = parse_row(la[1], pa, la[0])
+            if row is None:
+                continue
+            n_a += 1
+            n_b += 1
+            key = (row.phase, row.step)
+            if key not in pend_a and key not in pend_b:
+                st.note_phase(row, st.phase_a)
+                st.note_phase(row, st.phase_b)
+                st.identical(row)
+                continue
+            ra, rb = row, DiagRow(row.phase, row.step, row.checks, row.digs, lb[0])
+        else:
+            ra = None if la is None else parse_row(la[1], pa, la[0])
+            rb = None if lb is None else parse_row(lb[1], pb, lb[0])
+            n_a += ra is not None
+            n_b += rb is not None
+        take(ra, pend_a, pend_b, st.phase_a, pa)
+        take(rb, pend_b, pend_a, st.phase_b, pb)
+
+    for path, n in ((pa, n_a), (pb, n_b)):
+        if n == 0:
+            raise DataError(f"{path}: no diag rows", "was the run started with --diag?")
+    for row in pend_a.values():
+        st.missing_row(row, "B")
+    for row in pend_b.values():
+        st.missing_row(row, "A")
+
+    first: Divergence | None = None
+    co: list[LeafDiff] = []
+    if st.best:
+        phase = min(st.best, key=st.rank)
+        _, first, diffs = st.best[phase]
+        co = sorted(diffs, key=lambda d: (-d.rel, d.position))
+    matrix = None
+    if st.matrix is not None:
+        st.matrix.sort(key=lambda r: (st.rank(r[0]), r[1]))
+        leaves = list(st.leaves)
+        matrix = DiffMatrix(
+            rows=[(p, s) for p, s, _, _ in st.matrix],
+            leaves=leaves,
+            rel=[[rels.get(leaf, math.nan) for leaf in leaves] for _, _, rels, _ in st.matrix],
+            diverged=[[leaf in dv for leaf in leaves] for _, _, _, dv in st.matrix],
+        )
+    return CompareResult(
+        path_a=str(pa),
+        path_b=str(pb),
+        rel_tol=rel_tol,
+        abs_tol=abs_tol,
+        bitwise=bitwise,
+        deterministic=first is None,
+        first=first,
+        co_diverging=co,
+        rows_compared=st.rows,
+        rows_diverged=st.diverged,
+        leaves=list(st.leaves),
+        values_compared=st.values,
+        matrix=matrix,
+    )

@@ -1,0 +1,313 @@
+"""The diag.jsonl recorder (format `twinrun.diag.v1`, DESIGN §4).
+
+One JSON object per line, appended and flushed as each step is committed (the file is a log,
+never rewritten):
+
+    {"format": "twinrun.diag.v1", "step": 3, "phase": "train",
+     "checksums": {"batch.sample_indices": 1234.0, ...}, "digests": {"batch.sample_indices": "..."}}
+
+Leaves keep the order they were added in, which must be dataflow order (what is computed first
+comes first): `twinrun diff` names the *earliest* diverging leaf. Checksums are exact sums of
+squares (`twinrun.diag.checksum.sumsq`) written with `repr`, so they read back bit-exact.
+Non-finite checksums are written as the JSON strings "NaN", "Infinity" and "-Infinity" (strict
+JSON, readable by any parser); `twinrun.diag.compare` reads those strings (and the bare
+`NaN`/`Infinity` literals Python's json module emits) back as floats.
+
+Usage in a user's own loop:
+
+    rec = DiagRecorder("runs/a")                 # a directory: writes runs/a/diag.jsonl
+    rec.record(step, {"batch.sample_indices": idx, "loss": loss, "grads.lora": grads})
+    row = rec.begin(step)                        # or leaf by leaf, as values become available
+    row.add("forward.logits", logits)
+    row.add_parts("grads.lora", [g for g in lora_grads])
+    rec.commit(row)
+
+The reading side (`resolve_diag_path`, `iter_lines`, `parse_row`, `decode_float`, `DiagRow`)
+lives here too, next to the format it reads; `twinrun.diag.compare` uses it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from twinrun.diag.checksum import SumSq, digest, digest_many
+from twinrun.errors import DataError
+
+__all__ = [
+    "DIAG_FORMAT",
+    "DIAG_FILENAME",
+    "STANDARD_LEAVES",
+    "DiagRecorder",
+    "DiagRow",
+    "decode_float",
+    "iter_lines",
+    "parse_row",
+    "resolve_diag_path",
+    "LeafValue",
+    "StepRecord",
+    "encode_float",
+    "leaf_value",
+]
+
+DIAG_FORMAT = "twinrun.diag.v1"
+DIAG_FILENAME = "diag.jsonl"
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_HINT = "each line of diag.jsonl must be one JSON object written by twinrun --diag"
+
+#: The standard leaves in dataflow order (DESIGN §4; the GRPO leaves follow the sample indices).
+STANDARD_LEAVES: tuple[str, ...] = (
+    "batch.sample_indices",
+    "replay.sample_indices",
+    "rollout.tokens",
+    "rollout.rewards",
+    "rollout.advantages",
+    "rollout.old_logprobs",
+    "batch.tokens",
+    "forward.logits",
+    "loss",
+    "grads.lora",
+    "adam.exp_avg",
+    "adam.exp_avg_sq",
+    "params.lora",
+    "lr",
+    "rng.state",
+)
+
+
+@dataclass(frozen=True)
+class LeafValue:
+    """A leaf's precomputed checksum (exact sum of squares) and digest (SHA256 hex)."""
+
+    checksum: float
+    digest: str
+
+
+def encode_float(x: float) -> float | str:
+    """A checksum as written to JSON: the float itself, or "NaN" / "Infinity" / "-Infinity"."""
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    return float(x)
+
+
+def _is_part_list(value: Any) -> bool:
+    """A list of tensors/arrays (a multi-part leaf), as opposed to a list of numbers."""
+    if not isinstance(value, list | tuple) or not value:
+        return False
+    return all(hasattr(v, "shape") and hasattr(v, "dtype") for v in value)
+
+
+def leaf_value(value: Any) -> LeafValue:
+    """Checksum and digest of one leaf value: a tensor, numpy array, float, int, list of numbers,
+    a list of tensors (a multi-part leaf: merged checksum, `digest_many`), or a LeafValue."""
+    if isinstance(value, LeafValue):
+        return value
+    if _is_part_list(value):
+        acc = SumSq()
+        for part in value:
+            acc.add(part)
+        return LeafValue(acc.value(), digest_many(value))
+    if isinstance(value, list | tuple):
+        import numpy as np
+
+        value = np.asarray(value)
+    return LeafValue(SumSq().add(value).value(), digest(value))
+
+
+class StepRecord:
+    """One row being built: leaves are kept in the order they are added (dataflow order)."""
+
+    def __init__(self, step: int, phase: str = "train") -> None:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"diag step must be a non-negative integer, got {step!r}")
+        if not isinstance(phase, str) or not phase:
+            raise ValueError(f"diag phase must be a non-empty string, got {phase!r}")
+        self.step = step
+        self.phase = phase
+        self.leaves: dict[str, LeafValue] = {}
+
+    def add(self, leaf: str, value: Any) -> StepRecord:
+        """Add one leaf (see `leaf_value` for what a value may be); returns self."""
+        if not isinstance(leaf, str) or not leaf:
+            raise ValueError(f"diag leaf name must be a non-empty string, got {leaf!r}")
+        if leaf in self.leaves:
+            raise ValueError(f"diag leaf {leaf!r} added twice at step {self.step}")
+        self.leaves[leaf] = leaf_value(value)
+        return self
+
+    def add_parts(self, leaf: str, parts: Sequence[Any]) -> StepRecord:
+        """Add a leaf made of several tensors in a fixed order; returns self."""
+        parts = list(parts)
+        acc = SumSq()
+        for part in parts:
+            acc.add(part)
+        return self.add(leaf, LeafValue(acc.value(), digest_many(parts)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": DIAG_FORMAT,
+            "step": self.step,
+            "phase": self.phase,
+            "checksums": {k: encode_float(v.checksum) for k, v in self.leaves.items()},
+            "digests": {k: v.digest for k, v in self.leaves.items()},
+        }
+
+
+class DiagRecorder:
+    """Appends `twinrun.diag.v1` rows to a diag.jsonl file, one line per committed step.
+
+    `path` is the file, or a directory (the file is `path/diag.jsonl`). With `append=False`
+    (the default) an existing file is truncated when the recorder opens it; with `append=True`
+    rows are added to it (resume). `fsync=True` also fsyncs every row. Use as a context manager
+    or call `close()`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        phase_default: str = "train",
+        *,
+        append: bool = False,
+        fsync: bool = False,
+    ) -> None:
+        p = Path(path)
+        if p.is_dir() or (not p.suffix and not p.exists()):
+            p = p / DIAG_FILENAME
+        self.path = p
+        self.phase_default = phase_default
+        self._append = append
+        self._fsync = fsync
+        self._fh: TextIO | None = None
+
+    def _file(self) -> TextIO:
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a" if self._append else "w", encoding="utf-8")  # noqa: SIM115
+        return self._fh
+
+    def begin(self, step: int, phase: str | None = None) -> StepRecord:
+        """Start a row; add leaves to it, then `commit` it."""
+        return StepRecord(step, phase or self.phase_default)
+
+    def commit(self, row: StepRecord) -> dict[str, Any]:
+        """Append the row as one line and flush it; returns the JSON object written."""
+        obj = row.to_json()
+        fh = self._file()
+        fh.write(json.dumps(obj, allow_nan=False) + "\n")
+        fh.flush()
+        if self._fsync:
+            os.fsync(fh.fileno())
+        return obj
+
+    def record(self, step: int, leaves: dict[str, Any], phase: str | None = None) -> dict[str, Any]:
+        """Record one step: `leaves` maps leaf name -> value, in dataflow order."""
+        row = self.begin(step, phase)
+        for leaf, value in leaves.items():
+            row.add(leaf, value)
+        return self.commit(row)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> DiagRecorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- reading (used by twinrun.diag.compare) ----------------------------------------------------
+
+
+def resolve_diag_path(path: str | os.PathLike[str]) -> Path:
+    """A diag.jsonl file, or a run directory containing one; DataError when there is none."""
+    p = Path(path)
+    if p.is_dir():
+        f = p / "diag.jsonl"
+        if not f.is_file():
+            raise DataError(f"{p}: no diag.jsonl in this run directory", "run it with --diag")
+        return f
+    if not p.exists():
+        raise DataError(f"{p}: no such file or directory", "give a diag.jsonl or a run directory")
+    return p
+
+
+class DiagRow:
+    """One parsed diag row: leaf -> checksum (raw JSON value) and leaf -> digest."""
+
+    __slots__ = ("phase", "step", "checks", "digs", "lineno")
+
+    def __init__(self, phase: str, step: int, checks: dict, digs: dict, lineno: int) -> None:
+        self.phase = phase
+        self.step = step
+        self.checks = checks
+        self.digs = digs
+        self.lineno = lineno
+
+    def leaves(self) -> list[str]:
+        out = list(self.checks)
+        if len(self.digs) != len(out) or any(k not in self.checks for k in self.digs):
+            out += [k for k in self.digs if k not in self.checks]
+        return out
+
+
+def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, stripped bytes) of each non-blank line; DataError if unreadable."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be read ({exc.strerror})") from exc
+    with fh:
+        for lineno, raw in enumerate(fh, 1):
+            raw = raw.strip()
+            if raw:
+                yield lineno, raw
+
+
+def parse_row(raw: bytes, path: Path, lineno: int) -> DiagRow | None:
+    """Parse one line; None for another twinrun row kind (e.g. a step trace) to skip."""
+    where = f"{path}:{lineno}"
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: not valid JSON — {exc.msg} (column {exc.colno})", _HINT) from exc
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{where}: not UTF-8 text — {exc.reason}", _HINT) from exc
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: a row must be a JSON object", _HINT)
+    fmt = obj.get("format", DIAG_FORMAT)
+    if fmt != DIAG_FORMAT:
+        if isinstance(fmt, str) and fmt.startswith("twinrun."):
+            return None  # another twinrun row kind (e.g. a step trace): not compared here
+        raise DataError(f"{where}: unknown format {fmt!r} (expected {DIAG_FORMAT!r})", _HINT)
+    step = obj.get("step")
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise DataError(f"{where}: 'step' must be an integer, got {step!r}", _HINT)
+    phase = obj.get("phase", "train")
+    if not isinstance(phase, str) or not phase:
+        raise DataError(f"{where}: 'phase' must be a non-empty string, got {phase!r}", _HINT)
+    checks = obj.get("checksums", {})
+    digs = obj.get("digests", {})
+    if not isinstance(checks, dict) or not isinstance(digs, dict):
+        raise DataError(f"{where}: 'checksums' and 'digests' must be JSON objects", _HINT)
+    return DiagRow(phase, step, checks, digs, lineno)
+
+
+def decode_float(v: Any, path: Path, lineno: int, leaf: str) -> float:
+    """A checksum as read from JSON (number, or "NaN"/"Infinity"/"-Infinity") as a float."""
+    if type(v) is float:
+        return v
+    if isinstance(v, int) and not isinstance(v, bool):
+        return float(v) if abs(v) < 2**1024 else math.copysign(math.inf, v)
+    if isinstance(v, str) and v in _NONFINITE:
+        return _NONFINITE[v]
+    raise DataError(f"{path}:{lineno}: checksum of {leaf!r} is not a number: {v!r}", _HINT)

@@ -1,0 +1,102 @@
+"""The `twinrun diff --report FILE.png` heatmap: leaves (dataflow order, top to bottom) × rows
+(steps, in comparison order), colour = log10 of the relative difference of the checksums.
+
+Equal cells are drawn at the floor (1e-17), cells where a run lacks the leaf or the row are drawn
+in the "over" colour, cells neither run has are grey; the first divergence is outlined in red.
+More rows than `max_columns` are binned (the maximum of each bin is drawn). matplotlib is
+imported only here, with the Agg canvas (no display, no global pyplot state), and the PNG is
+written atomically.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from twinrun.fileio import atomic_write_with
+
+if TYPE_CHECKING:
+    from twinrun.diag.compare import CompareResult
+
+__all__ = ["write_report"]
+
+FLOOR = 1e-17
+
+
+def _label(phase: str, step: int) -> str:
+    return str(step) if phase == "train" else f"{phase}:{step}"
+
+
+def write_report(
+    result: CompareResult, path: str | os.PathLike[str], *, max_columns: int = 2000
+) -> Path:
+    """Draw the heatmap of `result` (from `compare(..., keep_matrix=True)`) to a PNG."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import Normalize
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    if result.matrix is None:
+        raise ValueError("write_report needs compare(..., keep_matrix=True)")
+    m = result.matrix
+    rel = np.array(m.rel, dtype=np.float64).reshape(len(m.rows), len(m.leaves))
+    div = np.array(m.diverged, dtype=bool).reshape(rel.shape)
+    n_rows = rel.shape[0]
+    k = max(1, math.ceil(n_rows / max_columns))
+    if k > 1:  # bin consecutive rows: the largest difference of each bin is what shows
+        pad = (-n_rows) % k
+        r = np.pad(rel, ((0, pad), (0, 0)), constant_values=np.nan).reshape(-1, k, rel.shape[1])
+        all_nan = np.isnan(r).all(axis=1)
+        rel = np.where(all_nan, np.nan, np.nanmax(np.where(np.isnan(r), -1.0, r), axis=1))
+        d = np.pad(div, ((0, pad), (0, 0))).reshape(-1, k, div.shape[1])
+        div = d.any(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        img = np.log10(np.clip(rel, FLOOR, None))
+    img[np.isinf(rel)] = 1.0  # missing leaf or row: above the colour scale
+    img = img.T  # leaves × columns
+
+    n_cols, n_leaves = rel.shape[0], rel.shape[1]
+    fig = Figure(figsize=(min(16.0, 6.5 + 0.08 * n_cols), 2.2 + 0.35 * max(n_leaves, 1)))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    import matplotlib
+
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#d9d9d9", over="#d62728")
+    norm = Normalize(vmin=math.log10(FLOOR), vmax=0.0)
+    im = ax.imshow(img, aspect="auto", interpolation="nearest", cmap=cmap, norm=norm)
+    cb = fig.colorbar(im, ax=ax, extend="max")
+    cb.set_label("log10 relative difference")
+
+    ax.set_yticks(range(n_leaves))
+    ax.set_yticklabels(m.leaves, fontsize=8)
+    ticks = sorted({int(i) for i in np.linspace(0, max(n_cols - 1, 0), num=min(n_cols, 12))})
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([_label(*m.rows[min(i * k, n_rows - 1)]) for i in ticks], fontsize=8)
+    ax.set_xlabel("step" + (f" (bins of {k} rows)" if k > 1 else ""))
+
+    if n_cols * n_leaves <= 4000:  # mark divergent cells (also digest-only ones at the floor)
+        ys, xs = np.nonzero(div.T)
+        ax.scatter(xs, ys, marker="x", s=12, c="white", linewidths=0.8)
+
+    title = f"twinrun diff\nA: {result.path_a}\nB: {result.path_b}"
+    f = result.first
+    if f is not None:
+        col = next(i for i, row in enumerate(m.rows) if row == (f.phase, f.step)) // k
+        if f.leaf is not None and f.leaf in m.leaves:
+            y, h = m.leaves.index(f.leaf) - 0.5, 1.0
+        else:
+            y, h = -0.5, float(n_leaves)
+        ax.add_patch(Rectangle((col - 0.5, y), 1.0, h, fill=False, ec="red", lw=2.0))
+        where = f"step={f.step}" + (f" phase={f.phase}" if f.phase != "train" else "")
+        title += f"\nfirst divergence: {where} leaf={f.leaf or '(row missing)'}"
+    else:
+        title += "\ndeterministic"
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+
+    out = Path(path)
+    atomic_write_with(out, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    return out

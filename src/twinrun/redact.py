@@ -1,0 +1,59 @@
+"""Secret redaction (DESIGN §7) for anything persisted or hashed.
+
+Replaced by "<redacted>":
+- the value of any key that looks secret at any depth: `api_key`, `token`, `password`,
+  `secret`, `authorization`, `*_token`, `*_key`, `credential*` (case-insensitive, `-` = `_`);
+- URL userinfo (`https://user:pass@host` -> `https://<redacted>@host`) in any string;
+- secret-named query parameters in URLs (`?token=...&x=1` -> `?token=<redacted>&x=1`);
+- every value of free-form environment args (`environment.args` / `--env-arg`), keys kept.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+REDACTED = "<redacted>"
+_SECRET_KEY = re.compile(
+    r"^(api_?key|token|password|passwd|secret|authorization|.*_token|.*_key|credentials?.*"
+    r"|.*_secret|.*_password|access_token|auth)$",
+    re.IGNORECASE,
+)
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/@\s]+)@")
+_QUERY = re.compile(r"(?P<sep>[?&;])(?P<key>[^=&;#\s]+)=(?P<value>[^&;#\s]*)")
+
+
+def is_secret_key(key: str) -> bool:
+    return bool(_SECRET_KEY.match(key.replace("-", "_")))
+
+
+def redact_string(text: str) -> str:
+    text = _USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+
+    def query(m: re.Match[str]) -> str:
+        if is_secret_key(m["key"]):
+            return f"{m['sep']}{m['key']}={REDACTED}"
+        return m[0]
+
+    return _QUERY.sub(query, text) if "://" in text or "?" in text else text
+
+
+def redact(obj: Any) -> Any:
+    """A redacted deep copy of a JSON-like value."""
+    if isinstance(obj, dict):
+        return {
+            k: REDACTED if isinstance(k, str) and is_secret_key(k) else redact(v)
+            for k, v in obj.items()
+        }
+    if isinstance(obj, list | tuple):
+        return [redact(v) for v in obj]
+    if isinstance(obj, str):
+        return redact_string(obj)
+    return obj
+
+
+def redact_env_args(args: dict[str, Any] | None) -> dict[str, str] | None:
+    """Free-form environment args: keys kept, every value replaced."""
+    if args is None:
+        return None
+    return {k: REDACTED for k in args}

@@ -1,0 +1,237 @@
+"""GRPO environments (DESIGN §5 "Environments"): what the model sees and how it is scored.
+
+An environment has two methods:
+
+- `prompt(row, rng) -> str`: the observation the model sees for an examples row; `rng` is a
+  twinrun stream keyed by (seed, step, prompt) for environments that randomise their observation.
+- `reward(row, completion) -> float`: a finite float score for one sampled completion.
+
+Built in:
+
+- `arithmetic`: the prompt is `row["prompt"]`; reward 1.0 when the completion's first integer
+  (optional leading whitespace, then `-?\\d+`) equals `int(row["answer"])`, else 0.0.
+- `clock`: `arithmetic` with a wall-clock timestamp (`time.time_ns`) prefixed to the prompt — the
+  model-visible nondeterminism that fixed seeds cannot remove and capture/replay can.
+
+Plugins: `--env module.path:factory` imports the module and calls `factory(**args)`. Every way a
+plugin can fail (import, missing attribute, factory raising, object without prompt/reward, a
+reward that is not a finite float) is an `EnvironmentPluginError` (a `ConfigError`) whose one line
+names the plugin. Argument values are never echoed (they may hold secrets, DESIGN §7).
+
+`observation_fault(prompt)` is the `--inject observation@STEP` hook: it prepends the same kind of
+timestamp to any observation. This module does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import numbers
+import re
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol, runtime_checkable
+
+from twinrun.errors import ConfigError, DataError
+from twinrun.rng import Stream
+
+BUILTIN_ENVIRONMENTS = ("arithmetic", "clock")
+
+_LEADING_INT = re.compile(r"\s*(-?\d+)")
+_PLUGIN = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+
+
+class EnvironmentPluginError(ConfigError):
+    """A plugin environment could not be built or returned something unusable."""
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """What GRPO needs from an environment."""
+
+    def prompt(self, row: dict[str, Any], rng: Stream) -> str: ...
+
+    def reward(self, row: dict[str, Any], completion: str) -> float: ...
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def wall_clock_stamp() -> str:
+    """`[time 2026-11-30T09:12:33.123456] ` from `time.time_ns()` (UTC, microseconds)."""
+    ns = time.time_ns()
+    seconds, rest = divmod(ns, 1_000_000_000)
+    stamp = datetime.fromtimestamp(seconds, tz=UTC).replace(microsecond=rest // 1000)
+    return f"[time {stamp.strftime('%Y-%m-%dT%H:%M:%S.%f')}] "
+
+
+def observation_fault(prompt: str) -> str:
+    """The `observation` fault: the observation with a wall-clock timestamp prepended."""
+    return wall_clock_stamp() + prompt
+
+
+def _field(row: Mapping[str, Any], key: str, env: str) -> Any:
+    if key not in row:
+        raise DataError(
+            f"environment {env!r}: examples row has no {key!r} field (keys: {sorted(row)})",
+            f"every row needs {key!r} for --env {env}",
+        )
+    return row[key]
+
+
+def first_integer(completion: str) -> int | None:
+    """The integer the completion starts with (after optional whitespace), or None."""
+    match = _LEADING_INT.match(completion)
+    return int(match.group(1)) if match else None
+
+
+class ArithmeticEnvironment:
+    """Exact-integer-answer environment: reward 1.0 iff the completion starts with the answer."""
+
+    name = "arithmetic"
+
+    def prompt(self, row: dict[str, Any], rng: Stream) -> str:
+        prompt = _field(row, "prompt", self.name)
+        if not isinstance(prompt, str):
+            raise DataError(f"environment {self.name!r}: 'prompt' must be a string")
+        return prompt
+
+    def reward(self, row: dict[str, Any], completion: str) -> float:
+        raw = _field(row, "answer", self.name)
+        try:
+            answer = int(str(raw).strip())
+        except ValueError:
+            raise DataError(
+                f"environment {self.name!r}: 'answer' {raw!r} is not an integer"
+            ) from None
+        return 1.0 if first_integer(completion) == answer else 0.0
+
+
+class ClockEnvironment(ArithmeticEnvironment):
+    """`arithmetic` whose observation starts with the wall-clock time: never reproducible."""
+
+    name = "clock"
+
+    def prompt(self, row: dict[str, Any], rng: Stream) -> str:
+        return wall_clock_stamp() + super().prompt(row, rng)
+
+
+_BUILTINS: dict[str, type[ArithmeticEnvironment]] = {
+    "arithmetic": ArithmeticEnvironment,
+    "clock": ClockEnvironment,
+}
+
+
+def _check_methods(obj: object, name: str) -> None:
+    missing = [m for m in ("prompt", "reward") if not callable(getattr(obj, m, None))]
+    if missing:
+        raise EnvironmentPluginError(
+            f"environment plugin {name!r}: factory returned {type(obj).__name__}, which has no "
+            f"callable {' or '.join(missing)}",
+            "return an object with prompt(row, rng) -> str and reward(row, completion) -> float",
+        )
+
+
+def make_environment(name: str, args: Mapping[str, Any] | None = None) -> Environment:
+    """A built-in environment by name, or a plugin `module.path:factory` made by factory(**args).
+
+    Raises ConfigError for an unknown name or arguments to a built-in, EnvironmentPluginError
+    (a ConfigError) for every plugin failure."""
+    args = dict(args or {})
+    if name in _BUILTINS:
+        if args:
+            raise ConfigError(
+                f"environment {name!r} takes no arguments, got {sorted(args)}",
+                "remove [environment.args] / --env-arg, or use a plugin environment",
+            )
+        return _BUILTINS[name]()
+    if ":" not in name:
+        raise ConfigError(
+            f"unknown environment {name!r}",
+            f"choose from {', '.join(BUILTIN_ENVIRONMENTS)}, or a plugin as module.path:factory",
+        )
+    if not _PLUGIN.match(name):
+        raise EnvironmentPluginError(
+            f"environment plugin {name!r} is not of the form module.path:factory",
+            "e.g. --env mypkg.envs:make_env",
+        )
+    bad_keys = [k for k in args if not isinstance(k, str) or not k.isidentifier()]
+    if bad_keys:
+        raise EnvironmentPluginError(
+            f"environment plugin {name!r}: argument names must be identifiers, got {bad_keys}"
+        )
+    module_name, factory_name = name.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # an import can fail in any way the module's code can
+        raise EnvironmentPluginError(
+            f"environment plugin {name!r}: cannot import module {module_name!r}: "
+            f"{type(exc).__name__}: {_one_line(exc)}",
+            "check that the module is importable (installed or on PYTHONPATH)",
+        ) from exc
+    factory = getattr(module, factory_name, None)
+    if factory is None:
+        raise EnvironmentPluginError(
+            f"environment plugin {name!r}: module {module_name!r} has no attribute "
+            f"{factory_name!r}",
+            "name a factory function or class defined in that module",
+        )
+    if not callable(factory):
+        raise EnvironmentPluginError(
+            f"environment plugin {name!r}: {factory_name!r} is a {type(factory).__name__}, "
+            "not callable"
+        )
+    try:
+        env = factory(**args)
+    except Exception as exc:
+        raise EnvironmentPluginError(
+            f"environment plugin {name!r}: factory raised {type(exc).__name__}: {_one_line(exc)}",
+            "check [environment.args] / --env-arg against the factory's parameters",
+        ) from exc
+    _check_methods(env, name)
+    return env  # type: ignore[no-any-return]
+
+
+def checked_prompt(env: Environment, name: str, row: dict[str, Any], rng: Stream) -> str:
+    """`env.prompt(row, rng)`, failing with a one-line error naming `name` unless it is a str."""
+    try:
+        prompt = env.prompt(row, rng)
+    except DataError:
+        raise
+    except Exception as exc:
+        raise EnvironmentPluginError(
+            f"environment {name!r}: prompt raised {type(exc).__name__}: {_one_line(exc)}"
+        ) from exc
+    if not isinstance(prompt, str):
+        raise EnvironmentPluginError(
+            f"environment {name!r}: prompt returned {type(prompt).__name__}, not str"
+        )
+    return prompt
+
+
+def checked_reward(env: Environment, name: str, row: dict[str, Any], completion: str) -> float:
+    """`env.reward(row, completion)` as a Python float; a one-line error naming `name` when the
+    reward raises or is not a finite real number (bool, str, None, NaN and ±inf are refused)."""
+    try:
+        value = env.reward(row, completion)
+    except DataError:
+        raise
+    except Exception as exc:
+        raise EnvironmentPluginError(
+            f"environment {name!r}: reward raised {type(exc).__name__}: {_one_line(exc)}"
+        ) from exc
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise EnvironmentPluginError(
+            f"environment {name!r}: reward returned {type(value).__name__} "
+            f"{_one_line(repr(value))[:60]}, not a float",
+            "reward(row, completion) must return a finite float",
+        )
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise EnvironmentPluginError(
+            f"environment {name!r}: reward returned {reward}, not a finite float",
+            "reward(row, completion) must return a finite float",
+        )
+    return reward

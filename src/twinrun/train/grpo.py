@@ -1,0 +1,301 @@
+"""`twinrun tune grpo`: GRPO on an environment, with an optional prioritized replay buffer.
+
+One optimizer step:
+1. pick `prompts_per_step` example rows (keyed per-epoch shuffle, as SFT);
+2. the environment turns each row into an observation (`stream(seed, "env", step, slot)`);
+3. sample `group_size` completions per prompt from the current policy, token by token, each
+   token drawn from `stream(seed, "sample", step, example_index, k, position)` — a completion
+   never depends on which other rows shared its step — keeping float64 old logprobs;
+4. rewards from the environment; advantages group-normalised, batch-normalised, clipped
+   (`rl/advantages.py`); with `--replay per`, earlier rollouts re-enter with probability
+   proportional to |advantage|^alpha and importance weights (`rl/replay.py`);
+5. the token cap keeps at most `token_cap` completion tokens per row; the PPO-clip surrogate
+   (`objectives/grpo.py`) is summed over kept tokens and divided by their count, in forwards of
+   `batch_size` rows; then one AdamW step.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from twinrun.config.run import RunConfig, validate
+from twinrun.data.batching import epoch_order
+from twinrun.data.examples import EncodedRow, SourcedRow, check_length, prompt_text
+from twinrun.model.generate import generate
+from twinrun.objectives.grpo import grpo_loss
+from twinrun.rl.advantages import apply_token_cap, compute_advantages
+from twinrun.rl.environments import (
+    Environment,
+    checked_prompt,
+    checked_reward,
+    make_environment,
+    observation_fault,
+)
+from twinrun.rl.replay import PrioritizedReplay
+from twinrun.rng import stream
+from twinrun.train.loop import StepOutcome
+from twinrun.train.session import Session, finish_session, open_session
+from twinrun.train.sft import make_loop
+
+
+@dataclass
+class Rollout:
+    """One sampled completion and what the update needs of it."""
+
+    example: int
+    k: int
+    step: int
+    prompt_ids: list[int]
+    completion: list[int]
+    old_logprobs: list[float]  # float64, one per completion token
+    reward: float
+    advantage: float = 0.0
+    weight: float = 1.0  # importance weight when replayed
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_ids + self.completion
+
+
+@dataclass
+class GrpoState:
+    rows: list[SourcedRow]
+    env: Environment
+    env_name: str
+    replay: PrioritizedReplay[Rollout] | None
+    orders: dict[int, list[int]] = field(default_factory=dict)
+
+    def example_at(self, seed: int, position: int) -> int:
+        epoch, j = divmod(position, len(self.rows))
+        if epoch not in self.orders:
+            self.orders = {epoch: epoch_order(seed, epoch, len(self.rows))}
+        return self.orders[epoch][j]
+
+
+def train_grpo(cfg: RunConfig) -> dict[str, Any]:
+    cfg.objective = "grpo"
+    validate(cfg)
+    name = cfg.env or ""
+    env = make_environment(name, cfg.env_args or {})  # plugin errors before anything is written
+    session, rows = open_session(cfg, lambda tok, raw, max_len: raw)
+    replay = None
+    if cfg.replay == "per":
+        replay = PrioritizedReplay(cfg.replay_capacity, cfg.replay_alpha, cfg.replay_beta)
+    state = GrpoState(rows=rows, env=env, env_name=name, replay=replay)
+    loop = make_loop(session, cfg.steps)
+    try:
+        for step in range(cfg.steps):  # type: ignore[arg-type]
+            loop.run_step(step, lambda step=step: grpo_step(session, state, step))
+    finally:
+        if loop.progress is not None:
+            loop.progress.close()
+        if loop.recorder is not None:
+            loop.recorder.close()
+    last = loop.metrics[-1]
+    summary = {"final_loss": last["loss"], "steps": cfg.steps,
+               "final_reward_mean": last["reward_mean"]}
+    return finish_session(session, loop.metrics, summary)
+
+
+def prompt_ids_for(s: Session, observation: str) -> list[int]:
+    text = prompt_text(s.tok, [{"role": "user", "content": observation}],
+                       s.cfg.chat_template == "on")
+    return [s.tok.bos_id, *s.tok.encode(text)]
+
+
+def sample_completion(
+    s: Session, prompt_ids: list[int], step: int, example: int, k: int
+) -> tuple[list[int], list[float]]:
+    """Completion k of a prompt: token i drawn from stream(seed, "sample", step, example, k, i)."""
+    seed = s.cfg.seed
+    assert seed is not None
+
+    def draw(position: int) -> float:
+        return stream(seed, "sample", step, example, k, position).uniform()
+
+    with torch.no_grad():
+        result = generate(
+            s.model, prompt_ids, s.cfg.max_new_tokens, s.cfg.temperature, draw=draw,
+            eos_id=s.tok.eos_id,
+        )
+    return list(result.tokens), [float(x) for x in result.logprobs]
+
+
+def collect_rollouts(
+    s: Session, state: GrpoState, step: int, examples: list[int]
+) -> list[Rollout]:
+    cfg = s.cfg
+    out: list[Rollout] = []
+    max_len = s.model.spec.max_position_embeddings
+    for slot, example in enumerate(examples):
+        row = state.rows[example]
+        observation = checked_prompt(
+            state.env, state.env_name, dict(row.data), stream(cfg.seed, "env", step, slot)
+        )
+        if s.faults.at("observation", step):
+            observation = observation_fault(observation)
+        ids = prompt_ids_for(s, observation)
+        check_length(EncodedRow(tuple(ids), ()), row.where, max_len - cfg.max_new_tokens)
+        for k in range(cfg.group_size):  # type: ignore[arg-type]
+            completion, logprobs = sample_completion(s, ids, step, example, k)
+            reward = checked_reward(
+                state.env, state.env_name, dict(row.data), s.tok.decode(completion)
+            )
+            out.append(Rollout(example, k, step, ids, completion, logprobs, reward))
+    return out
+
+
+def step_examples(s: Session, state: GrpoState, step: int) -> list[int]:
+    p = s.cfg.prompts_per_step
+    assert p is not None and s.cfg.seed is not None
+    if s.faults.at("sampler", step):
+        unseeded = random.SystemRandom()
+        return [unseeded.randrange(len(state.rows)) for _ in range(p)]
+    return [state.example_at(s.cfg.seed, step * p + i) for i in range(p)]
+
+
+def grpo_step(s: Session, state: GrpoState, step: int) -> StepOutcome:
+    cfg = s.cfg
+    t0 = time.perf_counter()
+    if s.faults.at("rng", step):
+        torch.rand(1)  # the planted stray draw
+    examples = step_examples(s, state, step)
+    fresh = collect_rollouts(s, state, step, examples)
+    rewards = torch.tensor([r.reward for r in fresh], dtype=torch.float64).view(
+        len(examples), cfg.group_size
+    )
+    advantages, zero_frac = compute_advantages(rewards, cfg.advantage_clip)
+    for r, a in zip(fresh, advantages.reshape(-1).tolist(), strict=True):
+        r.advantage = a
+    replayed, slots = replay_draws(s, state, step)
+    rollout_s = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
+    batch = fresh + replayed
+    update = update_on(s, batch, step)
+    if state.replay is not None:
+        for r in fresh:
+            state.replay.add(r, abs(r.advantage))
+    update_s = time.perf_counter() - t1
+
+    leaves: dict[str, Any] = {}
+    if cfg.diag:
+        leaves = {"batch.sample_indices": torch.tensor(examples, dtype=torch.int64)}
+        if state.replay is not None:
+            leaves["replay.sample_indices"] = torch.tensor(slots, dtype=torch.int64)
+        leaves |= {
+            "rollout.tokens": [torch.tensor(r.tokens, dtype=torch.int64) for r in fresh],
+            "rollout.rewards": rewards,
+            "rollout.advantages": advantages,
+            "rollout.old_logprobs": torch.tensor(
+                [x for r in fresh for x in r.old_logprobs], dtype=torch.float64
+            ),
+        } | update.leaves
+    return StepOutcome(
+        loss=update.loss,
+        tokens=update.tokens,
+        rows=len(batch),
+        leaves=leaves,
+        metrics={
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std(unbiased=False)),
+            "zero_advantage_group_fraction": zero_frac,
+            "active_tokens": update.tokens,
+            "clip_fraction": update.metrics["clip_fraction"],
+            "replayed_rows": len(replayed),
+            "rollout_s": rollout_s,
+            "update_s": update_s,
+        },
+    )
+
+
+def replay_draws(s: Session, state: GrpoState, step: int) -> tuple[list[Rollout], list[int]]:
+    buf = state.replay
+    if buf is None or len(buf) == 0:
+        return [], []
+    cfg = s.cfg
+    m = max(1, round(cfg.replay_fraction * cfg.prompts_per_step * cfg.group_size))  # type: ignore[operator]
+    seed = cfg.seed
+    assert seed is not None
+    if s.faults.at("sampler", step):
+        unseeded = random.SystemRandom()
+        draws = buf.sample(m, lambda i: unseeded.random())
+    else:
+        draws = buf.sample(m, lambda i: stream(seed, "replay", step, i).uniform())
+    replayed = []
+    for _, item, weight in draws:
+        replayed.append(Rollout(**{**item.__dict__, "weight": weight}))
+    return replayed, [slot for slot, _, _ in draws]
+
+
+def update_on(s: Session, batch: list[Rollout], step: int) -> StepOutcome:
+    """The PPO-clip update on `batch`, in forwards of `batch_size` rows; backward per forward."""
+    cfg = s.cfg
+    device = cfg.device
+    n = len(batch)
+    width = max(len(r.tokens) for r in batch)
+    ids = torch.full((n, width), s.tok.pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    comp = torch.zeros((n, width), dtype=torch.bool)
+    old = torch.zeros((n, width), dtype=torch.float64)
+    for i, r in enumerate(batch):
+        p, t = len(r.prompt_ids), len(r.tokens)
+        ids[i, :t] = torch.tensor(r.tokens)
+        attn[i, :t] = 1
+        comp[i, p:t] = True
+        old[i, p:t] = torch.tensor(r.old_logprobs, dtype=torch.float64)
+    kept, _, denominator = apply_token_cap(comp[:, 1:], cfg.token_cap)  # type: ignore[arg-type]
+    old = old[:, 1:]
+    adv = torch.tensor([r.advantage for r in batch], dtype=torch.float64)
+    weights = torch.tensor([r.weight for r in batch], dtype=torch.float64)
+    reorder = s.faults.at("reduction", step)
+    loss_sum = 0.0
+    clipped = active = 0
+    tokens, logits_parts = [], []
+    bs = cfg.batch_size
+    assert bs is not None and cfg.temperature is not None
+    for start in range(0, n, bs):
+        sl = slice(start, min(n, start + bs))
+        w = int(attn[sl].sum(dim=1).max())
+        f_ids, f_attn = ids[sl, :w].to(device), attn[sl, :w].to(device)
+        with s.autocast():
+            logits = s.model(f_ids, f_attn)
+        logp = torch.log_softmax(logits[:, :-1].double() / cfg.temperature, dim=-1)
+        logp = logp.gather(-1, f_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        out = grpo_loss(
+            logp, old[sl, : w - 1].to(device), adv[sl].to(device), kept[sl, : w - 1].to(device),
+            denominator, cfg.clip_eps, weights[sl].to(device),  # type: ignore[arg-type]
+        )
+        if reorder:  # the planted reduction fault: the forward's loss split in two, reversed
+            half = (sl.stop - sl.start + 1) // 2
+            parts = [
+                grpo_loss(logp[a:b], old[sl][a:b, : w - 1], adv[sl][a:b], kept[sl][a:b, : w - 1],
+                          denominator, cfg.clip_eps, weights[sl][a:b]).loss  # type: ignore[arg-type]
+                for a, b in ((half, sl.stop - sl.start), (0, half)) if b > a
+            ]
+            for i, part in enumerate(parts):
+                part.backward(retain_graph=i < len(parts) - 1)
+        else:
+            out.loss.backward()
+        loss_sum += float(out.loss.detach())
+        clipped += out.clipped_tokens
+        active += out.active_tokens
+        if cfg.diag:
+            tokens.append(f_ids.cpu())
+            logits_parts.append(logits.detach().float().cpu())
+    leaves: dict[str, Any] = {}
+    if cfg.diag:
+        leaves = {
+            "batch.tokens": tokens,
+            "forward.logits": logits_parts,
+            "loss": torch.tensor([loss_sum], dtype=torch.float64),
+        }
+    return StepOutcome(
+        loss=loss_sum, tokens=denominator, rows=n, leaves=leaves,
+        metrics={"clip_fraction": clipped / active if active else 0.0},
+    )

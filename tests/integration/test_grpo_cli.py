@@ -1,0 +1,205 @@
+"""`twinrun tune grpo` end to end on the toy model: reproducibility, environments, replay."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+from twinrun.cli.main import run_cli
+
+PLUGIN = '''
+class Shaped:
+    """Reward that varies with the sampled bytes, so advantages are not all zero."""
+
+    def __init__(self, modulus=5, bonus=0.0):
+        self.modulus = modulus
+        self.bonus = bonus
+
+    def prompt(self, row, rng):
+        return row["prompt"]
+
+    def reward(self, row, completion):
+        return float(len(completion.encode("utf-8")) % self.modulus) + self.bonus
+
+
+def make(**args):
+    return Shaped(**args)
+'''
+
+
+@pytest.fixture(scope="module")
+def arith(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("grpo") / "arith.jsonl"
+    rows = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(1, 5)
+            for b in range(1, 3)]  # fmt: skip
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
+
+
+@pytest.fixture(scope="module")
+def plugin_module(tmp_path_factory: pytest.TempPathFactory) -> str:
+    d = tmp_path_factory.mktemp("plugin")
+    (d / "twinrun_test_shaped_env.py").write_text(PLUGIN)
+    import sys
+
+    sys.path.insert(0, str(d))
+    return "twinrun_test_shaped_env:make"
+
+
+def grpo_args(model: Path, examples: Path, out: Path, seed: int, *extra: str) -> list[str]:
+    return [
+        "tune", "grpo", "--model", str(model), "--examples", str(examples), "--output", str(out),
+        "--seed", str(seed), "--steps", "3", "--prompts-per-step", "2", "--group-size", "4",
+        "--batch-size", "4", "--max-new-tokens", "4", "--temperature", "1.0",
+        "--clip-eps", "0.2", "--advantage-clip", "5", "--token-cap", "3",
+        "--learning-rate", "5e-2", "--warmup-steps", "0", "--lora-rank", "4", "--lora-alpha", "8",
+        "--precision", "f32", "--chat-template", "on", "--quiet", "--threads", "1", "--diag",
+        *extra,
+    ]  # fmt: skip
+
+
+def run(args: list[str]) -> None:
+    assert run_cli(args) == 0
+
+
+def same_files(a: Path, b: Path, *names: str) -> bool:
+    return all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
+
+
+def test_arithmetic_same_seed_same_bytes_other_seed_differs(
+    tmp_path: Path, toy_model_dir: Path, arith: Path
+) -> None:
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        run(grpo_args(toy_model_dir, arith, tmp_path / name, seed, "--env", "arithmetic"))
+    assert same_files(tmp_path / "a", tmp_path / "b", "adapter_model.safetensors", "diag.jsonl")
+    assert not same_files(tmp_path / "a", tmp_path / "c", "adapter_model.safetensors")
+    rows = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    for key in (
+        "reward_mean",
+        "reward_std",
+        "zero_advantage_group_fraction",
+        "active_tokens",
+        "clip_fraction",
+        "rollout_s",
+        "update_s",
+    ):
+        assert key in rows[0], key
+    assert rows[0]["rows"] == 8 and rows[0]["active_tokens"] <= 8 * 3  # token cap 3
+
+
+def test_clock_same_seed_differs_at_rollout_tokens(
+    tmp_path: Path, toy_model_dir: Path, arith: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("a", "b"):
+        run(grpo_args(toy_model_dir, arith, tmp_path / name, 1, "--env", "clock"))
+    capsys.readouterr()
+    assert run_cli(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("FIRST_DIVERGENCE: step=0 leaf=rollout.tokens ")
+
+
+def test_plugin_environment_trains_reproducibly(
+    tmp_path: Path,
+    toy_model_dir: Path,
+    arith: Path,
+    plugin_module: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    extra = ("--env", plugin_module, "--env-arg", "modulus=3", "--env-arg", "bonus=0.5",
+             "--replay", "per", "--replay-capacity", "16", "--replay-alpha", "0.6",
+             "--replay-beta", "0.4", "--replay-fraction", "0.5")  # fmt: skip
+    for name in ("a", "b"):
+        run(grpo_args(toy_model_dir, arith, tmp_path / name, 1, *extra))
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert same_files(a, b, "adapter_model.safetensors", "diag.jsonl", "adapter_config.json")
+    rows = [json.loads(x) for x in (a / "metrics.jsonl").read_text().splitlines()]
+    assert any(r["loss"] != 0.0 for r in rows)  # shaped rewards give real updates
+    assert rows[0]["replayed_rows"] == 0 and rows[1]["replayed_rows"] == 4
+    diag = [json.loads(x) for x in (a / "diag.jsonl").read_text().splitlines()]
+    leaves = list(diag[1]["checksums"])
+    assert leaves[:3] == ["batch.sample_indices", "replay.sample_indices", "rollout.tokens"]
+    side = json.loads((a / "twinrun.json").read_text())
+    assert side["train"]["env"] == plugin_module
+    assert side["train"]["env_args"] == {"modulus": "<redacted>", "bonus": "<redacted>"}
+    assert side["train"]["replay_alpha"] == 0.6
+    # the zero adapter B means the initial adapter differs from the trained one
+    assert run_cli(["diff", str(a), str(b), "--bitwise"]) == 0
+    capsys.readouterr()
+
+
+def test_observation_fault_localised(
+    tmp_path: Path, toy_model_dir: Path, arith: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(grpo_args(toy_model_dir, arith, tmp_path / "a", 1, "--env", "arithmetic"))
+    run(
+        grpo_args(
+            toy_model_dir,
+            arith,
+            tmp_path / "b",
+            1,
+            "--env",
+            "arithmetic",
+            "--inject",
+            "observation@1",
+        )
+    )
+    capsys.readouterr()
+    assert run_cli(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--bitwise"]) == 1
+    assert capsys.readouterr().out.startswith("FIRST_DIVERGENCE: step=1 leaf=rollout.tokens ")
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (("--env", "no_such_module_xyz:make"), "no_such_module_xyz"),
+        (("--env", "arithmetic", "--group-size", "1"), "--group-size must be >= 2"),
+        (("--env", "arithmetic", "--epochs", "2"), "No such option '--epochs'. Did you mean '--steps'?"),
+        (("--env", "arithmetic", "--replay", "per"), "--replay per needs"),
+    ],
+)
+def test_grpo_config_errors(
+    tmp_path: Path,
+    toy_model_dir: Path,
+    arith: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: tuple[str, ...],
+    match: str,
+) -> None:
+    args = grpo_args(toy_model_dir, arith, tmp_path / "o", 1, *extra)
+    if "--group-size" in extra:  # the later flag wins in click; drop the default one
+        i = args.index("--group-size")
+        del args[i : i + 2]
+    assert run_cli(args) != 0
+    assert match in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_completion_independent_of_batch(toy_model_dir: Path, arith: Path) -> None:
+    """A prompt's completions are the same whether it was sampled alone or among 4."""
+    from twinrun.config.run import RunConfig
+    from twinrun.data.examples import load_rows
+    from twinrun.model.llama import load_base_model
+    from twinrun.model.tokenizer import load_tokenizer
+    from twinrun.rl.environments import make_environment
+    from twinrun.train.faults import Faults
+    from twinrun.train.grpo import GrpoState, collect_rollouts
+
+    cfg = RunConfig(objective="grpo", seed=3, group_size=3, max_new_tokens=5, temperature=1.0,
+                    chat_template="on")  # fmt: skip
+    session = types.SimpleNamespace(
+        cfg=cfg,
+        model=load_base_model(toy_model_dir),
+        tok=load_tokenizer(toy_model_dir),
+        faults=Faults(frozenset()),
+    )
+    state = GrpoState(rows=load_rows(arith), env=make_environment("arithmetic"),
+                      env_name="arithmetic", replay=None)  # fmt: skip
+    alone = collect_rollouts(session, state, 2, [5])  # type: ignore[arg-type]
+    among = collect_rollouts(session, state, 2, [1, 5, 0, 7])  # type: ignore[arg-type]
+    mine = [r for r in among if r.example == 5]
+    assert [r.completion for r in alone] == [r.completion for r in mine]
+    assert [r.old_logprobs for r in alone] == [r.old_logprobs for r in mine]
+    assert len({tuple(r.completion) for r in alone}) > 1  # the group really samples

@@ -1,0 +1,222 @@
+"""GRPO environments: built-ins, the observation fault, plugins and each plugin error."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from twinrun.errors import ConfigError, DataError, TwinrunError
+from twinrun.rl.environments import (
+    ArithmeticEnvironment,
+    ClockEnvironment,
+    Environment,
+    EnvironmentPluginError,
+    checked_prompt,
+    checked_reward,
+    first_integer,
+    make_environment,
+    observation_fault,
+)
+from twinrun.rng import stream
+
+ROW = {"prompt": "What is 3 + 4?", "answer": "7"}
+STAMP = re.compile(r"^\[time \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\] ")
+
+
+def rng() -> object:
+    return stream(0, "env", 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("completion", "reward"),
+    [
+        ("7", 1.0),
+        ("  7", 1.0),
+        ("\n7 is the answer", 1.0),
+        ("7.", 1.0),
+        ("17", 0.0),
+        ("-7", 0.0),
+        ("The answer is 7", 0.0),
+        ("", 0.0),
+        ("seven", 0.0),
+        ("8", 0.0),
+    ],
+)
+def test_arithmetic_reward(completion: str, reward: float) -> None:
+    env = make_environment("arithmetic", {})
+    assert env.reward(ROW, completion) == reward
+    assert checked_reward(env, "arithmetic", ROW, completion) == reward
+
+
+def test_arithmetic_prompt_and_negative_answers() -> None:
+    env = ArithmeticEnvironment()
+    assert isinstance(env, Environment)
+    assert env.prompt(ROW, rng()) == "What is 3 + 4?"
+    assert env.reward({"prompt": "x", "answer": "-3"}, " -3") == 1.0
+    assert env.reward({"prompt": "x", "answer": 5}, "5") == 1.0
+    assert first_integer("  -12abc") == -12 and first_integer("x1") is None
+
+
+def test_arithmetic_bad_rows() -> None:
+    env = ArithmeticEnvironment()
+    with pytest.raises(DataError, match="'answer'"):
+        env.reward({"prompt": "x"}, "1")
+    with pytest.raises(DataError, match="not an integer"):
+        env.reward({"prompt": "x", "answer": "seven"}, "7")
+    with pytest.raises(DataError, match="'prompt'"):
+        env.prompt({"answer": "1"}, rng())
+
+
+def test_clock_prompts_carry_wall_clock_and_differ() -> None:
+    env = make_environment("clock", {})
+    assert isinstance(env, ClockEnvironment)
+    first = env.prompt(ROW, rng())
+    start = time.time_ns()
+    while time.time_ns() - start < 2_000:  # let the microsecond clock move on
+        pass
+    second = env.prompt(ROW, rng())
+    assert STAMP.match(first) and first.endswith("What is 3 + 4?")
+    assert first != second
+    assert env.reward(ROW, "7") == 1.0
+
+
+def test_observation_fault_prepends_timestamp() -> None:
+    faulted = observation_fault("What is 1 + 1?")
+    assert STAMP.match(faulted) and faulted.endswith("What is 1 + 1?")
+
+
+def test_builtins_take_no_args_and_unknown_names() -> None:
+    with pytest.raises(ConfigError, match="takes no arguments"):
+        make_environment("arithmetic", {"x": 1})
+    with pytest.raises(ConfigError, match="unknown environment 'arith'"):
+        make_environment("arith", {})
+    with pytest.raises(EnvironmentPluginError, match="module.path:factory"):
+        make_environment("bad name:f", {})
+
+
+PLUGIN = """
+class Env:
+    def __init__(self, target, bonus=0.0):
+        self.target = target
+        self.bonus = bonus
+
+    def prompt(self, row, rng):
+        return f"{row['prompt']} (draw {rng.integers(0, 10)})"
+
+    def reward(self, row, completion):
+        return (1.0 if completion.strip() == self.target else 0.0) + self.bonus
+
+
+def make(target, bonus=0.0):
+    return Env(target, bonus)
+
+
+def raises(**kwargs):
+    raise RuntimeError("factory exploded\\nsecond line")
+
+
+def no_methods(**kwargs):
+    return object()
+
+
+def nan_reward(**kwargs):
+    class E:
+        def prompt(self, row, rng):
+            return row["prompt"]
+
+        def reward(self, row, completion):
+            if completion == "boom":
+                return 1 / 0
+            return {"nan": float("nan"), "inf": float("inf"), "str": "1.0",
+                    "bool": True, "int": 1}[completion]
+    return E()
+
+
+NOT_CALLABLE = 3
+"""
+
+
+@pytest.fixture
+def plugin_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    pkg = tmp_path / "twinrun_test_plugins"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "envs.py").write_text(textwrap.dedent(PLUGIN))
+    (pkg / "broken.py").write_text("import definitely_not_a_module_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "twinrun_test_plugins"
+
+
+def test_plugin_end_to_end(plugin_module: str) -> None:
+    name = f"{plugin_module}.envs:make"
+    env = make_environment(name, {"target": "42", "bonus": 0.5})
+    row = {"prompt": "Say 42."}
+    p1 = checked_prompt(env, name, row, stream(3, "env", 1, 0))
+    p2 = checked_prompt(env, name, row, stream(3, "env", 1, 0))
+    assert p1 == p2 and p1.startswith("Say 42. (draw ")
+    assert checked_reward(env, name, row, " 42 ") == 1.5
+    assert checked_reward(env, name, row, "41") == 0.5
+
+
+@pytest.mark.parametrize(
+    ("target", "args", "pattern"),
+    [
+        ("envs_missing:make", {}, "cannot import module"),
+        ("broken:make", {}, "cannot import module .*ModuleNotFoundError"),
+        ("envs:nope", {}, "has no attribute 'nope'"),
+        ("envs:NOT_CALLABLE", {}, "not callable"),
+        ("envs:raises", {}, "factory raised RuntimeError: factory exploded second line"),
+        ("envs:make", {}, "factory raised TypeError"),  # missing required `target`
+        ("envs:no_methods", {}, "no callable prompt or reward"),
+    ],
+)
+def test_plugin_errors(plugin_module: str, target: str, args: dict, pattern: str) -> None:
+    name = f"{plugin_module}.{target}"
+    with pytest.raises(EnvironmentPluginError, match=pattern) as info:
+        make_environment(name, args)
+    err = info.value
+    assert isinstance(err, ConfigError) and isinstance(err, TwinrunError)
+    assert name in err.message and "\n" not in err.one_line()
+
+
+def test_plugin_args_not_echoed(plugin_module: str) -> None:
+    with pytest.raises(EnvironmentPluginError) as info:
+        make_environment(f"{plugin_module}.envs:raises", {"api_key": "sk-SECRET"})
+    assert "sk-SECRET" not in info.value.one_line()
+
+
+@pytest.mark.parametrize(
+    ("completion", "pattern"),
+    [
+        ("nan", "returned nan, not a finite float"),
+        ("inf", "returned inf, not a finite float"),
+        ("str", "returned str '1.0', not a float"),
+        ("bool", "returned bool"),
+        ("boom", "reward raised ZeroDivisionError"),
+    ],
+)
+def test_checked_reward_refuses_non_finite_floats(
+    plugin_module: str, completion: str, pattern: str
+) -> None:
+    name = f"{plugin_module}.envs:nan_reward"
+    env = make_environment(name, {})
+    with pytest.raises(EnvironmentPluginError, match=pattern) as info:
+        checked_reward(env, name, {"prompt": "p"}, completion)
+    assert name in info.value.message
+    assert checked_reward(env, name, {"prompt": "p"}, "int") == 1.0
+
+
+def test_checked_prompt_refuses_non_str() -> None:
+    class Bad:
+        def prompt(self, row: dict, rng: object) -> object:
+            return 7
+
+        def reward(self, row: dict, completion: str) -> float:
+            return 0.0
+
+    with pytest.raises(EnvironmentPluginError, match="prompt returned int"):
+        checked_prompt(Bad(), "bad:env", {}, stream(0, "env"))  # type: ignore[arg-type]
