@@ -65,9 +65,7 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
 
     from twinrun.data.batching import pad_rows
     from twinrun.data.examples import encode_sft_rows, load_rows
-    from twinrun.determinism import establish, runtime_versions
-    from twinrun.digest import sha256_dir, sha256_file
-    from twinrun.fileio import atomic_write_json
+    from twinrun.determinism import establish
     from twinrun.model.llama import load_base_model
     from twinrun.model.loading import read_model_config as read_config
     from twinrun.model.lora import load_adapter
@@ -78,16 +76,39 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
     model_dir = Path(cfg.model)  # type: ignore[arg-type]
     max_len = int(read_config(model_dir).get("max_position_embeddings", 2048))
     tok = load_tokenizer(model_dir)
-    rows = encode_sft_rows(tok, load_rows(cfg.examples), cfg.chat_template == "on", max_len)  # type: ignore[arg-type]
+    raw = load_rows(cfg.examples)  # type: ignore[arg-type]
+    pairwise = all("chosen" in r.data for r in raw)
+    if pairwise:
+        from twinrun.data.pairs import encode_pairs
+
+        pairs = encode_pairs(tok, raw, cfg.chat_template == "on", max_len)
+    else:
+        rows = encode_sft_rows(tok, raw, cfg.chat_template == "on", max_len)
     if cfg.adapter is not None:
         from twinrun.model.lora import read_adapter_config
 
         read_adapter_config(cfg.adapter)  # fail before building anything
     provenance = establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
     model = load_base_model(model_dir, precision=cfg.precision, device=cfg.device)
+    head = None
     if cfg.adapter is not None:
         load_adapter(model, cfg.adapter)
+        from twinrun.model.reward_head import load_reward_head
+
+        head = load_reward_head(cfg.adapter)
     model.eval()
+    if pairwise:
+        per_pair = score_pairs(model, head, pairs, tok.pad_id, cfg)
+        report = {
+            "format": REPORT_FORMAT,
+            "mode": "pairwise",
+            "scorer": "reward_head" if head is not None else "completion_logprob_sum",
+            "loss": sum(e["loss"] for e in per_pair) / len(per_pair),
+            "accuracy": sum(e["correct"] for e in per_pair) / len(per_pair),
+            "examples": len(per_pair),
+            "per_example": per_pair,
+        }
+        return write_report(cfg, report, model_dir, provenance)
     recorder = None
     if cfg.diag:
         from twinrun.diag.recorder import DiagRecorder
@@ -132,10 +153,23 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
         recorder.close()
     report = {
         "format": REPORT_FORMAT,
+        "mode": "loss",
         "loss": sum(e["loss"] for e in per_example) / len(per_example),
         "tokens": sum(e["tokens"] for e in per_example),
         "examples": len(per_example),
         "per_example": per_example,
+    }
+    return write_report(cfg, report, model_dir, provenance)
+
+
+def write_report(
+    cfg: EvalConfig, report: dict[str, Any], model_dir: Path, provenance: dict[str, Any]
+) -> dict[str, Any]:
+    from twinrun.determinism import runtime_versions
+    from twinrun.digest import sha256_dir, sha256_file
+    from twinrun.fileio import atomic_write_json
+
+    report = report | {
         "precision": cfg.precision,
         "chat_template": cfg.chat_template,
         "batch_size": cfg.batch_size,
@@ -150,6 +184,43 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
     }
     atomic_write_json(cfg.output, report)  # type: ignore[arg-type]
     return report
+
+
+def score_pairs(
+    model: Any, head: Any, pairs: list[Any], pad_id: int, cfg: EvalConfig
+) -> list[dict[str, Any]]:
+    """Per pair: chosen and rejected scores (reward head, else completion log-prob sums), the
+    Bradley-Terry loss -logsigmoid(c - r), and whether chosen scored higher."""
+    import torch
+    import torch.nn.functional as F
+
+    from twinrun.data.batching import pad_rows
+    from twinrun.objectives.dpo import sequence_logprob
+
+    def side(rows: list[Any]) -> torch.Tensor:
+        ids, attn, mask = (t.to(cfg.device) for t in pad_rows(rows, pad_id))
+        if head is not None:
+            from twinrun.model.reward_head import scores
+
+            return scores(model, head, ids, attn).double().cpu()
+        return sequence_logprob(model(ids, attn), ids, mask).double().cpu()
+
+    out: list[dict[str, Any]] = []
+    bs = cfg.batch_size
+    assert bs is not None
+    with torch.no_grad():
+        for start in range(0, len(pairs), bs):
+            batch = pairs[start : start + bs]
+            c = side([p.chosen for p in batch])
+            r = side([p.rejected for p in batch])
+            losses = -F.logsigmoid(c - r)
+            for b in range(len(batch)):
+                out.append({
+                    "index": start + b, "loss": float(losses[b]),
+                    "chosen_score": float(c[b]), "rejected_score": float(r[b]),
+                    "correct": bool(c[b] > r[b]),
+                })  # fmt: skip
+    return out
 
 
 def _null() -> Any:

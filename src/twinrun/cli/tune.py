@@ -35,6 +35,29 @@ def sft(**opts: Any) -> None:
     print_run_summary(train_sft(cfg), cfg.quiet)
 
 
+@tune.command("dpo")
+@common_train_options
+@epoch_options
+@click.option("--beta", type=float, help="DPO temperature beta (> 0).")
+def dpo(**opts: Any) -> None:
+    """Direct preference optimisation on {prompt, chosen, rejected} pairs."""
+    from twinrun.train.pairs import train_pairs
+
+    cfg = config_from_options("dpo", opts)
+    print_run_summary(train_pairs(cfg, "dpo"), cfg.quiet)
+
+
+@tune.command("reward")
+@common_train_options
+@epoch_options
+def reward(**opts: Any) -> None:
+    """Reward model: LoRA + a scalar head, Bradley-Terry loss on preference pairs."""
+    from twinrun.train.pairs import train_pairs
+
+    cfg = config_from_options("reward", opts)
+    print_run_summary(train_pairs(cfg, "reward"), cfg.quiet)
+
+
 @tune.command("evaluate")
 @click.option("--model", type=str, help="Local Hugging Face checkpoint directory.")
 @click.option("--adapter", type=str, default=None, help="A LoRA adapter directory to apply.")
@@ -47,6 +70,7 @@ def sft(**opts: Any) -> None:
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda:0.")
 @click.option("--strict/--no-strict", default=True, show_default=True)
 @click.option("--batch-invariant", is_flag=True, help="Row results independent of batch.")
+@click.option("--diag", type=str, default=None, help="Write eval-phase diag rows to this file.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing report.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def evaluate(**opts: Any) -> None:
@@ -55,8 +79,13 @@ def evaluate(**opts: Any) -> None:
 
     report = run_evaluate(EvalConfig(**opts))
     if not opts["quiet"]:
+        what = (
+            f"accuracy {report['accuracy']:.4f}"
+            if report["mode"] == "pairwise"
+            else f"{report['tokens']} tokens"
+        )
         click.echo(
-            f"evaluate: {report['examples']} examples, {report['tokens']} tokens, "
+            f"evaluate: {report['examples']} examples, {what}, "
             f"loss {report['loss']:.6f} -> {opts['output']}"
         )
 

@@ -1,0 +1,67 @@
+"""The reward model's scalar head: a bias-free linear map from the final-norm hidden state of the
+last real token to one score. Initialised from `stream(seed, "reward_head")` (Kaiming-uniform,
+as torch initialises a Linear), saved beside the adapter as `reward_head.safetensors` with the
+key `score.weight` — the name `AutoModelForSequenceClassification` gives Llama's head, so a PEFT
+user can load both."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from twinrun.errors import ModelError
+from twinrun.fileio import atomic_write_with
+from twinrun.objectives.reward import pool_last
+from twinrun.rng import stream, torch_tensor
+
+HEAD_FILE = "reward_head.safetensors"
+HEAD_KEY = "score.weight"
+
+
+def new_reward_head(hidden_size: int, seed: int) -> torch.nn.Linear:
+    head = torch.nn.Linear(hidden_size, 1, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(
+            torch_tensor(stream(seed, "reward_head").kaiming_uniform((1, hidden_size)))
+        )
+    return head
+
+
+def scores(
+    model: torch.nn.Module, head: torch.nn.Linear, ids: torch.Tensor, attn: torch.Tensor
+) -> torch.Tensor:
+    """[B] float32 scores: head(final_norm(hidden at the last layer))[last real token]."""
+    out = model.run(ids, attn, hidden_layer=model.num_layers)
+    hidden = model.model.norm(out.hidden)
+    return head(pool_last(hidden, attn).float()).squeeze(-1)
+
+
+def save_reward_head(head: torch.nn.Linear, out_dir: str | Path) -> None:
+    weight = {HEAD_KEY: head.weight.detach().float().cpu().contiguous()}
+    atomic_write_with(
+        Path(out_dir) / HEAD_FILE, lambda tmp: save_file(weight, tmp, metadata={"format": "pt"})
+    )
+
+
+def load_reward_head(adapter_dir: str | Path) -> torch.nn.Linear | None:
+    """The head saved beside an adapter, or None when the adapter has none."""
+    path = Path(adapter_dir) / HEAD_FILE
+    if not path.is_file():
+        return None
+    try:
+        weight = load_file(str(path))[HEAD_KEY]
+    except Exception as exc:
+        raise ModelError(
+            f"{path}: not a reward head ({exc})", "re-create it with twinrun tune reward"
+        ) from exc
+    head = torch.nn.Linear(weight.shape[1], 1, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+    return head
+
+
+def describe(path: str | Path) -> str:
+    return json.dumps({"file": HEAD_FILE, "key": HEAD_KEY, "path": str(path)})

@@ -1,0 +1,139 @@
+"""`twinrun tune dpo` and `twinrun tune reward`: preference pairs, two rows each.
+
+`--batch-size` counts pairs. A forward holds one side of `batch_size` pairs — so at batch size 1
+each side of a pair goes through its own one-row forward — and `--accumulation` counts pair
+groups (each a chosen forward and a rejected forward) per optimizer step.
+
+- DPO: policy = base + LoRA, reference = the same model with the adapter disabled (no grad);
+  loss `-logsigmoid(beta * ((pc - rc) - (pr - rr)))` over completion log-prob sums, averaged over
+  the step's pairs (`objectives/dpo.py`).
+- Reward: a scalar head on the final-norm hidden state of the last real token
+  (`model/reward_head.py`), Bradley–Terry loss `-logsigmoid(s_chosen - s_rejected)`, averaged over
+  the step's pairs (`objectives/reward.py`). The head trains with the adapter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from twinrun.config.run import RunConfig
+from twinrun.data.batching import StepPlan, pad_rows, plan_steps
+from twinrun.data.pairs import EncodedPair, encode_pairs
+from twinrun.model.lora import lora_disabled
+from twinrun.objectives.dpo import dpo_loss, sequence_logprob
+from twinrun.objectives.reward import bradley_terry_loss
+from twinrun.train.loop import StepOutcome
+from twinrun.train.session import Session, finish_session, open_session
+from twinrun.train.sft import make_loop, step_forwards
+
+
+def train_pairs(cfg: RunConfig, objective: str) -> dict[str, Any]:
+    """Run DPO or reward modelling end to end; returns the sidecar record."""
+    cfg.objective = objective
+    session, pairs = open_session(
+        cfg, lambda tok, raw, max_len: encode_pairs(tok, raw, cfg.chat_template == "on", max_len)
+    )
+    head = None
+    if objective == "reward":
+        from twinrun.model.reward_head import new_reward_head
+
+        head = new_reward_head(session.model.spec.hidden_size, cfg.seed).to(cfg.device)  # type: ignore[arg-type]
+        session.params = [*session.params, ("reward_head.score.weight", head.weight)]
+    plans = plan_steps(len(pairs), cfg.epochs, cfg.batch_size, cfg.accumulation, cfg.seed)  # type: ignore[arg-type]
+    loop = make_loop(session, len(plans))
+    try:
+        for plan in plans:
+            loop.run_step(plan.step, lambda plan=plan: pair_step(session, pairs, plan, head))
+    finally:
+        if loop.progress is not None:
+            loop.progress.close()
+        if loop.recorder is not None:
+            loop.recorder.close()
+    last = loop.metrics[-1]
+    summary = {"final_loss": last["loss"], "steps": len(plans), "final_accuracy": last["accuracy"]}
+    extra = None
+    if head is not None:
+        from twinrun.model.reward_head import HEAD_FILE, HEAD_KEY, save_reward_head
+
+        save_reward_head(head, session.out)
+        extra = {"reward_head": {"file": HEAD_FILE, "key": HEAD_KEY}}
+    return finish_session(session, loop.metrics, summary, extra)
+
+
+def side_forward(
+    s: Session, rows: list[Any], head: torch.nn.Module | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One forward over one side of the pairs: (values [B], ids, logits, reference values)."""
+    ids, attn, mask = (t.to(s.cfg.device) for t in pad_rows(rows, s.tok.pad_id))
+    with s.autocast():
+        if head is not None:
+            from twinrun.model.reward_head import scores
+
+            return scores(s.model, head, ids, attn), ids, torch.empty(0), None
+        logits = s.model(ids, attn)
+        with torch.no_grad(), lora_disabled(s.model):
+            ref = sequence_logprob(s.model(ids, attn), ids, mask)
+    return sequence_logprob(logits, ids, mask), ids, logits, ref
+
+
+def pair_step(
+    s: Session, pairs: list[EncodedPair], plan: StepPlan, head: torch.nn.Module | None
+) -> StepOutcome:
+    forwards = step_forwards(s, len(pairs), plan)
+    if s.faults.at("rng", plan.step):
+        torch.rand(1)  # the planted stray draw
+    reorder = s.faults.at("reduction", plan.step)
+    total = sum(len(fw) for fw in forwards)
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    correct = 0.0
+    margin = 0.0
+    tokens: list[torch.Tensor] = []
+    logits_parts: list[torch.Tensor] = []
+    for fw in forwards:
+        chosen, c_ids, c_logits, c_ref = side_forward(s, [pairs[i].chosen for i in fw], head)
+        rejected, r_ids, r_logits, r_ref = side_forward(s, [pairs[i].rejected for i in fw], head)
+        if head is None:
+            out = dpo_loss(chosen, rejected, c_ref, r_ref, s.cfg.beta)  # type: ignore[arg-type]
+            margin += float(out.reward_margin) * len(fw)
+        else:
+            out = bradley_terry_loss(chosen, rejected)  # type: ignore[assignment]
+            margin += float(out.margin) * len(fw)  # type: ignore[attr-defined]
+        losses = out.losses
+        if reorder:  # the planted reduction fault: per-pair backwards, last pair first
+            for b in reversed(range(len(fw))):
+                (losses[b] / total).backward(retain_graph=True)
+        else:
+            (losses.sum() / total).backward()
+        loss_sum += losses.detach().double().sum().cpu()
+        correct += float(out.accuracy) * len(fw)
+        if s.cfg.diag:
+            tokens += [c_ids.cpu(), r_ids.cpu()]
+            if head is None:
+                logits_parts += [c_logits.detach().float().cpu(), r_logits.detach().float().cpu()]
+            else:
+                logits_parts += [chosen.detach().float().cpu(), rejected.detach().float().cpu()]
+    loss = loss_sum / total
+    leaves: dict[str, Any] = {}
+    if s.cfg.diag:
+        leaves = {
+            "batch.sample_indices": torch.tensor([i for fw in forwards for i in fw]),
+            "batch.tokens": tokens,
+            "forward.logits": logits_parts,
+            "loss": loss.reshape(1),
+        }
+    return StepOutcome(
+        loss=float(loss),
+        tokens=sum(
+            pairs[i].chosen.targets + pairs[i].rejected.targets for fw in forwards for i in fw
+        ),
+        rows=2 * total,
+        leaves=leaves,
+        metrics={
+            "epoch": plan.epoch,
+            "pairs": total,
+            "accuracy": correct / total,
+            "reward_margin": margin / total,
+        },
+    )
