@@ -97,14 +97,18 @@ def train_grpo(cfg: RunConfig) -> dict[str, Any]:
         if loop.recorder is not None:
             loop.recorder.close()
     last = loop.metrics[-1]
-    summary = {"final_loss": last["loss"], "steps": cfg.steps,
-               "final_reward_mean": last["reward_mean"]}
+    summary = {
+        "final_loss": last["loss"],
+        "steps": cfg.steps,
+        "final_reward_mean": last["reward_mean"],
+    }
     return finish_session(session, loop.metrics, summary)
 
 
 def prompt_ids_for(s: Session, observation: str) -> list[int]:
-    text = prompt_text(s.tok, [{"role": "user", "content": observation}],
-                       s.cfg.chat_template == "on")
+    text = prompt_text(
+        s.tok, [{"role": "user", "content": observation}], s.cfg.chat_template == "on"
+    )
     return [s.tok.bos_id, *s.tok.encode(text)]
 
 
@@ -120,15 +124,17 @@ def sample_completion(
 
     with torch.no_grad():
         result = generate(
-            s.model, prompt_ids, s.cfg.max_new_tokens, s.cfg.temperature, draw=draw,
+            s.model,
+            prompt_ids,
+            s.cfg.max_new_tokens,
+            s.cfg.temperature,
+            draw=draw,
             eos_id=s.tok.eos_id,
         )
     return list(result.tokens), [float(x) for x in result.logprobs]
 
 
-def collect_rollouts(
-    s: Session, state: GrpoState, step: int, examples: list[int]
-) -> list[Rollout]:
+def collect_rollouts(s: Session, state: GrpoState, step: int, examples: list[int]) -> list[Rollout]:
     cfg = s.cfg
     out: list[Rollout] = []
     max_len = s.model.spec.max_position_embeddings
@@ -268,15 +274,28 @@ def update_on(s: Session, batch: list[Rollout], step: int) -> StepOutcome:
         logp = torch.log_softmax(logits[:, :-1].double() / cfg.temperature, dim=-1)
         logp = logp.gather(-1, f_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
         out = grpo_loss(
-            logp, old[sl, : w - 1].to(device), adv[sl].to(device), kept[sl, : w - 1].to(device),
-            denominator, cfg.clip_eps, weights[sl].to(device),  # type: ignore[arg-type]
+            logp,
+            old[sl, : w - 1].to(device),
+            adv[sl].to(device),
+            kept[sl, : w - 1].to(device),
+            denominator,
+            cfg.clip_eps,
+            weights[sl].to(device),  # type: ignore[arg-type]
         )
         if reorder:  # the planted reduction fault: the forward's loss split in two, reversed
             half = (sl.stop - sl.start + 1) // 2
             parts = [
-                grpo_loss(logp[a:b], old[sl][a:b, : w - 1], adv[sl][a:b], kept[sl][a:b, : w - 1],
-                          denominator, cfg.clip_eps, weights[sl][a:b]).loss  # type: ignore[arg-type]
-                for a, b in ((half, sl.stop - sl.start), (0, half)) if b > a
+                grpo_loss(
+                    logp[a:b],
+                    old[sl][a:b, : w - 1],
+                    adv[sl][a:b],
+                    kept[sl][a:b, : w - 1],
+                    denominator,
+                    cfg.clip_eps,
+                    weights[sl][a:b],
+                ).loss  # type: ignore[arg-type]
+                for a, b in ((half, sl.stop - sl.start), (0, half))
+                if b > a
             ]
             for i, part in enumerate(parts):
                 part.backward(retain_graph=i < len(parts) - 1)
@@ -296,6 +315,9 @@ def update_on(s: Session, batch: list[Rollout], step: int) -> StepOutcome:
             "loss": torch.tensor([loss_sum], dtype=torch.float64),
         }
     return StepOutcome(
-        loss=loss_sum, tokens=denominator, rows=n, leaves=leaves,
+        loss=loss_sum,
+        tokens=denominator,
+        rows=n,
+        leaves=leaves,
         metrics={"clip_fraction": clipped / active if active else 0.0},
     )
