@@ -156,7 +156,10 @@ def test_observation_fault_localised(
     [
         (("--env", "no_such_module_xyz:make"), "no_such_module_xyz"),
         (("--env", "arithmetic", "--group-size", "1"), "--group-size must be >= 2"),
-        (("--env", "arithmetic", "--epochs", "2"), "No such option '--epochs'. Did you mean '--steps'?"),
+        (
+            ("--env", "arithmetic", "--epochs", "2"),
+            "No such option '--epochs'. Did you mean '--steps'?",
+        ),
         (("--env", "arithmetic", "--replay", "per"), "--replay per needs"),
     ],
 )

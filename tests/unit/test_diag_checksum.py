@@ -88,10 +88,23 @@ def test_order_split_merge_and_threads_do_not_change_a_bit(dtype: torch.dtype) -
     assert r1 == r2 == ref
 
 
-def test_large_float32_gaussian_equals_fsum() -> None:
-    x = torch.randn(1 << 20, generator=torch.Generator().manual_seed(0))
-    assert sumsq(x) == math.fsum((x.double() ** 2).tolist())
-    assert sumsq(x.reshape(1024, 1024).t()) == sumsq(x)  # non-contiguous input
+def test_large_tensor_threaded_chunks_equal_fsum() -> None:
+    # more than one 2**20-element chunk: the Python-thread path runs when torch has >1 thread
+    x = torch.randn((1 << 21) + 12345, generator=torch.Generator().manual_seed(0))
+    ref = math.fsum((x.double() ** 2).tolist())
+    old = torch.get_num_threads()
+    try:
+        results = set()
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.add(sumsq(x))
+    finally:
+        torch.set_num_threads(old)
+    assert results == {ref}
+    assert sumsq(x[: 1 << 20].reshape(1024, 1024).t()) == sumsq(x[: 1 << 20])  # non-contiguous
+    assert sumsq(x.double()) == ref and sumsq(x.to(torch.bfloat16)) == exact_ref(
+        x.to(torch.bfloat16)
+    )
 
 
 @pytest.mark.parametrize(

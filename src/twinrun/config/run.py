@@ -120,15 +120,13 @@ def fields_meta() -> dict[str, dict[str, Any]]:
 def validate(cfg: RunConfig) -> None:
     """Every problem at once: missing numbers first, then bad values."""
     meta = fields_meta()
+    by_objective = REQUIRED_BY_OBJECTIVE.get(cfg.objective, ())
     missing = [
-        meta[name]["flag"]
+        m["flag"]
         for name, m in meta.items()
-        if m.get("required") and m.get("flag") and getattr(cfg, name) is None
-    ]
-    missing += [
-        meta[n]["flag"]
-        for n in REQUIRED_BY_OBJECTIVE.get(cfg.objective, ())
-        if getattr(cfg, n) is None
+        if (m.get("required") or name in by_objective)
+        and m.get("flag")
+        and getattr(cfg, name) is None
     ]
     if missing:
         raise ConfigError(

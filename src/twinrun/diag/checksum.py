@@ -34,7 +34,21 @@ from typing import Any
 __all__ = ["SumSq", "digest", "digest_many", "sumsq"]
 
 _Q = 2148  # fixed point: the accumulator holds N, the value is N * 2**-_Q
-_BLOCK = 1 << 17  # elements per block: the working set stays in cache
+# Elements per block: at most torch's parallel grain size (32768), so every op on a block runs
+# inline on the calling thread -- no OpenMP region per op, which stalls badly on a busy machine --
+# and the working set stays in cache. Large tensors are instead split into chunks that Python
+# threads take in parallel (torch ops release the GIL); exactness makes the split invisible.
+_BLOCK = 1 << 15
+_BLOCK_F64 = 1 << 14  # float64 folds p and err together: 2 * 2**14 terms
+_CHUNK = 1 << 20  # elements per thread task
+_BLOCK_DEVICE = 1 << 22  # on an accelerator: few large kernels (each .item() is a sync)
+
+
+def _blocks(t: Any, block: int) -> range:
+    """Block starts for `t`; on a non-CPU device, blocks are large."""
+    return range(0, t.numel(), block if t.device.type == "cpu" else _BLOCK_DEVICE)
+
+
 _FLOAT_NARROW = ("float32", "float16", "bfloat16")
 _VELTKAMP = 134217729.0  # 2**27 + 1
 
@@ -125,15 +139,35 @@ class SumSq:
             return self
         t = t.detach().reshape(-1)
         name = str(t.dtype).removeprefix("torch.")
+        if not (name in _FLOAT_NARROW or name in ("float64", "bool") or name[:3] in ("int", "uin")):
+            raise TypeError(f"sumsq: unsupported dtype {name}")
+        import torch
+
+        workers = min(torch.get_num_threads(), -(-t.numel() // _CHUNK))
+        if workers < 2 or t.device.type != "cpu":
+            self._add_flat(t, name)
+            return self
+        from concurrent.futures import ThreadPoolExecutor
+
+        def work(start: int) -> SumSq:
+            part = SumSq()
+            part._add_flat(t[start : start + _CHUNK], name)
+            return part
+
+        with ThreadPoolExecutor(workers, thread_name_prefix="twinrun-sumsq") as pool:
+            for part in pool.map(work, range(0, t.numel(), _CHUNK)):
+                self._n += part._n
+                self._nan |= part._nan
+                self._inf |= part._inf
+        return self
+
+    def _add_flat(self, t: Any, name: str) -> None:
         if name in _FLOAT_NARROW:
             self._add_narrow(t)
         elif name == "float64":
             self._add_f64(t)
         elif name == "bool" or name.startswith(("int", "uint")):
             self._add_int(t, name)
-        else:
-            raise TypeError(f"sumsq: unsupported dtype {name}")
-        return self
 
     def merge(self, other: SumSq) -> SumSq:
         """Fold another accumulator into this one (exact); returns self."""
@@ -186,10 +220,10 @@ class SumSq:
         """float32 / float16 / bfloat16: squares are exact in float64."""
         import torch
 
-        n = t.numel()
-        buf = torch.empty(min(n, _BLOCK), dtype=torch.float64, device=t.device)
-        for start in range(0, n, _BLOCK):
-            xb = t[start : start + _BLOCK]
+        starts = _blocks(t, _BLOCK)
+        buf = torch.empty(min(t.numel(), starts.step), dtype=torch.float64, device=t.device)
+        for start in starts:
+            xb = t[start : start + starts.step]
             b = buf[: xb.numel()]
             b.copy_(xb)
             b.mul_(b)
@@ -201,9 +235,9 @@ class SumSq:
         """float64: scale each group to [1, 2), TwoProduct (Veltkamp split), fold p and err."""
         import torch
 
-        n = t.numel()
-        for start in range(0, n, _BLOCK):
-            v = t[start : start + _BLOCK]
+        starts = _blocks(t, _BLOCK_F64)
+        for start in starts:
+            v = t[start : start + starts.step]
             lo, hi = torch.aminmax(v)
             m = max(-float(lo), float(hi))
             if not self._flag(m):
@@ -236,8 +270,9 @@ class SumSq:
         elif name == "uint64":
             self._n += sum(int(v) ** 2 for v in t.cpu().tolist()) << _Q
             return
-        for start in range(0, t.numel(), _BLOCK):
-            v = t[start : start + _BLOCK].to(torch.int64)
+        starts = _blocks(t, _BLOCK_F64)
+        for start in starts:
+            v = t[start : start + starts.step].to(torch.int64)
             lo, hi = torch.aminmax(v)
             if -(1 << 26) < int(lo) and int(hi) < (1 << 26):  # squares exact in float64
                 d = v.to(torch.float64)

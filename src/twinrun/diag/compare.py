@@ -330,6 +330,12 @@ def compare(
             rb = None if lb is None else parse_row(lb[1], pb, lb[0])
             n_a += ra is not None
             n_b += rb is not None
+            if ra is not None and rb is not None and ra.phase == rb.phase and ra.step == rb.step:
+                if not pend_a and not pend_b:  # aligned files: the usual case
+                    st.note_phase(ra, st.phase_a)
+                    st.note_phase(rb, st.phase_b)
+                    st.pair(ra, rb)
+                    continue
         take(ra, pend_a, pend_b, st.phase_a, pa)
         take(rb, pend_b, pend_a, st.phase_b, pb)
 

@@ -275,31 +275,39 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
 
 def parse_row(raw: bytes, path: Path, lineno: int) -> DiagRow | None:
     """Parse one line; None for another twinrun row kind (e.g. a step trace) to skip."""
-    where = f"{path}:{lineno}"
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise DataError(f"{where}: not valid JSON — {exc.msg} (column {exc.colno})", _HINT) from exc
+        msg = f"not valid JSON — {exc.msg} (column {exc.colno})"
+        raise DataError(f"{path}:{lineno}: {msg}", _HINT) from exc
     except UnicodeDecodeError as exc:
-        raise DataError(f"{where}: not UTF-8 text — {exc.reason}", _HINT) from exc
-    if not isinstance(obj, dict):
-        raise DataError(f"{where}: a row must be a JSON object", _HINT)
+        raise DataError(f"{path}:{lineno}: not UTF-8 text — {exc.reason}", _HINT) from exc
+    if type(obj) is not dict:
+        raise DataError(f"{path}:{lineno}: a row must be a JSON object", _HINT)
     fmt = obj.get("format", DIAG_FORMAT)
+    step = obj.get("step")
+    phase = obj.get("phase", "train")
+    checks = obj.get("checksums", {})
+    digs = obj.get("digests", {})
+    if (
+        fmt == DIAG_FORMAT
+        and type(step) is int
+        and type(phase) is str
+        and phase
+        and type(checks) is dict
+        and type(digs) is dict
+    ):
+        return DiagRow(phase, step, checks, digs, lineno)
+    where = f"{path}:{lineno}"
     if fmt != DIAG_FORMAT:
         if isinstance(fmt, str) and fmt.startswith("twinrun."):
             return None  # another twinrun row kind (e.g. a step trace): not compared here
         raise DataError(f"{where}: unknown format {fmt!r} (expected {DIAG_FORMAT!r})", _HINT)
-    step = obj.get("step")
-    if isinstance(step, bool) or not isinstance(step, int):
+    if type(step) is not int:
         raise DataError(f"{where}: 'step' must be an integer, got {step!r}", _HINT)
-    phase = obj.get("phase", "train")
-    if not isinstance(phase, str) or not phase:
+    if type(phase) is not str or not phase:
         raise DataError(f"{where}: 'phase' must be a non-empty string, got {phase!r}", _HINT)
-    checks = obj.get("checksums", {})
-    digs = obj.get("digests", {})
-    if not isinstance(checks, dict) or not isinstance(digs, dict):
-        raise DataError(f"{where}: 'checksums' and 'digests' must be JSON objects", _HINT)
-    return DiagRow(phase, step, checks, digs, lineno)
+    raise DataError(f"{where}: 'checksums' and 'digests' must be JSON objects", _HINT)
 
 
 def decode_float(v: Any, path: Path, lineno: int, leaf: str) -> float:

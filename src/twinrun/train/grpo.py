@@ -38,6 +38,7 @@ from twinrun.rl.environments import (
 )
 from twinrun.rl.replay import PrioritizedReplay
 from twinrun.rng import stream
+from twinrun.train.batch import OptimizerBatch
 from twinrun.train.loop import StepOutcome
 from twinrun.train.session import Session, finish_session, open_session
 from twinrun.train.sft import make_loop
@@ -217,6 +218,7 @@ def grpo_step(s: Session, state: GrpoState, step: int) -> StepOutcome:
             "rollout_s": rollout_s,
             "update_s": update_s,
         },
+        batch=update.batch,
     )
 
 
@@ -314,10 +316,42 @@ def update_on(s: Session, batch: list[Rollout], step: int) -> StepOutcome:
             "forward.logits": logits_parts,
             "loss": torch.tensor([loss_sum], dtype=torch.float64),
         }
+    full_old = torch.zeros((n, width), dtype=torch.float64)
+    full_old[:, 1:] = old
+    kept_rows = [[0, *kept[i, : len(r.tokens) - 1].long().tolist()] for i, r in enumerate(batch)]
+    optimizer_batch = OptimizerBatch(
+        objective="grpo",
+        step=step,
+        rows=[r.tokens for r in batch],
+        loss_masks=kept_rows,
+        forward_sizes=[min(bs, n - a) for a in range(0, n, bs)],
+        denominator=denominator,
+        floats={
+            "old_logprobs": [full_old[i, : len(r.tokens)].tolist() for i, r in enumerate(batch)],
+            "advantages": adv.tolist(),
+            "weights": weights.tolist(),
+        },
+        ints={"prompt_lengths": [len(r.prompt_ids) for r in batch]},
+    )
     return StepOutcome(
         loss=loss_sum,
         tokens=denominator,
         rows=n,
         leaves=leaves,
         metrics={"clip_fraction": clipped / active if active else 0.0},
+        batch=optimizer_batch,
     )
+
+
+def rollouts_from_batch(batch: OptimizerBatch) -> list[Rollout]:
+    """The rows of a captured GRPO batch as rollouts `update_on` can train on again."""
+    out = []
+    for i, row in enumerate(batch.rows):
+        p = batch.ints["prompt_lengths"][i]
+        out.append(Rollout(
+            example=-1, k=-1, step=batch.step, prompt_ids=list(row[:p]),
+            completion=list(row[p:]), old_logprobs=list(batch.floats["old_logprobs"][i][p:]),
+            reward=0.0, advantage=batch.floats["advantages"][i],
+            weight=batch.floats["weights"][i],
+        ))  # fmt: skip
+    return out

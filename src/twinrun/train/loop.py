@@ -29,6 +29,7 @@ class StepOutcome:
     rows: int
     leaves: dict[str, Any] = field(default_factory=dict)  # early diag leaves, dataflow order
     metrics: dict[str, Any] = field(default_factory=dict)  # objective-specific metrics
+    batch: Any = None  # the OptimizerBatch (train/batch.py), for capture
 
 
 @dataclass
@@ -41,7 +42,8 @@ class Loop:
     recorder: Any = None  # a DiagRecorder when --diag
     progress: Progress | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list)
-    on_step_end: Callable[[int], None] | None = None
+    # called at the optimizer boundary: gradients computed, optimizer not yet stepped
+    before_update: Callable[[int, StepOutcome], None] | None = None
 
     def run_step(self, step: int, step_fn: Callable[[], StepOutcome]) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -50,6 +52,8 @@ class Loop:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=False)
         outcome = step_fn()
+        if self.before_update is not None:
+            self.before_update(step, outcome)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in self.params]
         grad_norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
         self.optimizer.step()

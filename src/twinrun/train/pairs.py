@@ -24,6 +24,7 @@ from twinrun.data.pairs import EncodedPair, encode_pairs
 from twinrun.model.lora import lora_disabled
 from twinrun.objectives.dpo import dpo_loss, sequence_logprob
 from twinrun.objectives.reward import bradley_terry_loss
+from twinrun.train.batch import OptimizerBatch
 from twinrun.train.loop import StepOutcome
 from twinrun.train.session import Session, finish_session, open_session
 from twinrun.train.sft import make_loop, step_forwards
@@ -84,16 +85,28 @@ def pair_step(
     forwards = step_forwards(s, len(pairs), plan)
     if s.faults.at("rng", plan.step):
         torch.rand(1)  # the planted stray draw
-    reorder = s.faults.at("reduction", plan.step)
-    total = sum(len(fw) for fw in forwards)
+    outcome = pair_update(s, [[pairs[i] for i in fw] for fw in forwards], plan.step, head)
+    if s.cfg.diag:
+        indices = torch.tensor([i for fw in forwards for i in fw])
+        outcome.leaves = {"batch.sample_indices": indices, **outcome.leaves}
+    outcome.metrics = {"epoch": plan.epoch, **outcome.metrics}
+    return outcome
+
+
+def pair_update(
+    s: Session, groups: list[list[EncodedPair]], step: int, head: torch.nn.Module | None
+) -> StepOutcome:
+    """A chosen and a rejected forward per group, backwards, for one step (replay runs this)."""
+    reorder = s.faults.at("reduction", step)
+    total = sum(len(fw) for fw in groups)
     loss_sum = torch.zeros((), dtype=torch.float64)
     correct = 0.0
     margin = 0.0
     tokens: list[torch.Tensor] = []
     logits_parts: list[torch.Tensor] = []
-    for fw in forwards:
-        chosen, c_ids, c_logits, c_ref = side_forward(s, [pairs[i].chosen for i in fw], head)
-        rejected, r_ids, r_logits, r_ref = side_forward(s, [pairs[i].rejected for i in fw], head)
+    for fw in groups:
+        chosen, c_ids, c_logits, c_ref = side_forward(s, [p.chosen for p in fw], head)
+        rejected, r_ids, r_logits, r_ref = side_forward(s, [p.rejected for p in fw], head)
         if head is None:
             out = dpo_loss(chosen, rejected, c_ref, r_ref, s.cfg.beta)  # type: ignore[arg-type]
             margin += float(out.reward_margin) * len(fw)
@@ -117,23 +130,35 @@ def pair_step(
     loss = loss_sum / total
     leaves: dict[str, Any] = {}
     if s.cfg.diag:
-        leaves = {
-            "batch.sample_indices": torch.tensor([i for fw in forwards for i in fw]),
-            "batch.tokens": tokens,
-            "forward.logits": logits_parts,
-            "loss": loss.reshape(1),
-        }
+        leaves = {"batch.tokens": tokens, "forward.logits": logits_parts, "loss": loss.reshape(1)}
+    rows = [p.chosen if side == 0 else p.rejected for fw in groups for side in (0, 1) for p in fw]
     return StepOutcome(
         loss=float(loss),
-        tokens=sum(
-            pairs[i].chosen.targets + pairs[i].rejected.targets for fw in forwards for i in fw
-        ),
+        tokens=sum(r.targets for r in rows),
         rows=2 * total,
         leaves=leaves,
-        metrics={
-            "epoch": plan.epoch,
-            "pairs": total,
-            "accuracy": correct / total,
-            "reward_margin": margin / total,
-        },
+        metrics={"pairs": total, "accuracy": correct / total, "reward_margin": margin / total},
+        batch=OptimizerBatch(
+            objective=s.cfg.objective,
+            step=step,
+            rows=[list(r.input_ids) for r in rows],
+            loss_masks=[list(r.loss_mask) for r in rows],
+            forward_sizes=[len(fw) for fw in groups for _ in (0, 1)],
+            denominator=total,
+        ),
     )
+
+
+def pairs_from_batch(batch: OptimizerBatch) -> list[list[EncodedPair]]:
+    """The groups of a captured pair batch: each chosen forward is followed by its rejected."""
+    from twinrun.data.examples import EncodedRow
+
+    rows = [
+        EncodedRow(tuple(r), tuple(m)) for r, m in zip(batch.rows, batch.loss_masks, strict=True)
+    ]
+    groups, start = [], 0
+    for n in batch.forward_sizes[::2]:
+        chosen, rejected = rows[start : start + n], rows[start + n : start + 2 * n]
+        groups.append([EncodedPair(c, r) for c, r in zip(chosen, rejected, strict=True)])
+        start += 2 * n
+    return groups

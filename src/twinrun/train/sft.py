@@ -13,6 +13,7 @@ from twinrun.data.batching import StepPlan, pad_rows, padding_fraction, plan_ste
 from twinrun.data.examples import EncodedRow, encode_sft_rows
 from twinrun.objectives.sft import completion_nll
 from twinrun.progress import Progress
+from twinrun.train.batch import OptimizerBatch
 from twinrun.train.loop import Loop, StepOutcome, make_optimizer
 from twinrun.train.session import Session, finish_session, open_session
 
@@ -69,13 +70,22 @@ def sft_step(s: Session, rows: list[EncodedRow], plan: StepPlan) -> StepOutcome:
     forwards = step_forwards(s, len(rows), plan)
     if s.faults.at("rng", plan.step):
         torch.rand(1)  # the planted stray draw: shifts the torch CPU generator
-    reorder = s.faults.at("reduction", plan.step)
+    outcome = sft_update(s, [[rows[i] for i in fw] for fw in forwards], plan.step)
+    if s.cfg.diag:
+        indices = torch.tensor([i for fw in forwards for i in fw])
+        outcome.leaves = {"batch.sample_indices": indices, **outcome.leaves}
+    outcome.metrics["epoch"] = plan.epoch
+    return outcome
+
+
+def sft_update(s: Session, forwards: list[list[EncodedRow]], step: int) -> StepOutcome:
+    """Forwards and backwards of one step over these rows (also what replay runs)."""
+    reorder = s.faults.at("reduction", step)
     device = s.cfg.device
-    total = sum(rows[i].targets for fw in forwards for i in fw)
+    total = sum(r.targets for fw in forwards for r in fw)
     loss_sum = torch.zeros((), dtype=torch.float64)
     tokens, logits_parts, pad = [], [], []
-    for fw in forwards:
-        batch = [rows[i] for i in fw]
+    for batch in forwards:
         ids, attn, mask = (t.to(device) for t in pad_rows(batch, s.tok.pad_id))
         with s.autocast():
             logits = s.model(ids, attn)
@@ -93,16 +103,20 @@ def sft_step(s: Session, rows: list[EncodedRow], plan: StepPlan) -> StepOutcome:
     loss = loss_sum / total
     leaves: dict[str, Any] = {}
     if s.cfg.diag:
-        leaves = {
-            "batch.sample_indices": torch.tensor([i for fw in forwards for i in fw]),
-            "batch.tokens": tokens,
-            "forward.logits": logits_parts,
-            "loss": loss.reshape(1),
-        }
+        leaves = {"batch.tokens": tokens, "forward.logits": logits_parts, "loss": loss.reshape(1)}
+    flat = [r for fw in forwards for r in fw]
     return StepOutcome(
         loss=float(loss),
         tokens=total,
-        rows=sum(len(fw) for fw in forwards),
+        rows=len(flat),
         leaves=leaves,
-        metrics={"epoch": plan.epoch, "padding_fraction": sum(pad) / len(pad)},
+        metrics={"padding_fraction": sum(pad) / len(pad)},
+        batch=OptimizerBatch(
+            objective="sft",
+            step=step,
+            rows=[list(r.input_ids) for r in flat],
+            loss_masks=[list(r.loss_mask) for r in flat],
+            forward_sizes=[len(fw) for fw in forwards],
+            denominator=total,
+        ),
     )

@@ -1,0 +1,136 @@
+"""Benchmark: `twinrun diff` on two large diag.jsonl files (15 standard leaves per row).
+
+For 10,000 and 100,000 rows it writes run A, an identical run B, and a drifting run B (from
+step 10 on, the gradient/Adam/parameter leaves differ by a relative 1e-3 in every row, so every
+line is parsed and compared leaf by leaf), then times `python -m twinrun diff A B` as a fresh
+process (wall time, interpreter start included) and reads that process's peak RSS from
+`os.wait4`. Goal: <= 3 s at 100,000 rows, and memory flat in the row count.
+
+    python bench/diff_large.py [--rows 10000 100000] [--repeats 3]
+
+Writes bench/results/diff_large.json and bench/results/diff_large.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from twinrun.diag.recorder import DIAG_FORMAT, STANDARD_LEAVES
+
+GOAL_S = 3.0
+RESULTS = Path(__file__).resolve().parent / "results"
+DRIFT = {"grads.lora", "adam.exp_avg", "adam.exp_avg_sq", "params.lora"}
+
+
+def write_files(d: Path, rows: int) -> tuple[Path, Path, Path]:
+    rnd = random.Random(rows)
+    a, same, drift = d / f"a_{rows}.jsonl", d / f"same_{rows}.jsonl", d / f"drift_{rows}.jsonl"
+    with open(a, "w") as fa, open(same, "w") as fs, open(drift, "w") as fd:
+        for step in range(rows):
+            checks = {leaf: rnd.uniform(1e-3, 1e4) for leaf in STANDARD_LEAVES}
+            digs = {
+                leaf: hashlib.sha256(f"{step}/{leaf}".encode()).hexdigest()
+                for leaf in STANDARD_LEAVES
+            }
+            row = {"format": DIAG_FORMAT, "step": step, "phase": "train"}
+            line = json.dumps({**row, "checksums": checks, "digests": digs}) + "\n"
+            fa.write(line)
+            fs.write(line)
+            if step >= 10:
+                for leaf in DRIFT:
+                    checks[leaf] *= 1 + 1e-3
+                    digs[leaf] = hashlib.sha256(f"{step}/{leaf}/b".encode()).hexdigest()
+                line = json.dumps({**row, "checksums": checks, "digests": digs}) + "\n"
+            fd.write(line)
+    return a, same, drift
+
+
+def run_diff(a: Path, b: Path) -> tuple[float, int, int]:
+    """(wall seconds, peak RSS bytes, exit code) of one `python -m twinrun diff a b`."""
+    cmd = [sys.executable, "-m", "twinrun", "diff", str(a), str(b)]
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_maxrss * 1024, p.returncode
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000])
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="twinrun-diff-bench-") as tmp:
+        for rows in args.rows:
+            a, same, drift = write_files(Path(tmp), rows)
+            for case, b, want in (("identical", same, 0), ("drift", drift, 1)):
+                runs = [run_diff(a, b) for _ in range(args.repeats)]
+                codes = {r[2] for r in runs}
+                if codes != {want}:
+                    raise SystemExit(f"{case} {rows}: exit codes {codes}, expected {want}")
+                walls = [r[0] for r in runs]
+                results.append(
+                    {
+                        "rows": rows,
+                        "leaves": len(STANDARD_LEAVES),
+                        "case": case,
+                        "file_mb": round(a.stat().st_size / 1e6, 1),
+                        "wall_s_median": statistics.median(walls),
+                        "wall_s_min": min(walls),
+                        "wall_s_max": max(walls),
+                        "peak_rss_mb": round(max(r[1] for r in runs) / 2**20, 1),
+                        "exit_code": want,
+                    }
+                )
+                print(results[-1], flush=True)
+    big = [r for r in results if r["rows"] == max(args.rows)]
+    out = {
+        "benchmark": "diff_large",
+        "goal": f"<= {GOAL_S} s at {max(args.rows):,} rows; peak memory flat in row count",
+        "pass_time": all(r["wall_s_median"] <= GOAL_S for r in big),
+        "results": results,
+        "env": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg_1min": os.getloadavg()[0],
+        },
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "diff_large.json").write_text(json.dumps(out, indent=2) + "\n")
+    lines = [
+        "# twinrun diff on large diag files",
+        "",
+        f"Fresh `python -m twinrun diff A B` processes (interpreter start included), "
+        f"{args.repeats} repeats; {os.cpu_count()} CPUs, 1-min load average "
+        f"{out['env']['loadavg_1min']:.2f} at the end.",
+        "",
+        "| rows | leaves | case | file MB | wall s median (min–max) | peak RSS MB | exit |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['rows']:,} | {r['leaves']} | {r['case']} | {r['file_mb']} "
+            f"| {r['wall_s_median']:.2f} ({r['wall_s_min']:.2f}–{r['wall_s_max']:.2f}) "
+            f"| {r['peak_rss_mb']} | {r['exit_code']} |"
+        )
+    verdict = "PASS" if out["pass_time"] else "FAIL"
+    lines += ["", f"Goal: {out['goal']} — time {verdict}.", ""]
+    (RESULTS / "diff_large.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

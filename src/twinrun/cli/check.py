@@ -1,0 +1,102 @@
+"""`twinrun check [--tol 1e-2] [--seeds S,T] [--keep DIR] -- CMD ...`: the determinism harness.
+
+A thin click command over `twinrun.harness.run_check`: CMD (with `{seed}` and `{out}`
+placeholders) runs twice at seed S and once at seed T; the report says whether step 0 is
+bit-exact, how far the same-seed runs drift, how far the seeds part, and where the same-seed runs
+first diverge when they wrote diag.jsonl. Exit status: 0 all hold, 1 one fails, 2 a run fails
+or writes no metrics (or the command is malformed). Imports neither torch nor numpy.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from twinrun.harness import (
+    DEFAULT_TOL,
+    RunFailed,
+    format_verdict,
+    parse_seeds,
+    run_check,
+    validate_command,
+)
+
+
+@click.command(
+    name="check",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option(
+    "--tol", type=float, default=DEFAULT_TOL, show_default=True,
+    help="Largest |a-b| of any metric allowed between the two same-seed runs; the cross-seed "
+    "loss divergence must exceed it.",
+)  # fmt: skip
+@click.option(
+    "--seeds", "seeds_text", default="0,1", show_default=True, metavar="S,T",
+    help="The seed run twice, and the other seed.",
+)  # fmt: skip
+@click.option(
+    "--keep", type=click.Path(file_okay=False), default=None, metavar="DIR",
+    help="Write the runs to DIR/seed-S-a, DIR/seed-S-b, DIR/seed-T (and logs to DIR/logs) and "
+    "keep them; default: a temporary directory, removed afterwards.",
+)  # fmt: skip
+@click.option(
+    "--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+    help="Fail (exit 2) a run that takes longer than this.",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD...")
+def check(
+    tol: float,
+    seeds_text: str,
+    keep: str | None,
+    timeout: float | None,
+    as_json: bool,
+    cmd: tuple[str, ...],
+) -> int:
+    """Determinism harness: run a command three times.
+
+    CMD must contain {seed} and {out}; it runs (no shell) twice at seed S and once at seed T,
+    each with its own output directory, and must write {out}/metrics.jsonl (diag.jsonl too with
+    --diag, to localise a divergence). Checks: step 0 bit-exact; same-seed max divergence of every
+    metric (wall-clock fields aside) <= --tol; cross-seed loss divergence > --tol. Exit status:
+    0 all hold, 1 one fails, 2 a run fails or writes no metrics.
+
+    \b
+    Example:
+      twinrun check -- twinrun tune sft --model runs/toy --examples ex.jsonl \\
+        --output {out} --seed {seed} --epochs 1 --batch-size 4 ... --diag
+    """
+    validate_command(cmd)
+    seeds = parse_seeds(seeds_text)
+
+    def progress(msg: str) -> None:
+        if not as_json:
+            click.echo(f"check: {msg}", err=True)
+
+    try:
+        verdict = run_check(
+            cmd, seeds=seeds, tol=tol, keep=keep, timeout=timeout, progress=progress
+        )
+    except RunFailed as exc:
+        if as_json:
+            click.echo(json.dumps({"passed": False, "exit_code": 2, "error": exc.one_line(),
+                                   "stderr_tail": exc.stderr_tail}))  # fmt: skip
+            return 2
+        click.echo(f"twinrun: error: {exc.one_line()}", err=True)
+        if exc.stderr_tail:
+            click.echo("  last lines of its output:", err=True)
+            for line in exc.stderr_tail:
+                click.echo(f"  | {line}", err=True)
+        if keep is None:
+            click.echo("  (rerun with --keep DIR to inspect the run directories)", err=True)
+        return 2
+    if as_json:
+        click.echo(json.dumps(verdict.to_dict(), allow_nan=False))
+    else:
+        for line in format_verdict(verdict):
+            click.echo(line)
+        if keep is not None:
+            click.echo(f"runs kept in {keep}")
+    return verdict.exit_code

@@ -1,0 +1,763 @@
+"""The determinism harness behind `twinrun check` (DESIGN §1 item 4, posttrainllm's C9 harness).
+
+A training command containing the placeholders `{seed}` and `{out}` is run three times as a real
+subprocess: twice at seed S (runs "a" and "b") and once at seed T (run "c"), each writing into
+its own output directory. Each run's `metrics.jsonl` (and `diag.jsonl`, when present) is then
+read and three things are judged:
+
+1. **step-0 bit-exact** — at the first step every comparable metric of a and b has the same bits;
+2. **same-seed max divergence** — max over steps and comparable numeric metrics of |a-b| is at
+   most the tolerance (and whether the runs are *fully* bit-exact: every comparable value equal,
+   diag digests equal where both runs wrote them);
+3. **cross-seed divergence** — max over common steps of |a-c| of the loss *exceeds* the
+   tolerance: a seed that changes nothing is a bug.
+
+Wall-clock fields (`wall_s`, any name ending in `_s`, timestamps, peak memory) are never
+compared. When both same-seed runs wrote diag.jsonl and they part, the first divergence comes
+from `twinrun.diag.compare` (default tolerances; bitwise digests when the tolerance comparison
+finds none). Exit codes: 0 all hold, 1 one fails, 2 a run fails or writes no metrics.
+
+This module never imports the CLI (nor torch): `run_check` is the whole harness for a library
+user; `judge` is the pure verdict on rows already read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from twinrun.diag.compare import CompareResult, Divergence, compare
+from twinrun.errors import ConfigError, DataError, OutputError, TwinrunError
+
+__all__ = [
+    "DEFAULT_SEEDS",
+    "DEFAULT_TOL",
+    "PLACEHOLDERS",
+    "CrossSeed",
+    "DiagCheck",
+    "PlannedRun",
+    "RunFailed",
+    "RunResult",
+    "SameSeed",
+    "Step0",
+    "Verdict",
+    "check_diag",
+    "compare_same_seed",
+    "cross_seed",
+    "divergence_line",
+    "execute",
+    "format_verdict",
+    "is_ignored_metric",
+    "judge",
+    "parse_seeds",
+    "plan_runs",
+    "read_metrics",
+    "run_check",
+    "step0",
+    "substitute",
+    "validate_command",
+]
+
+PLACEHOLDERS = ("{seed}", "{out}")
+DEFAULT_TOL = 1e-2
+DEFAULT_SEEDS = (0, 1)
+LOSS_KEY = "loss"
+TAIL_LINES = 20
+
+# Names never compared: they measure the machine, not the run.
+_IGNORED_NAMES = frozenset(
+    {"wall", "wall_s", "time", "timestamp", "elapsed", "peak_memory_bytes", "peak_memory"}
+)
+_IGNORED_SUFFIXES = ("_s", "_ms", "_seconds", "_time", "_timestamp")
+
+
+class RunFailed(TwinrunError):
+    """A planned run exited non-zero, timed out or could not start (exit code 2).
+
+    `stderr_tail` holds the last lines the command wrote to stderr (stdout's when stderr was
+    empty), for the CLI to show."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, hint: str | None = None, tail: Sequence[str] = ()) -> None:
+        super().__init__(message, hint)
+        self.stderr_tail = list(tail)
+
+
+# ----------------------------------------------------------------------------- the run plan
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One subprocess of the plan: `label` is "seed-S-a", "seed-S-b" or "seed-T"."""
+
+    label: str
+    seed: int
+    out: Path
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run: PlannedRun
+    returncode: int
+    wall_s: float
+    stdout_log: Path
+    stderr_log: Path
+
+
+def parse_seeds(text: str) -> tuple[int, int]:
+    """Parse "S,T" into (S, T): two distinct non-negative integers below 2**63."""
+    parts = [p.strip() for p in text.split(",")]
+    hint = "give two distinct non-negative integers, e.g. --seeds 0,1"
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"--seeds {text!r} is not S,T", hint)
+    s, t = int(parts[0]), int(parts[1])
+    if s >= 2**63 or t >= 2**63:
+        raise ConfigError(f"--seeds {text!r}: a seed must be below 2**63", hint)
+    if s == t:
+        raise ConfigError(f"--seeds {text!r}: the two seeds are equal", hint)
+    return s, t
+
+
+def validate_command(cmd: Sequence[str]) -> None:
+    """ConfigError unless `cmd` is non-empty and contains both placeholders (anywhere in an
+    argument, e.g. `--output={out}`)."""
+    hint = "e.g. twinrun check -- twinrun tune sft ... --seed {seed} --output {out}"
+    if not cmd:
+        raise ConfigError("no command to check", hint)
+    missing = [p for p in PLACEHOLDERS if not any(p in arg for arg in cmd)]
+    if missing:
+        raise ConfigError(f"the command has no {' or '.join(missing)} placeholder", hint)
+
+
+def substitute(cmd: Sequence[str], seed: int, out: Path) -> tuple[str, ...]:
+    """The argv with every `{seed}` and `{out}` replaced (other braces are left alone)."""
+    return tuple(a.replace("{seed}", str(seed)).replace("{out}", str(out)) for a in cmd)
+
+
+def plan_runs(cmd: Sequence[str], seeds: tuple[int, int], root: Path) -> list[PlannedRun]:
+    """Three runs under `root`: seed-S-a, seed-S-b (same seed) and seed-T."""
+    validate_command(cmd)
+    s, t = seeds
+    if s == t:
+        raise ConfigError(f"seeds {s},{t} are equal", "the cross-seed run needs another seed")
+    runs = []
+    for label, seed in ((f"seed-{s}-a", s), (f"seed-{s}-b", s), (f"seed-{t}", t)):
+        out = root / label
+        runs.append(PlannedRun(label, seed, out, substitute(cmd, seed, out)))
+    return runs
+
+
+def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    return text.rstrip("\n").splitlines()[-n:] if text.strip() else []
+
+
+def execute(run: PlannedRun, log_dir: Path, timeout: float | None = None) -> RunResult:
+    """Run one planned command (shell=False), its stdout and stderr written to
+    `log_dir/<label>.stdout.log` and `.stderr.log`. RunFailed when it cannot start, times out
+    or exits non-zero."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    so, se = log_dir / f"{run.label}.stdout.log", log_dir / f"{run.label}.stderr.log"
+    start = time.perf_counter()
+    try:
+        with open(so, "wb") as fo, open(se, "wb") as fe:
+            proc = subprocess.run(
+                list(run.argv), stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
+                timeout=timeout, check=False,
+            )  # fmt: skip
+    except FileNotFoundError as exc:
+        raise RunFailed(
+            f"{run.label}: cannot start {run.argv[0]!r} ({exc.strerror})",
+            "check the command's first word is an executable on PATH",
+        ) from exc
+    except PermissionError as exc:
+        raise RunFailed(f"{run.label}: cannot start {run.argv[0]!r} ({exc.strerror})") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise RunFailed(
+            f"{run.label} (seed {run.seed}) ran past the {timeout:g} s timeout",
+            "raise --timeout or check the command on its own",
+            _tail(se) or _tail(so),
+        ) from exc
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RunFailed(
+            f"{run.label} (seed {run.seed}) exited with status {proc.returncode}",
+            "run the command on its own to see the whole output",
+            _tail(se) or _tail(so),
+        )
+    return RunResult(run, proc.returncode, wall, so, se)
+
+
+# ----------------------------------------------------------------------------- reading metrics
+
+
+def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The rows of `run_dir/metrics.jsonl` (blank lines skipped). DataError (exit 2) when the
+    file is missing, empty or has a line that is not a JSON object."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise DataError(f"{path}: the run wrote no metrics.jsonl", "does the command honour {out}?")
+    rows: list[dict[str, Any]] = []
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot be read ({exc})") from exc
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{lineno}: not valid JSON — {exc.msg}") from exc
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}:{lineno}: a metrics row must be a JSON object")
+        rows.append(obj)
+    if not rows:
+        raise DataError(f"{path}: the run wrote no metrics rows", "did it train at all?")
+    return rows
+
+
+def is_ignored_metric(name: str) -> bool:
+    """Wall-clock and machine measurements (never compared): `wall_s`, `*_s`, timestamps."""
+    n = name.rsplit("/", 1)[-1].lower()
+    return n in _IGNORED_NAMES or n.endswith(_IGNORED_SUFFIXES)
+
+
+def _by_step(rows: Iterable[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
+    """Rows keyed by their `step` (the row index when a row has none; a later row wins)."""
+    out: dict[int, Mapping[str, Any]] = {}
+    for i, row in enumerate(rows):
+        step = row.get("step", i)
+        out[step if isinstance(step, int) and not isinstance(step, bool) else i] = row
+    return dict(sorted(out.items()))
+
+
+def _comparable(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k != "step" and not is_ignored_metric(k)}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _same_bits(a: Any, b: Any) -> bool:
+    """Bitwise equality of two JSON values (floats by their IEEE-754 bits; NaN equals NaN)."""
+    if isinstance(a, float) or isinstance(b, float):
+        if not (_is_number(a) and _is_number(b)):
+            return False
+        fa, fb = float(a), float(b)
+        if math.isnan(fa) and math.isnan(fb):
+            return True
+        return struct.pack("<d", fa) == struct.pack("<d", fb)
+    return type(a) is type(b) and a == b
+
+
+def _abs_diff(a: Any, b: Any) -> float:
+    """|a-b| of two numbers: 0 when bitwise equal or both NaN; inf when only one is NaN or inf."""
+    if _same_bits(a, b):
+        return 0.0
+    fa, fb = float(a), float(b)
+    if math.isnan(fa) or math.isnan(fb) or math.isinf(fa) or math.isinf(fb):
+        return 0.0 if fa == fb else math.inf
+    return abs(fa - fb)
+
+
+# ----------------------------------------------------------------------------- the three checks
+
+
+@dataclass(frozen=True)
+class Step0:
+    """Bit-exactness of the first step. When it fails, `metric` names the first differing value
+    (the loss first, then the row's own order) and `a`/`b` are the two values."""
+
+    step: int | None
+    bit_exact: bool
+    loss: float | None
+    metric: str | None = None
+    a: Any = None
+    b: Any = None
+
+
+@dataclass(frozen=True)
+class SameSeed:
+    """Same-seed comparison: the max |a-b| over steps and comparable numeric metrics (where,
+    and the two values), and bitwise agreement of every comparable value."""
+
+    max_divergence: float
+    metric: str | None
+    step: int | None
+    a: Any
+    b: Any
+    bit_exact: bool
+    values_compared: int
+    values_differing: int
+    steps: int
+    first_difference: tuple[int, str] | None  # (step, metric) of the first non-bit-exact value
+    missing: list[str] = field(default_factory=list)  # rows / metrics only one run has
+
+
+@dataclass(frozen=True)
+class CrossSeed:
+    """Max |a-c| of the loss over the steps both runs recorded; NaN when there is none."""
+
+    divergence: float
+    step: int | None
+    a: float | None
+    c: float | None
+    steps: int
+    metric: str = LOSS_KEY
+
+
+@dataclass(frozen=True)
+class DiagCheck:
+    """The diag.jsonl comparison of the same-seed runs (None in a Verdict when neither wrote one).
+
+    `digests_equal` is None when only one run has diag.jsonl. `first` is the first divergence
+    (tolerance-based, or bitwise when `bitwise`), set only when the runs part."""
+
+    present: str  # "both", "a" or "b"
+    digests_equal: bool | None
+    rows: int
+    leaves: int
+    first: Divergence | None = None
+    bitwise: bool = False
+    line: str | None = None
+    advice: str | None = None
+    rows_diverged: int = 0
+
+
+def step0(rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mapping[str, Any]]) -> Step0:
+    """Is the first step of two same-seed runs bit-exact (every comparable metric)?"""
+    sa, sb = _by_step(rows_a), _by_step(rows_b)
+    if not sa or not sb:
+        return Step0(None, False, None, "<row>", None, None)
+    first = min(sa)
+    ra = _comparable(sa[first])
+    loss = ra.get(LOSS_KEY)
+    loss = float(loss) if _is_number(loss) else None
+    if first not in sb:
+        return Step0(first, False, loss, "<row>", "row", "missing")
+    rb = _comparable(sb[first])
+    keys = list(ra) + [k for k in rb if k not in ra]
+    keys.sort(key=lambda k: k != LOSS_KEY)  # stable: the loss first, then the row's order
+    for k in keys:
+        if k not in ra or k not in rb:
+            return Step0(first, False, loss, k, ra.get(k, "missing"), rb.get(k, "missing"))
+        if not _same_bits(ra[k], rb[k]):
+            return Step0(first, False, loss, k, ra[k], rb[k])
+    return Step0(first, True, loss)
+
+
+def compare_same_seed(
+    rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mapping[str, Any]]
+) -> SameSeed:
+    """Max |a-b| over steps and comparable numeric metrics, and full bitwise agreement.
+
+    A step or a metric only one run has diverges by inf; a non-numeric value (a string such as
+    a sha256) counts only for bit-exactness."""
+    sa, sb = _by_step(rows_a), _by_step(rows_b)
+    best = (0.0, None, None, None, None)  # (delta, metric, step, a, b)
+    compared = differing = 0
+    first_diff: tuple[int, str] | None = None
+    missing: list[str] = []
+
+    def note(delta: float, metric: str, step: int, a: Any, b: Any) -> None:
+        nonlocal best
+        if delta > best[0]:
+            best = (delta, metric, step, a, b)
+
+    for step in sorted(set(sa) | set(sb)):
+        if step not in sa or step not in sb:
+            who = "b" if step in sa else "a"
+            missing.append(f"step {step} (not in run {who})")
+            differing += 1
+            first_diff = first_diff or (step, "<row>")
+            note(math.inf, "<row>", step, "row" if who == "b" else "missing",
+                 "missing" if who == "b" else "row")  # fmt: skip
+            continue
+        ra, rb = _comparable(sa[step]), _comparable(sb[step])
+        for k in list(ra) + [k for k in rb if k not in ra]:
+            compared += 1
+            if k not in ra or k not in rb:
+                missing.append(f"{k} at step {step} (not in run {'b' if k in ra else 'a'})")
+                differing += 1
+                first_diff = first_diff or (step, k)
+                note(math.inf, k, step, ra.get(k, "missing"), rb.get(k, "missing"))
+                continue
+            va, vb = ra[k], rb[k]
+            if _same_bits(va, vb):
+                continue
+            differing += 1
+            first_diff = first_diff or (step, k)
+            if _is_number(va) and _is_number(vb):
+                note(_abs_diff(va, vb), k, step, va, vb)
+    delta, metric, step_, a, b = best
+    return SameSeed(
+        max_divergence=delta,
+        metric=metric,
+        step=step_,
+        a=a,
+        b=b,
+        bit_exact=differing == 0,
+        values_compared=compared,
+        values_differing=differing,
+        steps=len(set(sa) | set(sb)),
+        first_difference=first_diff,
+        missing=missing,
+    )
+
+
+def cross_seed(
+    rows_a: Sequence[Mapping[str, Any]], rows_c: Sequence[Mapping[str, Any]], key: str = LOSS_KEY
+) -> CrossSeed:
+    """Max |a-c| of `key` over the steps both runs recorded (NaN when no step has it in both)."""
+    sa, sc = _by_step(rows_a), _by_step(rows_c)
+    best: tuple[float, int | None, float | None, float | None] = (math.nan, None, None, None)
+    n = 0
+    for step in sorted(set(sa) & set(sc)):
+        va, vc = sa[step].get(key), sc[step].get(key)
+        if not (_is_number(va) and _is_number(vc)):
+            continue
+        n += 1
+        d = _abs_diff(va, vc)
+        if math.isnan(best[0]) or d > best[0]:
+            best = (d, step, float(va), float(vc))
+    return CrossSeed(best[0], best[1], best[2], best[3], n, key)
+
+
+def divergence_line(first: Divergence) -> str:
+    """The `FIRST_DIVERGENCE: ...` line exactly as `twinrun diff` prints it (DESIGN §4)."""
+
+    def num(x: float | None) -> str:
+        if x is None:
+            return "missing"
+        if math.isnan(x):
+            return "nan"
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        return repr(x)
+
+    leaf = first.leaf if first.leaf is not None else "*"
+    if first.kind == "missing_row":
+        a = "missing" if first.missing_in == "A" else "row"
+        b = "missing" if first.missing_in == "B" else "row"
+    else:
+        a, b = num(first.a), num(first.b)
+    line = (
+        f"FIRST_DIVERGENCE: step={first.step} leaf={leaf} run_A={a} run_B={b} "
+        f"delta={num(first.delta)}"
+    )
+    if first.phase != "train":
+        line += f" phase={first.phase}"
+    return line
+
+
+def check_diag(
+    dir_a: str | os.PathLike[str], dir_b: str | os.PathLike[str], metrics_bit_exact: bool = True
+) -> DiagCheck | None:
+    """Compare the same-seed runs' diag.jsonl (None when neither has one).
+
+    Digests are compared bitwise; when the runs part (digests differ or the metrics are not
+    bit-exact) the first divergence comes from the tolerance comparison at diff's default
+    tolerances, or from the bitwise one when the tolerance comparison finds none. A DataError
+    from an unreadable diag file propagates (exit 2)."""
+    fa, fb = Path(dir_a) / "diag.jsonl", Path(dir_b) / "diag.jsonl"
+    has_a, has_b = fa.is_file(), fb.is_file()
+    if not has_a and not has_b:
+        return None
+    if not (has_a and has_b):
+        return DiagCheck("a" if has_a else "b", None, 0, 0)
+    bitwise = compare(fa, fb, bitwise=True)
+    if bitwise.deterministic and metrics_bit_exact:
+        return DiagCheck("both", True, bitwise.rows_compared, len(bitwise.leaves))
+    tol = compare(fa, fb)
+    chosen: CompareResult | None = tol if tol.first is not None else None
+    if chosen is None and bitwise.first is not None:
+        chosen = bitwise
+    if chosen is None or chosen.first is None:
+        return DiagCheck("both", bitwise.deterministic, bitwise.rows_compared, len(bitwise.leaves))
+    from twinrun.diag.advice import advice_for
+
+    adv = advice_for(chosen.first.leaf)
+    return DiagCheck(
+        present="both",
+        digests_equal=bitwise.deterministic,
+        rows=bitwise.rows_compared,
+        leaves=len(bitwise.leaves),
+        first=chosen.first,
+        bitwise=chosen.bitwise,
+        line=divergence_line(chosen.first),
+        advice=f"{adv.leaf}: {adv.one_line()}",
+        rows_diverged=chosen.rows_diverged,
+    )
+
+
+# ----------------------------------------------------------------------------- the verdict
+
+
+@dataclass
+class Verdict:
+    """What `twinrun check` found. `exit_code`: 0 when all three hold, 1 when one fails."""
+
+    tol: float
+    seeds: tuple[int, int]
+    step0: Step0
+    same_seed: SameSeed
+    cross_seed: CrossSeed
+    diag: DiagCheck | None
+    failures: list[str]
+    runs: list[RunResult] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    @property
+    def fully_bit_exact(self) -> bool:
+        """Every comparable metric equal at every step, and diag digests equal when present."""
+        if not self.same_seed.bit_exact:
+            return False
+        return self.diag is None or self.diag.digests_equal is True
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (non-finite floats as "NaN"/"Infinity" strings)."""
+        d: dict[str, Any] = {
+            "passed": self.passed,
+            "exit_code": self.exit_code,
+            "tol": self.tol,
+            "seeds": list(self.seeds),
+            "fully_bit_exact": self.fully_bit_exact,
+            "step0": asdict(self.step0),
+            "same_seed": asdict(self.same_seed),
+            "cross_seed": asdict(self.cross_seed),
+            "diag": None if self.diag is None else asdict(self.diag),
+            "failures": list(self.failures),
+            "runs": [
+                {
+                    "label": r.run.label,
+                    "seed": r.run.seed,
+                    "out": str(r.run.out),
+                    "argv": list(r.run.argv),
+                    "returncode": r.returncode,
+                    "wall_s": r.wall_s,
+                }
+                for r in self.runs
+            ],
+        }
+        return _jsonable(d)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def judge(
+    rows_a: Sequence[Mapping[str, Any]],
+    rows_b: Sequence[Mapping[str, Any]],
+    rows_c: Sequence[Mapping[str, Any]],
+    tol: float = DEFAULT_TOL,
+    seeds: tuple[int, int] = DEFAULT_SEEDS,
+    diag: DiagCheck | None = None,
+) -> Verdict:
+    """The verdict on three runs' metrics rows (a, b at one seed; c at another).
+
+    DataError (exit 2) when a run has no rows; ConfigError for a negative or NaN tolerance."""
+    if not (tol >= 0) or math.isinf(tol):
+        raise ConfigError(f"--tol {tol!r} must be a finite non-negative number")
+    for name, rows in (("a", rows_a), ("b", rows_b), ("c", rows_c)):
+        if not rows:
+            raise DataError(f"run {name} wrote no metrics rows", "did the command train at all?")
+    s0 = step0(rows_a, rows_b)
+    same = compare_same_seed(rows_a, rows_b)
+    cross = cross_seed(rows_a, rows_c)
+    failures: list[str] = []
+    if not s0.bit_exact:
+        failures.append(f"step-{s0.step if s0.step is not None else 0} is not bit-exact")
+    if not same.max_divergence <= tol:
+        failures.append(f"same-seed divergence {_fmt(same.max_divergence)} exceeds tol {tol:g}")
+    if math.isnan(cross.divergence):
+        failures.append(f"no {cross.metric!r} metric at a step both seeds recorded")
+    elif not cross.divergence > tol:
+        failures.append(
+            f"cross-seed divergence {_fmt(cross.divergence)} does not exceed tol {tol:g} "
+            f"(the seed changes nothing)"
+        )
+    return Verdict(tol, seeds, s0, same, cross, diag, failures)
+
+
+# ----------------------------------------------------------------------------- the whole check
+
+
+def run_check(
+    cmd: Sequence[str],
+    *,
+    seeds: tuple[int, int] = DEFAULT_SEEDS,
+    tol: float = DEFAULT_TOL,
+    keep: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Verdict:
+    """Run `cmd` three times and judge it. Without `keep`, everything is written under a
+    temporary directory that is removed afterwards; with `keep`, the runs are
+    `keep/seed-S-a`, `keep/seed-S-b`, `keep/seed-T` (logs beside them) and stay.
+
+    Raises ConfigError for a bad command, seeds or tolerance; OutputError when a kept run
+    directory already exists; RunFailed when a run fails; DataError when one writes no
+    metrics (all exit 2)."""
+    validate_command(cmd)
+    if not (tol >= 0) or math.isinf(tol):
+        raise ConfigError(f"--tol {tol!r} must be a finite non-negative number")
+    if keep is not None:
+        root = Path(keep)
+        if root.exists() and not root.is_dir():
+            raise OutputError(f"--keep {root}: exists and is not a directory")
+        plan = plan_runs(cmd, seeds, root.resolve())
+        taken = [str(r.out) for r in plan if r.out.exists()]
+        if taken:
+            raise OutputError(
+                f"--keep {root}: {', '.join(taken)} already exists",
+                "give a new --keep directory or remove the old runs",
+            )
+        root.mkdir(parents=True, exist_ok=True)
+        return _run_plan(plan, root.resolve() / "logs", seeds, tol, timeout, progress)
+    tmp = Path(tempfile.mkdtemp(prefix="twinrun-check-"))
+    try:
+        plan = plan_runs(cmd, seeds, tmp)
+        return _run_plan(plan, tmp / "logs", seeds, tol, timeout, progress)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_plan(
+    plan: list[PlannedRun],
+    log_dir: Path,
+    seeds: tuple[int, int],
+    tol: float,
+    timeout: float | None,
+    progress: Callable[[str], None] | None,
+) -> Verdict:
+    say = progress or (lambda _msg: None)
+    results: list[RunResult] = []
+    rows: list[list[dict[str, Any]]] = []
+    for i, run in enumerate(plan, 1):
+        say(f"run {i}/{len(plan)}: {run.label} (seed {run.seed})")
+        res = execute(run, log_dir, timeout)
+        results.append(res)
+        try:
+            rows.append(read_metrics(run.out))
+        except DataError as exc:
+            raise DataError(f"{run.label} (seed {run.seed}): {exc.message}", exc.hint) from exc
+        say(f"run {i}/{len(plan)}: {run.label} done in {res.wall_s:.1f} s, {len(rows[-1])} steps")
+    same = compare_same_seed(rows[0], rows[1])
+    diag = check_diag(plan[0].out, plan[1].out, metrics_bit_exact=same.bit_exact)
+    verdict = judge(rows[0], rows[1], rows[2], tol, seeds, diag)
+    verdict.runs = results
+    return verdict
+
+
+# ----------------------------------------------------------------------------- text output
+
+
+def _fmt(x: float) -> str:
+    if x == 0:
+        return "0"
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.3e}"
+
+
+def _val(v: Any) -> str:
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def format_verdict(v: Verdict) -> list[str]:
+    """The report, posttrainllm-style, one line per check, then the verdict line."""
+    out: list[str] = []
+    s0 = v.step0
+    label = f"step-{s0.step if s0.step is not None else 0} bit-exact"
+    if s0.bit_exact:
+        what = f"loss {s0.loss!r}" if s0.loss is not None else "every metric equal"
+        out.append(f"{label}: yes ({what})")
+    elif s0.metric == LOSS_KEY:
+        out.append(f"{label}: NO ({_val(s0.a)} vs {_val(s0.b)})")
+    else:
+        out.append(f"{label}: NO ({s0.metric} {_val(s0.a)} vs {_val(s0.b)})")
+
+    s = v.same_seed
+    rel = "<=" if s.max_divergence <= v.tol else ">"
+    line = f"same-seed max divergence: {_fmt(s.max_divergence)} ({rel} tol {v.tol:g})"
+    if s.metric is not None:
+        line += f" at {s.metric}, step {s.step} ({_val(s.a)} vs {_val(s.b)})"
+    if v.fully_bit_exact:
+        extra = f", diag digests at {v.diag.rows} steps" if v.diag is not None else ""
+        line += f" — fully bit-exact: {s.values_compared} metric values over {s.steps} steps{extra}"
+    elif s.bit_exact:
+        if v.diag is not None and v.diag.digests_equal is None:
+            line += f" — metrics bit-exact, but only run {v.diag.present} wrote diag.jsonl"
+        else:
+            line += " — metrics bit-exact, diag digests differ"
+    else:
+        fs, fm = s.first_difference or (None, None)
+        line += (
+            f" — not bit-exact: {s.values_differing} of {s.values_compared} values differ, "
+            f"first: {fm} at step {fs}"
+        )
+    out.append(line)
+    for m in s.missing[:5]:
+        out.append(f"  only one run has {m}")
+
+    c = v.cross_seed
+    if math.isnan(c.divergence):
+        out.append(f"cross-seed divergence: n/a (no {c.metric!r} at a common step)")
+    else:
+        rel = ">" if c.divergence > v.tol else "<="
+        tail = "distinct trajectory" if rel == ">" else "the seed changes nothing"
+        out.append(
+            f"cross-seed divergence: {_fmt(c.divergence)} ({rel} tol {v.tol:g}: {tail}; "
+            f"{c.metric} at step {c.step}: {c.a!r} vs {c.c!r})"
+        )
+
+    d = v.diag
+    if d is not None and d.line is not None:
+        how = "bitwise digests" if d.bitwise else "diff default tolerances"
+        out.append(d.line)
+        out.append(f"  ({how}; {d.rows_diverged} of {d.rows} diag rows diverged)")
+        if d.advice:
+            out.append(f"  advice: {d.advice}")
+    elif d is not None and d.digests_equal is None:
+        out.append(f"diag: only run {d.present} wrote diag.jsonl; nothing to localise")
+
+    seeds = f"seeds {v.seeds[0]},{v.seeds[1]}"
+    if v.passed:
+        kind = "bit-exact" if v.fully_bit_exact else f"reproducible within tol {v.tol:g}"
+        out.append(f"verdict: PASS ({seeds}) — {kind}; step-0 bit-exact; seeds distinct")
+    else:
+        out.append(f"verdict: FAIL ({seeds}) — {'; '.join(v.failures)}")
+    return out

@@ -1,0 +1,153 @@
+"""`twinrun check` end to end: real subprocesses (`python -m twinrun tune sft` on the toy model,
+and tiny stand-in trainers), the report, --keep, --json and the exit codes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from twinrun.cli.main import run_cli
+
+# A stand-in trainer: `python -c FAKE SEED OUT [MODE]` writes 3 metrics rows; the loss depends on
+# the seed unless MODE is "seedless"; "nothing" writes no metrics; "fail" exits 3 with stderr.
+FAKE = """
+import json, os, sys, time
+seed, out = int(sys.argv[1]), sys.argv[2]
+mode = sys.argv[3] if len(sys.argv) > 3 else ""
+if mode == "fail":
+    print("loading...")
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print("RuntimeError: planted failure", file=sys.stderr)
+    sys.exit(3)
+os.makedirs(out)
+if mode != "nothing":
+    k = 0 if mode == "seedless" else seed
+    with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+        for s in range(3):
+            row = {"step": s, "loss": 2.0 / (s + 1) + 0.25 * k, "tokens": 10, "wall_s": time.time()}
+            f.write(json.dumps(row) + "\\n")
+"""
+
+
+def fake(*mode: str) -> list[str]:
+    return [sys.executable, "-c", FAKE, "{seed}", "{out}", *mode]
+
+
+def sft_cmd(model: Path, examples: Path, *extra: str) -> list[str]:
+    """`sft_args` (conftest) with the {seed} and {out} placeholders, as a subprocess argv."""
+    return [
+        sys.executable, "-m", "twinrun", "tune", "sft", "--model", str(model),
+        "--examples", str(examples), "--output", "{out}", "--seed", "{seed}", "--epochs", "1",
+        "--batch-size", "4", "--accumulation", "1", "--learning-rate", "1e-2",
+        "--warmup-steps", "1", "--lora-rank", "4", "--lora-alpha", "8", "--precision", "f32",
+        "--chat-template", "on", "--quiet", "--threads", "1", "--diag", *extra,
+    ]  # fmt: skip
+
+
+def check(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    rc = run_cli(["check", *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.mark.slow  # three real SFT runs
+def test_deterministic_sft_passes(
+    tmp_path: Path, toy_model_dir: Path, sft_examples: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keep = tmp_path / "keep"
+    rc, out, err = check(capsys, "--keep", str(keep), "--", *sft_cmd(toy_model_dir, sft_examples))
+    lines = out.splitlines()
+    assert rc == 0, out + err
+    assert lines[0].startswith("step-0 bit-exact: yes (loss ")
+    loss0 = float(lines[0].removeprefix("step-0 bit-exact: yes (loss ").rstrip(")"))
+    assert lines[1].startswith("same-seed max divergence: 0 (<= tol 0.01) — fully bit-exact")
+    assert "diag digests at 4 steps" in lines[1]
+    assert lines[2].startswith("cross-seed divergence: ") and "distinct trajectory" in lines[2]
+    assert not any(ln.startswith("FIRST_DIVERGENCE") for ln in lines)
+    assert any(ln.startswith("verdict: PASS (seeds 0,1) — bit-exact") for ln in lines)
+    assert "run 3/3: seed-1" in err  # progress goes to stderr
+    # the runs are kept where they were asked for, with their logs
+    for name in ("seed-0-a", "seed-0-b", "seed-1"):
+        assert (keep / name / "metrics.jsonl").is_file() and (keep / name / "diag.jsonl").is_file()
+        assert (keep / "logs" / f"{name}.stderr.log").is_file()
+    first = json.loads((keep / "seed-0-a" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 0 and first["loss"] == loss0
+    assert json.loads((keep / "seed-0-a" / "twinrun.json").read_text())  # a real run
+    # --keep refuses to run over old runs
+    rc, _, err = check(capsys, "--keep", str(keep), "--", *sft_cmd(toy_model_dir, sft_examples))
+    assert rc == 2 and "already exists" in err
+
+
+@pytest.mark.slow  # three real SFT runs
+def test_unseeded_sampler_fails_and_is_localised(
+    tmp_path: Path, toy_model_dir: Path, sft_examples: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keep = tmp_path / "keep"
+    cmd = sft_cmd(toy_model_dir, sft_examples, "--inject", "sampler@2")
+    rc, out, err = check(capsys, "--keep", str(keep), "--", *cmd)
+    lines = out.splitlines()
+    assert rc == 1, out + err
+    assert lines[0].startswith("step-0 bit-exact: yes (loss ")
+    assert lines[1].startswith("same-seed max divergence: ") and "(> tol 0.01)" in lines[1]
+    assert "step 2" in lines[1] and "not bit-exact" in lines[1]
+    fd = [ln for ln in lines if ln.startswith("FIRST_DIVERGENCE")]
+    assert len(fd) == 1 and fd[0].startswith("FIRST_DIVERGENCE: step=2 leaf=batch.sample_indices ")
+    assert lines[-2].startswith("verdict: FAIL (seeds 0,1) — same-seed divergence")
+    # the line is the one `twinrun diff` prints for the kept runs
+    assert run_cli(["diff", str(keep / "seed-0-a"), str(keep / "seed-0-b")]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == fd[0]
+
+
+def test_failing_command_is_exit_2(
+    toy_model_dir: Path, sft_examples: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, out, err = check(capsys, "--", *sft_cmd(toy_model_dir, sft_examples, "--no-such-flag"))
+    assert rc == 2 and out == ""
+    assert "seed-0-a (seed 0) exited with status 2" in err
+    assert "--no-such-flag" in err  # the last lines of its stderr are shown
+    assert "run 2/3" not in err  # nothing more is run after a failure
+    rc, _, err = check(capsys, "--", *fake("fail"))
+    assert rc == 2 and "exited with status 3" in err and "| RuntimeError: planted failure" in err
+    rc, _, err = check(capsys, "--", "no-such-program-twinrun", "{seed}", "{out}")
+    assert rc == 2 and "cannot start" in err
+
+
+def test_command_writing_nothing_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = check(capsys, "--", sys.executable, "-c", "pass", "{seed}", "{out}")
+    assert rc == 2 and out == "" and "wrote no metrics.jsonl" in err
+    rc, _, err = check(capsys, "--", *fake("nothing"))
+    assert rc == 2 and "seed-0-a (seed 0)" in err and "no metrics.jsonl" in err
+
+
+def test_placeholders_and_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = check(capsys, "--", sys.executable, "-c", "pass", "{seed}")
+    assert rc == 2 and "no {out} placeholder" in err
+    rc, _, err = check(capsys, "--", sys.executable, "-c", "pass", "--output", "{out}")
+    assert rc == 2 and "no {seed} placeholder" in err
+    rc, _, err = check(capsys)
+    assert rc == 2 and "no command" in err
+    rc, _, err = check(capsys, "--seeds", "3,3", "--", *fake())
+    assert rc == 2 and "equal" in err
+
+
+def test_stand_in_trainer_json_and_seedless(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, out, err = check(capsys, "--json", "--seeds", "5,9", "--", *fake())
+    assert rc == 0 and err == ""
+    d = json.loads(out)
+    assert d["passed"] and d["exit_code"] == 0 and d["fully_bit_exact"]  # wall_s is ignored
+    assert d["seeds"] == [5, 9] and d["cross_seed"]["divergence"] == 1.0
+    assert [r["label"] for r in d["runs"]] == ["seed-5-a", "seed-5-b", "seed-9"]
+    assert not Path(d["runs"][0]["out"]).exists()  # the temporary directory is gone
+    # a seed that changes nothing is a failure
+    rc, out, _ = check(capsys, "--", *fake("seedless"))
+    assert rc == 1
+    assert "cross-seed divergence: 0 (<= tol 0.01: the seed changes nothing" in out
+    assert out.splitlines()[-1].startswith("verdict: FAIL")
+    rc, out, _ = check(capsys, "--json", "--", *fake("fail"))
+    d = json.loads(out)
+    assert rc == 2 and d["exit_code"] == 2 and "RuntimeError: planted failure" in d["stderr_tail"]
