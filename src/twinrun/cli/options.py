@@ -45,6 +45,20 @@ def common_train_options(fn: F) -> F:
             help="Strict deterministic mode.",
         ),
         click.option("--batch-invariant", is_flag=True, help="Row results independent of batch."),
+        click.option("--checkpoint-every", type=int, help="Write a checkpoint every N steps."),
+        click.option(
+            "--resume", is_flag=True, help="Continue --output from its newest checkpoint."
+        ),
+        click.option(
+            "--prefetch",
+            type=int,
+            default=0,
+            show_default=True,
+            help="Batches prepared ahead on a background thread.",
+        ),
+        click.option("--spike-factor", type=float, help="Rerun a step whose loss > F x median."),
+        click.option("--spike-window", type=int, help="Steps in the spike median."),
+        click.option("--init-adapter", type=str, help="Start from this adapter (init-adapter)."),
         click.option("--overwrite", is_flag=True, help="Replace an existing run directory."),
         click.option("--quiet", is_flag=True, help="No progress output."),
     )(fn)

@@ -72,6 +72,17 @@ class RunConfig:
     batch_invariant: bool = _f(
         "--batch-invariant", "backend.options.batch_invariant", required=False, default=False
     )
+    checkpoint_every: int | None = _f("--checkpoint-every", "training.save_every", False)
+    resume: bool = _f("--resume", "", required=False, default=False)
+    prefetch: int = _f("--prefetch", "data.prefetch", required=False, default=0)
+    spike_factor: float | None = _f("--spike-factor", "debug.spike_factor", required=False)
+    spike_window: int | None = _f("--spike-window", "debug.spike_window", required=False)
+    init_adapter: str | None = _f("--init-adapter", "resume.from", required=False)
+    capture: bool = _f("", "optimizer_batch.capture", required=False, default=False)
+    capture_steps: list[int] | None = _f("", "optimizer_batch.capture_steps", required=False)
+    gradient_checkpointing: bool = _f(
+        "", "backend.options.gradient_checkpointing", required=False, default=False
+    )
     overwrite: bool = _f("--overwrite", "", required=False, default=False)
     quiet: bool = _f("--quiet", "", required=False, default=False)
     # fixed optimizer numbers: recorded so the sidecar is the whole record
@@ -181,6 +192,16 @@ def validate(cfg: RunConfig) -> None:
         problems.append(f"--threads must be >= 1, got {cfg.threads}")
     if cfg.trace_step is not None and cfg.trace_step < 0:
         problems.append(f"--trace-step must be >= 0, got {cfg.trace_step}")
+    if cfg.checkpoint_every is not None and cfg.checkpoint_every < 0:
+        problems.append(f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}")
+    if cfg.prefetch < 0:
+        problems.append(f"--prefetch must be >= 0, got {cfg.prefetch}")
+    if (cfg.spike_factor is None) != (cfg.spike_window is None):
+        problems.append("--spike-factor and --spike-window go together")
+    if cfg.spike_factor is not None and not cfg.spike_factor > 1:
+        problems.append(f"--spike-factor must be > 1, got {cfg.spike_factor}")
+    if cfg.spike_window is not None and cfg.spike_window < 1:
+        problems.append(f"--spike-window must be >= 1, got {cfg.spike_window}")
     if problems:
         raise ConfigError("; ".join(problems))
 
@@ -208,7 +229,7 @@ def grpo_problems(cfg: RunConfig) -> list[str]:
 
 def shaping_numbers(cfg: RunConfig) -> dict[str, Any]:
     """Every number that shaped the run, as recorded in the sidecar's `train` section."""
-    skip = {"model", "examples", "output", "overwrite", "quiet"}
+    skip = {"model", "examples", "output", "overwrite", "quiet", "resume"}
     not_for = set(NOT_FOR.get(cfg.objective, ()))
     if cfg.replay != "per":
         not_for |= set(REPLAY_FIELDS)

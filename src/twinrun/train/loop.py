@@ -42,6 +42,9 @@ class Loop:
     recorder: Any = None  # a DiagRecorder when --diag
     progress: Progress | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    trace_step: int | None = None  # --trace-step K: per-module checksums at step K
+    trace_model: Any = None
+    trace_path: Any = None
     # called at the optimizer boundary: gradients computed, optimizer not yet stepped
     before_update: Callable[[int, StepOutcome], None] | None = None
 
@@ -51,7 +54,13 @@ class Loop:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=False)
-        outcome = step_fn()
+        if self.trace_step == step:
+            from twinrun.diag.trace import StepTrace
+
+            with StepTrace(self.trace_model, self.trace_path, step):
+                outcome = step_fn()
+        else:
+            outcome = step_fn()
         if self.before_update is not None:
             self.before_update(step, outcome)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in self.params]

@@ -75,7 +75,12 @@ def open_session(
     from twinrun.model.lora import apply_lora, lora_parameters
 
     model = load_base_model(model_dir, precision=cfg.precision, device=cfg.device)
-    apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.seed, targets=LORA_TARGETS)
+    if cfg.init_adapter is not None:
+        start_from_adapter(model, cfg)
+    else:
+        apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.seed, targets=LORA_TARGETS)
+    model.gradient_checkpointing = cfg.gradient_checkpointing
+    model.batch_invariant = cfg.batch_invariant
     params = lora_parameters(model)
     begin_output_dir(out, cfg.overwrite)
     session = Session(
@@ -91,6 +96,22 @@ def open_session(
         faults=faults,
     )
     return session, encoded
+
+
+def start_from_adapter(model: Any, cfg: RunConfig) -> None:
+    """Start from an existing adapter (e.g. `twinrun init-adapter`) instead of a fresh LoRA init;
+    its shape must be the run's."""
+    from twinrun.errors import ConfigError
+    from twinrun.model.lora import load_adapter
+
+    adapter = load_adapter(model, cfg.init_adapter)
+    if adapter.get("r") != cfg.lora_rank or float(adapter.get("lora_alpha")) != cfg.lora_alpha:
+        raise ConfigError(
+            f"adapter {cfg.init_adapter} has rank {adapter.get('r')} alpha "
+            f"{adapter.get('lora_alpha')}, the run asks for rank {cfg.lora_rank} alpha "
+            f"{cfg.lora_alpha}",
+            "make the LoRA flags match the adapter",
+        )
 
 
 def finish_session(

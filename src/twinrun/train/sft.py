@@ -55,6 +55,9 @@ def make_loop(s: Session, total_steps: int) -> Loop:
         total_steps=total_steps,
         recorder=recorder,
         progress=Progress(total_steps, f"{cfg.objective} step", quiet=cfg.quiet),
+        trace_step=cfg.trace_step,
+        trace_model=s.model,
+        trace_path=s.out / "trace.jsonl",
     )
 
 
