@@ -196,6 +196,10 @@ def validate(cfg: RunConfig) -> None:
         problems.append(f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}")
     if cfg.prefetch < 0:
         problems.append(f"--prefetch must be >= 0, got {cfg.prefetch}")
+    if cfg.prefetch > 0 and cfg.objective == "grpo":
+        problems.append(
+            "--prefetch does not apply to grpo (its next batch is sampled from the updated policy)"
+        )
     if (cfg.spike_factor is None) != (cfg.spike_window is None):
         problems.append("--spike-factor and --spike-window go together")
     if cfg.spike_factor is not None and not cfg.spike_factor > 1:

@@ -22,12 +22,13 @@ FAULTS_BY_OBJECTIVE = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass
 class Faults:
     planted: frozenset[tuple[str, int]]
+    suspended: bool = False  # a spike rerun replays the step without the planted glitch
 
     def at(self, fault: str, step: int) -> bool:
-        return (fault, step) in self.planted
+        return not self.suspended and (fault, step) in self.planted
 
 
 def parse_faults(specs: list[str], objective: str) -> Faults:

@@ -16,6 +16,7 @@ One optimizer step:
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from twinrun.rl.environments import (
 from twinrun.rl.replay import PrioritizedReplay
 from twinrun.rng import stream
 from twinrun.train.batch import OptimizerBatch
+from twinrun.train.driver import ObjectiveState, drive
 from twinrun.train.loop import StepOutcome
 from twinrun.train.session import Session, finish_session, open_session
 from twinrun.train.sft import make_loop
@@ -71,6 +73,17 @@ class GrpoState:
     replay: PrioritizedReplay[Rollout] | None
     orders: dict[int, list[int]] = field(default_factory=dict)
 
+    def replay_state(self) -> dict[str, Any]:
+        if self.replay is None:
+            return {}
+        st = self.replay.state_dict()
+        return st | {"items": [dataclasses.asdict(r) for r in st["items"]]}
+
+    def set_replay_state(self, st: dict[str, Any]) -> None:
+        if self.replay is not None and st:
+            items = [Rollout(**r) for r in st["items"]]
+            self.replay = PrioritizedReplay.from_state_dict(st | {"items": items})
+
     def example_at(self, seed: int, position: int) -> int:
         epoch, j = divmod(position, len(self.rows))
         if epoch not in self.orders:
@@ -89,17 +102,17 @@ def train_grpo(cfg: RunConfig) -> dict[str, Any]:
         replay = PrioritizedReplay(cfg.replay_capacity, cfg.replay_alpha, cfg.replay_beta)
     state = GrpoState(rows=rows, env=env, env_name=name, replay=replay)
     loop = make_loop(session, cfg.steps)
-    try:
-        for step in range(cfg.steps):  # type: ignore[arg-type]
-            loop.run_step(step, lambda step=step: grpo_step(session, state, step))
-    finally:
-        if loop.progress is not None:
-            loop.progress.close()
-        if loop.recorder is not None:
-            loop.recorder.close()
+    drive(
+        session,
+        loop,
+        cfg.steps,
+        lambda step: lambda: grpo_step(session, state, step),
+        ObjectiveState(state.replay_state, state.set_replay_state),
+    )  # type: ignore[arg-type]
     last = loop.metrics[-1]
     summary = {
         "final_loss": last["loss"],
+        "spikes": loop.spikes,
         "steps": cfg.steps,
         "final_reward_mean": last["reward_mean"],
     }
@@ -185,9 +198,6 @@ def grpo_step(s: Session, state: GrpoState, step: int) -> StepOutcome:
     t1 = time.perf_counter()
     batch = fresh + replayed
     update = update_on(s, batch, step)
-    if state.replay is not None:
-        for r in fresh:
-            state.replay.add(r, abs(r.advantage))
     update_s = time.perf_counter() - t1
 
     leaves: dict[str, Any] = {}
@@ -219,7 +229,15 @@ def grpo_step(s: Session, state: GrpoState, step: int) -> StepOutcome:
             "update_s": update_s,
         },
         batch=update.batch,
+        on_commit=(lambda: remember(state, fresh)) if state.replay is not None else None,
     )
+
+
+def remember(state: GrpoState, fresh: list[Rollout]) -> None:
+    """After the update is applied, this step's rollouts enter the replay buffer."""
+    assert state.replay is not None
+    for r in fresh:
+        state.replay.add(r, abs(r.advantage))
 
 
 def replay_draws(s: Session, state: GrpoState, step: int) -> tuple[list[Rollout], list[int]]:

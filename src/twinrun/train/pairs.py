@@ -21,10 +21,12 @@ import torch
 from twinrun.config.run import RunConfig
 from twinrun.data.batching import StepPlan, pad_rows, plan_steps
 from twinrun.data.pairs import EncodedPair, encode_pairs
+from twinrun.data.prefetch import Prefetcher
 from twinrun.model.lora import lora_disabled
 from twinrun.objectives.dpo import dpo_loss, sequence_logprob
 from twinrun.objectives.reward import bradley_terry_loss
 from twinrun.train.batch import OptimizerBatch
+from twinrun.train.driver import drive
 from twinrun.train.loop import StepOutcome
 from twinrun.train.session import Session, finish_session, open_session
 from twinrun.train.sft import make_loop, step_forwards
@@ -44,16 +46,32 @@ def train_pairs(cfg: RunConfig, objective: str) -> dict[str, Any]:
         session.params = [*session.params, ("reward_head.score.weight", head.weight)]
     plans = plan_steps(len(pairs), cfg.epochs, cfg.batch_size, cfg.accumulation, cfg.seed)  # type: ignore[arg-type]
     loop = make_loop(session, len(plans))
+
+    def prepare(step: int) -> tuple[Any, list[list[EncodedPair]], list[Any]]:
+        forwards = step_forwards(session, len(pairs), plans[step])
+        groups = [[pairs[i] for i in fw] for fw in forwards]
+        pad = session.tok.pad_id
+        sides = [pad_rows([p.chosen if k == 0 else p.rejected for p in g], pad)
+                 for g in groups for k in (0, 1)]  # fmt: skip
+        return forwards, groups, sides
+
+    ahead = Prefetcher(prepare, range(len(plans)), cfg.prefetch)
     try:
-        for plan in plans:
-            loop.run_step(plan.step, lambda plan=plan: pair_step(session, pairs, plan, head))
+        drive(
+            session,
+            loop,
+            len(plans),
+            lambda step: lambda: pair_step(session, plans[step], ahead.get(step), head),
+        )
     finally:
-        if loop.progress is not None:
-            loop.progress.close()
-        if loop.recorder is not None:
-            loop.recorder.close()
+        ahead.close()
     last = loop.metrics[-1]
-    summary = {"final_loss": last["loss"], "steps": len(plans), "final_accuracy": last["accuracy"]}
+    summary = {
+        "final_loss": last["loss"],
+        "steps": len(plans),
+        "final_accuracy": last["accuracy"],
+        "spikes": loop.spikes,
+    }
     extra = None
     if head is not None:
         from twinrun.model.reward_head import HEAD_FILE, HEAD_KEY, save_reward_head
@@ -64,10 +82,10 @@ def train_pairs(cfg: RunConfig, objective: str) -> dict[str, Any]:
 
 
 def side_forward(
-    s: Session, rows: list[Any], head: torch.nn.Module | None
+    s: Session, padded: Any, head: torch.nn.Module | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One forward over one side of the pairs: (values [B], ids, logits, reference values)."""
-    ids, attn, mask = (t.to(s.cfg.device) for t in pad_rows(rows, s.tok.pad_id))
+    ids, attn, mask = (t.to(s.cfg.device) for t in padded)
     with s.autocast():
         if head is not None:
             from twinrun.model.reward_head import scores
@@ -80,12 +98,12 @@ def side_forward(
 
 
 def pair_step(
-    s: Session, pairs: list[EncodedPair], plan: StepPlan, head: torch.nn.Module | None
+    s: Session, plan: StepPlan, prepared: Any, head: torch.nn.Module | None
 ) -> StepOutcome:
-    forwards = step_forwards(s, len(pairs), plan)
+    forwards, groups, sides = prepared
     if s.faults.at("rng", plan.step):
         torch.rand(1)  # the planted stray draw
-    outcome = pair_update(s, [[pairs[i] for i in fw] for fw in forwards], plan.step, head)
+    outcome = pair_update(s, groups, plan.step, head, sides)
     if s.cfg.diag:
         indices = torch.tensor([i for fw in forwards for i in fw])
         outcome.leaves = {"batch.sample_indices": indices, **outcome.leaves}
@@ -94,9 +112,17 @@ def pair_step(
 
 
 def pair_update(
-    s: Session, groups: list[list[EncodedPair]], step: int, head: torch.nn.Module | None
+    s: Session,
+    groups: list[list[EncodedPair]],
+    step: int,
+    head: torch.nn.Module | None,
+    sides: list[Any] | None = None,
 ) -> StepOutcome:
-    """A chosen and a rejected forward per group, backwards, for one step (replay runs this)."""
+    """A chosen and a rejected forward per group, backwards, for one step (replay runs this);
+    `sides` are the padded chosen/rejected tensors per group (else padded here)."""
+    if sides is None:
+        sides = [pad_rows([p.chosen if k == 0 else p.rejected for p in g], s.tok.pad_id)
+                 for g in groups for k in (0, 1)]  # fmt: skip
     reorder = s.faults.at("reduction", step)
     total = sum(len(fw) for fw in groups)
     loss_sum = torch.zeros((), dtype=torch.float64)
@@ -104,9 +130,9 @@ def pair_update(
     margin = 0.0
     tokens: list[torch.Tensor] = []
     logits_parts: list[torch.Tensor] = []
-    for fw in groups:
-        chosen, c_ids, c_logits, c_ref = side_forward(s, [p.chosen for p in fw], head)
-        rejected, r_ids, r_logits, r_ref = side_forward(s, [p.rejected for p in fw], head)
+    for g, fw in enumerate(groups):
+        chosen, c_ids, c_logits, c_ref = side_forward(s, sides[2 * g], head)
+        rejected, r_ids, r_logits, r_ref = side_forward(s, sides[2 * g + 1], head)
         if head is None:
             out = dpo_loss(chosen, rejected, c_ref, r_ref, s.cfg.beta)  # type: ignore[arg-type]
             margin += float(out.reward_margin) * len(fw)

@@ -56,7 +56,13 @@ def open_session(
 
     validate(cfg)
     faults = parse_faults(cfg.inject, cfg.objective)
-    out = check_output_dir(cfg.output, cfg.overwrite)  # type: ignore[arg-type]
+    if cfg.resume:
+        out = Path(cfg.output)  # type: ignore[arg-type]
+        from twinrun.train.driver import resume_point
+
+        resume_point(out)  # an error when there is nothing to resume
+    else:
+        out = check_output_dir(cfg.output, cfg.overwrite)  # type: ignore[arg-type]
     model_dir = Path(cfg.model)  # type: ignore[arg-type]
     from twinrun.model.loading import read_model_config as read_config
 
@@ -82,7 +88,8 @@ def open_session(
     model.gradient_checkpointing = cfg.gradient_checkpointing
     model.batch_invariant = cfg.batch_invariant
     params = lora_parameters(model)
-    begin_output_dir(out, cfg.overwrite)
+    if not cfg.resume:
+        begin_output_dir(out, cfg.overwrite)
     session = Session(
         cfg=cfg,
         out=out,

@@ -11,9 +11,11 @@ import torch
 from twinrun.config.run import RunConfig
 from twinrun.data.batching import StepPlan, pad_rows, padding_fraction, plan_steps
 from twinrun.data.examples import EncodedRow, encode_sft_rows
+from twinrun.data.prefetch import Prefetcher
 from twinrun.objectives.sft import completion_nll
 from twinrun.progress import Progress
 from twinrun.train.batch import OptimizerBatch
+from twinrun.train.driver import drive
 from twinrun.train.loop import Loop, StepOutcome, make_optimizer
 from twinrun.train.session import Session, finish_session, open_session
 
@@ -26,25 +28,41 @@ def train_sft(cfg: RunConfig) -> dict[str, Any]:
     )
     plans = plan_steps(len(rows), cfg.epochs, cfg.batch_size, cfg.accumulation, cfg.seed)
     loop = make_loop(session, len(plans))
+
+    def prepare(step: int) -> Prepared:
+        forwards = step_forwards(session, len(rows), plans[step])
+        batches = [[rows[i] for i in fw] for fw in forwards]
+        return forwards, batches, [pad_rows(b, session.tok.pad_id) for b in batches]
+
+    ahead = Prefetcher(prepare, range(len(plans)), cfg.prefetch)
     try:
-        for plan in plans:
-            loop.run_step(plan.step, lambda plan=plan: sft_step(session, rows, plan))
+        drive(
+            session,
+            loop,
+            len(plans),
+            lambda step: lambda: sft_step(session, plans[step], ahead.get(step)),
+        )
     finally:
-        if loop.progress is not None:
-            loop.progress.close()
-        if loop.recorder is not None:
-            loop.recorder.close()
+        ahead.close()
     last = loop.metrics[-1]
-    return finish_session(session, loop.metrics, {"final_loss": last["loss"], "steps": len(plans)})
+    return finish_session(
+        session,
+        loop.metrics,
+        {"final_loss": last["loss"], "steps": len(plans), "spikes": loop.spikes},
+    )
 
 
 def make_loop(s: Session, total_steps: int) -> Loop:
     cfg = s.cfg
     recorder = None
+    if cfg.resume:
+        from twinrun.train.driver import resume_point, truncate_logs
+
+        truncate_logs(s.out, resume_point(s.out))
     if cfg.diag:
         from twinrun.diag.recorder import DiagRecorder
 
-        recorder = DiagRecorder(s.out / "diag.jsonl")
+        recorder = DiagRecorder(s.out / "diag.jsonl", append=cfg.resume)
     return Loop(
         params=s.params,
         optimizer=make_optimizer(
@@ -56,6 +74,9 @@ def make_loop(s: Session, total_steps: int) -> Loop:
         recorder=recorder,
         progress=Progress(total_steps, f"{cfg.objective} step", quiet=cfg.quiet),
         trace_step=cfg.trace_step,
+        spike_factor=cfg.spike_factor,
+        spike_window=cfg.spike_window,
+        faults=s.faults,
         trace_model=s.model,
         trace_path=s.out / "trace.jsonl",
     )
@@ -69,11 +90,22 @@ def step_forwards(s: Session, n: int, plan: StepPlan) -> tuple[tuple[int, ...], 
     return plan.forwards
 
 
-def sft_step(s: Session, rows: list[EncodedRow], plan: StepPlan) -> StepOutcome:
-    forwards = step_forwards(s, len(rows), plan)
+def sft_step_fn(s: Session, plan: StepPlan, ahead: Prefetcher[Any]) -> Any:
+    """The step function of `plan`: its batch is taken from the prefetcher once, here, so a
+    spike rerun of the step trains on the same batch."""
+    prepared = ahead.get(plan.step)
+    return lambda: sft_step(s, plan, prepared)
+
+
+Padded = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+Prepared = tuple[tuple[tuple[int, ...], ...], list[list[EncodedRow]], list[Padded]]
+
+
+def sft_step(s: Session, plan: StepPlan, prepared: Prepared) -> StepOutcome:
+    forwards, batches, padded = prepared
     if s.faults.at("rng", plan.step):
         torch.rand(1)  # the planted stray draw: shifts the torch CPU generator
-    outcome = sft_update(s, [[rows[i] for i in fw] for fw in forwards], plan.step)
+    outcome = sft_update(s, batches, plan.step, padded)
     if s.cfg.diag:
         indices = torch.tensor([i for fw in forwards for i in fw])
         outcome.leaves = {"batch.sample_indices": indices, **outcome.leaves}
@@ -81,15 +113,20 @@ def sft_step(s: Session, rows: list[EncodedRow], plan: StepPlan) -> StepOutcome:
     return outcome
 
 
-def sft_update(s: Session, forwards: list[list[EncodedRow]], step: int) -> StepOutcome:
-    """Forwards and backwards of one step over these rows (also what replay runs)."""
+def sft_update(
+    s: Session, forwards: list[list[EncodedRow]], step: int, padded: list[Padded] | None = None
+) -> StepOutcome:
+    """Forwards and backwards of one step over these rows (also what replay runs); `padded`
+    are the rows already padded (by the prefetcher), else they are padded here."""
     reorder = s.faults.at("reduction", step)
     device = s.cfg.device
     total = sum(r.targets for fw in forwards for r in fw)
     loss_sum = torch.zeros((), dtype=torch.float64)
     tokens, logits_parts, pad = [], [], []
-    for batch in forwards:
-        ids, attn, mask = (t.to(device) for t in pad_rows(batch, s.tok.pad_id))
+    if padded is None:
+        padded = [pad_rows(batch, s.tok.pad_id) for batch in forwards]
+    for batch, tensors in zip(forwards, padded, strict=True):
+        ids, attn, mask = (t.to(device) for t in tensors)
         with s.autocast():
             logits = s.model(ids, attn)
         sums, _ = completion_nll(logits, ids, mask)
