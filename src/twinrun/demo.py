@@ -63,10 +63,25 @@ def run_demo(root: Path, threads: int | None = None) -> dict[str, str]:
     table.add_column("run")
     table.add_column("seed")
     table.add_column("final loss")
-    table.add_column("sha256")
+    table.add_column("sha256 (first 24 hex digits)")
     for (name, sha), seed in zip(shas.items(), DEMO_SEEDS, strict=True):
-        table.add_row(name, str(seed), f"{losses[name]:.6f}", sha)
+        table.add_row(name, str(seed), f"{losses[name]:.6f}", sha[:24])
     console.print(table)
+    from twinrun.diag.compare import compare
+
+    same_diff = compare(root / "run-a", root / "run-b", bitwise=True)
+    other_diff = compare(root / "run-a", root / "run-c", bitwise=True)
+    console.print(
+        f"   twinrun diff run-a run-b --bitwise: "
+        f"{'DETERMINISTIC' if same_diff.deterministic else 'DIVERGED'} "
+        f"({same_diff.rows_compared} steps, every leaf bit-identical)"
+    )
+    if other_diff.first is not None:
+        console.print(
+            f"   twinrun diff run-a run-c --bitwise: first divergence at step "
+            f"{other_diff.first.step}, leaf {other_diff.first.leaf} (the seed changes the "
+            "shuffle and the LoRA init)"
+        )
 
     report_path = root / "run-a" / "evaluate.json"
     report = run_evaluate(
@@ -122,6 +137,9 @@ def run_demo(root: Path, threads: int | None = None) -> dict[str, str]:
         f"  compare two runs step by step: twinrun diff {root / 'run-a'} {root / 'run-b'}"
     )
     console.print(f"  every number of a run is in {root / 'run-a' / 'twinrun.json'}")
+    console.print(
+        "  ask whether any command reproduces: twinrun check -- <command with {seed} {out}>"
+    )
     console.print(f"  demo took {time.perf_counter() - t0:.1f} s")
     if not (same and differ):
         from twinrun.errors import ContractError

@@ -16,7 +16,13 @@ import click
     show_default=True,
     help="Where the demo writes (its own subdirectories are replaced on a rerun).",
 )
-@click.option("--threads", type=int, default=None, help="torch threads.")
+@click.option(
+    "--threads",
+    type=int,
+    default=1,
+    show_default=True,
+    help="torch threads (one is fastest for the toy model).",
+)
 def demo(directory: str, threads: int | None) -> None:
     """Show that a run reproduces itself, on the toy model and shipped examples."""
     from twinrun.demo import run_demo

@@ -77,6 +77,15 @@ def run_cli(args: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("twinrun: interrupted", err=True)
         return 130
+    except Exception as exc:  # a bug, not a user error: still one line unless debugging
+        if debug_enabled():
+            raise
+        click.echo(
+            f"twinrun: internal error: {type(exc).__name__}: {exc} — "
+            "rerun with TWINRUN_DEBUG=1 for the traceback and report it",
+            err=True,
+        )
+        return 1
     # commands return their exit code (or None for success); click returns Exit codes likewise
     return rv if isinstance(rv, int) else 0
 
