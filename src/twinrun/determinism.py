@@ -167,7 +167,7 @@ def establish(
             )
         if cublas_before is None:
             os.environ[CUBLAS_ENV] = CUBLAS_DEFAULT
-        torch.use_deterministic_algorithms(True, warn_only=False)
+        set_deterministic_algorithms()
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
 
@@ -204,6 +204,23 @@ def _version(package: str) -> str | None:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
+
+
+def set_deterministic_algorithms() -> None:
+    """`torch.use_deterministic_algorithms(True)` without its import of torch._inductor.
+
+    The public call also sets `torch._inductor.config.deterministic`, and importing that config
+    costs about 1.5 s of start-up — most of a toy run. twinrun never compiles, so the flag only
+    matters when inductor is loaded: then it is set too.
+    """
+    import sys
+
+    import torch
+
+    torch._C._set_deterministic_algorithms(True, warn_only=False)
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        inductor.deterministic = True
 
 
 def runtime_versions() -> dict[str, str | None]:

@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from twinrun.errors import ConfigError, DataError
 from twinrun.fileio import fsync_dir
+from twinrun.train.adamw import AdamW
 
 CHECKPOINTS = "checkpoints"
 STATE_JSON = "state.json"
@@ -54,7 +55,7 @@ def write_checkpoint(
     out: Path,
     steps_done: int,
     params: list[tuple[str, torch.nn.Parameter]],
-    optimizer: torch.optim.Optimizer,
+    optimizer: AdamW,
     state: dict[str, Any],
 ) -> Path:
     """Write checkpoint `steps_done` atomically; returns its directory."""
@@ -138,7 +139,7 @@ def check_same_run(recorded: dict[str, Any], current: dict[str, Any]) -> None:
 def restore(
     ckpt: Checkpoint,
     params: list[tuple[str, torch.nn.Parameter]],
-    optimizer: torch.optim.Optimizer,
+    optimizer: AdamW,
 ) -> None:
     """Put parameters, AdamW state and the torch generator back exactly as they were."""
     with torch.no_grad():

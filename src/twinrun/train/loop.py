@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from twinrun.progress import Progress
+from twinrun.train.adamw import AdamW
 from twinrun.train.schedule import lr_at
 
 
@@ -37,7 +38,7 @@ class StepOutcome:
 @dataclass
 class Loop:
     params: list[tuple[str, torch.nn.Parameter]]
-    optimizer: torch.optim.Optimizer
+    optimizer: AdamW
     base_lr: float
     warmup_steps: int
     total_steps: int
@@ -183,14 +184,6 @@ def make_optimizer(
     betas: tuple[float, float],
     eps: float,
     weight_decay: float,
-) -> torch.optim.Optimizer:
-    """AdamW with the single-tensor (non-foreach) path: one fixed order of operations."""
-    return torch.optim.AdamW(
-        [p for _, p in params],
-        lr=lr,
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        foreach=False,
-        fused=False,
-    )
+) -> AdamW:
+    """AdamW with torch's single-tensor operations, in one fixed order (train/adamw.py)."""
+    return AdamW([p for _, p in params], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
