@@ -128,7 +128,11 @@ def run_demo(root: Path, threads: int | None = None) -> dict[str, str]:
         f"[bold]3.[/] evaluate: mean loss {base['loss']:.4f} (base) -> "
         f"{report['loss']:.4f} (run-a adapter) -> {report_path}"
     )
-    console.print(f"[bold]4.[/] generate (greedy) {prompt!r} -> {gen['text']!r}")
+    console.print(
+        f"[bold]4.[/] generate (greedy) {prompt!r} -> {gen['text']!r} "
+        f"({len(gen['tokens'])} tokens; the toy model is random and tiny: it learns the shape "
+        "of the data, such as where an answer ends, not arithmetic)"
+    )
     console.print()
     console.print("[bold]Summary[/]")
     console.print(f"  same seed, same bytes:      {'yes' if same else 'NO'} (run-a vs run-b)")
