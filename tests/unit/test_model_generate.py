@@ -91,3 +91,22 @@ def test_sample_index_rule() -> None:
     tok, lp = sample_index(logits, 1.0, 0.5)
     assert tok == 1 and abs(lp - math.log(0.6)) < 1e-12
     assert greedy_index(torch.tensor([1.0, 3.0, 3.0, 2.0]))[0] == 1  # ties to the lowest id
+
+
+def test_prefix_reuse_gives_the_same_bits(toy_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """Completions started from a shared prefill equal completions that prefill themselves."""
+    from twinrun.model.generate import generate, prefill
+    from twinrun.model.llama import load_base_model
+    from twinrun.rng import stream
+
+    model = load_base_model(toy_model_dir)
+    prompt = [256, *b"What is 4 + 4?"]
+    shared = prefill(model, prompt)
+    for k in range(3):
+
+        def draw(i: int, k: int = k) -> float:
+            return stream(5, "sample", 0, 1, k, i).uniform()
+
+        alone = generate(model, prompt, 8, 1.0, draw=draw)
+        forked = generate(model, prompt, 8, 1.0, draw=draw, prefix=shared)
+        assert alone.tokens == forked.tokens and alone.logprobs == forked.logprobs

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from twinrun.model.llama import TwinLlama
+from twinrun.model.llama import KVCache, TwinLlama
 
 
 @dataclass
@@ -48,6 +48,37 @@ def greedy_index(logits: torch.Tensor) -> tuple[int, float]:
     return idx, float(torch.log_softmax(as64, dim=-1)[idx])
 
 
+@dataclass
+class Prefix:
+    """A prompt run through the model once: its KV cache and the logits of its last position.
+    Several completions of one prompt start from it (`generate(..., prefix=...)`) — the same
+    operations as prefilling each time, so the same bits, done once."""
+
+    prompt_ids: list[int]
+    cache: KVCache
+    logits: torch.Tensor
+
+    def fork(self) -> KVCache:
+        """A cache to extend: updates rebind (torch.cat), so sharing the tensors is safe."""
+        cache = KVCache(len(self.cache.keys))
+        cache.keys, cache.values = list(self.cache.keys), list(self.cache.values)
+        cache.mask = self.cache.mask
+        return cache
+
+
+def prefill(
+    model: TwinLlama, prompt_ids: list[int], steer: tuple[int, torch.Tensor] | None = None
+) -> Prefix:
+    if not prompt_ids:
+        raise ValueError("generation needs a non-empty prompt")
+    device = next(model.parameters()).device
+    cache = model.new_cache()
+    with torch.no_grad():
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+        logits = model(ids, kv_cache=cache, steer=steer)[0, -1]
+    return Prefix(list(prompt_ids), cache, logits)
+
+
 def generate(
     model: TwinLlama,
     prompt_ids: list[int],
@@ -56,8 +87,10 @@ def generate(
     draw: Callable[[int], float] | None = None,
     eos_id: int | None = None,
     steer: tuple[int, torch.Tensor] | None = None,
+    prefix: Prefix | None = None,
 ) -> GenerationResult:
-    """Generate up to `max_new_tokens` tokens after `prompt_ids` with a KV cache."""
+    """Generate up to `max_new_tokens` tokens after `prompt_ids` with a KV cache (started from
+    `prefix` when given: it must be the prefill of these `prompt_ids`)."""
     if not prompt_ids:
         raise ValueError("generation needs a non-empty prompt")
     if max_new_tokens < 0:
@@ -70,10 +103,12 @@ def generate(
     if max_new_tokens == 0:
         return result
     device = next(model.parameters()).device
-    cache = model.new_cache()
+    if prefix is None:
+        prefix = prefill(model, prompt_ids, steer)
+    elif prefix.prompt_ids != list(prompt_ids):
+        raise ValueError("the prefix was made for another prompt")
+    cache, logits = prefix.fork(), prefix.logits
     with torch.no_grad():
-        ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-        logits = model(ids, kv_cache=cache, steer=steer)[0, -1]
         for position in range(max_new_tokens):
             if temperature == 0:
                 token, logprob = greedy_index(logits)

@@ -27,7 +27,7 @@ import torch
 from twinrun.config.run import RunConfig, validate
 from twinrun.data.batching import epoch_order
 from twinrun.data.examples import EncodedRow, SourcedRow, check_length, prompt_text
-from twinrun.model.generate import generate
+from twinrun.model.generate import Prefix, generate, prefill
 from twinrun.objectives.grpo import grpo_loss
 from twinrun.rl.advantages import apply_token_cap, compute_advantages
 from twinrun.rl.environments import (
@@ -127,7 +127,12 @@ def prompt_ids_for(s: Session, observation: str) -> list[int]:
 
 
 def sample_completion(
-    s: Session, prompt_ids: list[int], step: int, example: int, k: int
+    s: Session,
+    prompt_ids: list[int],
+    step: int,
+    example: int,
+    k: int,
+    prefix: Prefix | None = None,
 ) -> tuple[list[int], list[float]]:
     """Completion k of a prompt: token i drawn from stream(seed, "sample", step, example, k, i)."""
     seed = s.cfg.seed
@@ -144,6 +149,7 @@ def sample_completion(
             s.cfg.temperature,
             draw=draw,
             eos_id=s.tok.eos_id,
+            prefix=prefix,
         )
     return list(result.tokens), [float(x) for x in result.logprobs]
 
@@ -161,8 +167,9 @@ def collect_rollouts(s: Session, state: GrpoState, step: int, examples: list[int
             observation = observation_fault(observation)
         ids = prompt_ids_for(s, observation)
         check_length(EncodedRow(tuple(ids), ()), row.where, max_len - cfg.max_new_tokens)
+        prompt = prefill(s.model, ids)  # the group shares one prefill of its prompt
         for k in range(cfg.group_size):  # type: ignore[arg-type]
-            completion, logprobs = sample_completion(s, ids, step, example, k)
+            completion, logprobs = sample_completion(s, ids, step, example, k, prompt)
             reward = checked_reward(
                 state.env, state.env_name, dict(row.data), s.tok.decode(completion)
             )
