@@ -18,17 +18,24 @@ median and min/max over repeats, and twinrun/plain as the ratio of the medians (
 The 1-epoch processes also give the whole-process wall time a user waits for (goal: twinrun
 <= 4 s).
 
-    python bench/sft_epoch.py [--quick] [--repeats 3] [--batch-sizes 1,4,8] [--epochs 9]
+    python bench/sft_epoch.py [--quick] [--repeats 5] [--batch-sizes 1,4,8] [--epochs 9]
+                              [--code HEAD|REV|worktree]
+
+twinrun is timed from a copy of src/twinrun taken at the start (by default the committed HEAD,
+via `git archive`), imported through PYTHONPATH, so edits made while the bench runs do not mix
+into its figures; `--code worktree` times src/ as it is on disk instead.
 
 Writes bench/results/sft_epoch.json, bench/results/sft_epoch.md and the section between
 `<!-- sft_epoch:begin -->` and `<!-- sft_epoch:end -->` in docs/benchmarks.md. `--quick`
 (1 repeat, batch size 4) is a smoke run: it prints the table and writes nothing unless `--write`.
+`--render` measures nothing and regenerates the .md and the docs section from the saved JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import os
 import platform
@@ -46,8 +53,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DOCS = ROOT / "docs" / "benchmarks.md"
-EXAMPLES = ROOT / "src" / "twinrun" / "examples" / "sft.jsonl"
-PLAIN = ROOT / "bench" / "plain_sft.py"
+SNAPSHOT_FILES = {"plain_sft.py": ROOT / "bench" / "plain_sft.py"}
 BEGIN, END = "<!-- sft_epoch:begin -->", "<!-- sft_epoch:end -->"
 RATIO_GOAL = 1.05
 WALL_GOAL_S = 4.0
@@ -66,10 +72,11 @@ SETTINGS = {
 }
 
 
-def command(loop: str, model: Path, out: Path, epochs: int, batch: int) -> list[str]:
+def command(loop: str, snap: Path, model: Path, out: Path, epochs: int, batch: int) -> list[str]:
     s = SETTINGS
+    examples = snap / "src" / "twinrun" / "examples" / "sft.jsonl"
     common = [
-        "--model", str(model), "--examples", str(EXAMPLES), "--output", str(out),
+        "--model", str(model), "--examples", str(examples), "--output", str(out),
         "--seed", str(s["seed"]), "--epochs", str(epochs), "--batch-size", str(batch),
         "--learning-rate", str(s["learning_rate"]), "--warmup-steps", str(s["warmup_steps"]),
         "--lora-rank", str(s["lora_rank"]), "--lora-alpha", str(s["lora_alpha"]),
@@ -81,7 +88,50 @@ def command(loop: str, model: Path, out: Path, epochs: int, batch: int) -> list[
             "--accumulation", str(s["accumulation"]), "--precision", str(s["precision"]),
             "--quiet",
         ]  # fmt: skip
-    return [sys.executable, str(PLAIN), *common, "--twinrun-init"]
+    return [sys.executable, str(snap / "plain_sft.py"), *common, "--twinrun-init"]
+
+
+def snapshot(work: Path, code: str) -> tuple[Path, dict[str, str], str]:
+    """Copy src/twinrun (from git revision `code`, or the working tree when `code` is
+    "worktree") and the plain script into `work`, so that every run of the bench times the
+    same code even while the working tree changes; returns (snapshot dir, the environment that
+    imports twinrun from it, sha256 of the copied files)."""
+    snap = work / "snapshot"
+    if code == "worktree":
+        shutil.copytree(
+            ROOT / "src" / "twinrun",
+            snap / "src" / "twinrun",
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+        )
+    else:
+        snap.mkdir()
+        archive = subprocess.run(
+            ["git", "archive", "--format=tar", code, "src/twinrun"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(snap)], input=archive, check=True)
+    for name, path in SNAPSHOT_FILES.items():
+        shutil.copy2(path, snap / name)
+    digest = hashlib.sha256()
+    for f in sorted(p for p in snap.rglob("*") if p.is_file()):
+        digest.update(f.relative_to(snap).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(snap / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    where = subprocess.run(
+        [sys.executable, "-c", "import twinrun; print(twinrun.__file__)"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not Path(where).is_relative_to(snap):
+        sys.exit(f"the snapshot is not what the runs import (twinrun from {where})")
+    return snap, env, digest.hexdigest()
 
 
 def cpu_children() -> float:
@@ -89,10 +139,10 @@ def cpu_children() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_timed(cmd: list[str]) -> tuple[float, float]:
+def run_timed(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
     """(cpu_s, wall_s) of one process, start to exit."""
     c0, t0 = cpu_children(), time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     wall, cpu = time.perf_counter() - t0, cpu_children() - c0
     if proc.returncode != 0:
         sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-4000:]}")
@@ -113,7 +163,7 @@ def spread(xs: list[float]) -> dict[str, Any]:
     }
 
 
-def machine() -> dict[str, Any]:
+def machine(code: str) -> dict[str, Any]:
     cpu_name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -127,11 +177,18 @@ def machine() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             versions[pkg] = None
     try:
+        rev = "HEAD" if code == "worktree" else code
         commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+            ["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "src"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
     except OSError:
-        commit = ""
+        commit, dirty = "", ""
     return {
         "cpu_count": os.cpu_count(),
         "cpu": cpu_name,
@@ -139,6 +196,8 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         **versions,
         "git_commit": commit or None,
+        # the runs used src/ as on disk, and it differed from the commit (untracked files too)
+        "src_modified": code == "worktree" and bool(dirty),
         "env": {
             k: os.environ.get(k)
             for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONDONTWRITEBYTECODE")
@@ -147,10 +206,12 @@ def machine() -> dict[str, Any]:
 
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    snap, env, src_sha256 = snapshot(work, args.code)
     model = work / "toy"
     subprocess.run(
         [sys.executable, "-m", "twinrun", "toy-model", str(model), "--seed", "0"],
-        cwd=ROOT,
+        cwd=work,
+        env=env,
         check=True,
         capture_output=True,
     )
@@ -166,7 +227,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             for epochs in (1, long_e):
                 for loop in order:
                     out = work / f"{loop}-b{batch}-e{epochs}-r{rep}"
-                    cpu, wall = run_timed(command(loop, model, out, epochs, batch))
+                    cmd = command(loop, snap, model, out, epochs, batch)
+                    cpu, wall = run_timed(cmd, env, work)
                     times[batch][loop][epochs].append((cpu, wall))
                     print(
                         f"  repeat {rep + 1}/{args.repeats} batch {batch} {loop:7s} "
@@ -196,7 +258,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             row[f"ratio_{kind}"] = row["twinrun"][kind]["median"] / row["plain"][kind]["median"]
         row["same_work_check"] = checks[batch]
         rows.append(row)
-    return {"rows": rows}
+    return {"rows": rows, "snapshot_sha256": src_sha256}
 
 
 def same_work_check(work: Path, batch: int, long_e: int) -> dict[str, Any]:
@@ -215,6 +277,10 @@ def same_work_check(work: Path, batch: int, long_e: int) -> dict[str, Any]:
     return out
 
 
+def paired_ratios(tw: list[float], pl: list[float]) -> list[float]:
+    return [a / b if b > 0 else float("inf") for a, b in zip(tw, pl, strict=True)]
+
+
 def fmt(s: dict[str, Any], digits: int = 3) -> str:
     return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
 
@@ -223,6 +289,7 @@ def markdown(res: dict[str, Any]) -> str:
     """The body shared by bench/results/sft_epoch.md and docs/benchmarks.md."""
     m, e = res["machine"], res["epochs_long"]
     rows = res["rows"]
+    code = f"git {m['git_commit']}" + (" plus uncommitted changes" if m["src_modified"] else "")
     ok = all(r["ratio_epoch_cpu_s"] <= RATIO_GOAL for r in rows)
     lines = [
         f"Measured {res['date']} by `python bench/sft_epoch.py{' --quick' if res['quick'] else ''}`"
@@ -232,7 +299,9 @@ def markdown(res: dict[str, Any]) -> str:
         "is shared, hence medians). Toy model (`twinrun toy-model --seed 0`), the 64 shipped "
         "examples, threads 1, f32, chat template on, accumulation 1, lr 1e-3, warmup 0, LoRA "
         "rank 8 alpha 16 on q/k/v/o. Each figure: median (min–max) over "
-        f"{res['repeats']} repeat(s). Every run is a fresh process.",
+        f"{res['repeats']} repeat(s). Every run is a fresh process. Code: twinrun at "
+        f"{code}, copied aside when the bench started (all runs time the same code; snapshot "
+        f"sha256 {res['snapshot_sha256'][:12]}).",
         "",
         f"### Seconds per epoch: ({e}-epoch run − 1-epoch run) / {e - 1}",
         "",
@@ -241,22 +310,28 @@ def markdown(res: dict[str, Any]) -> str:
         "same number of optimizer steps. CPU = user + sys of the process.",
         "",
         "| batch | steps/epoch | twinrun CPU s | plain CPU s | twinrun/plain CPU "
-        "| twinrun wall s | plain wall s | twinrun/plain wall |",
-        "|---|---|---|---|---|---|---|---|",
+        "| per-repeat ratios | twinrun wall s | plain wall s | twinrun/plain wall |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         tw, pl = r["twinrun"], r["plain"]
+        paired = paired_ratios(tw["epoch_cpu_s"]["all"], pl["epoch_cpu_s"]["all"])
         lines.append(
             f"| {r['batch_size']} | {r['steps_per_epoch']} "
             f"| {fmt(tw['epoch_cpu_s'])} | {fmt(pl['epoch_cpu_s'])} "
-            f"| **{r['ratio_epoch_cpu_s']:.2f}** "
+            f"| **{r['ratio_epoch_cpu_s']:.2f}** | {min(paired):.2f}–{max(paired):.2f} "
             f"| {fmt(tw['epoch_wall_s'])} | {fmt(pl['epoch_wall_s'])} "
             f"| {r['ratio_epoch_wall_s']:.2f} |"
         )
     lines += [
         "",
         f"Goal: twinrun/plain CPU ≤ {RATIO_GOAL} at every batch size — "
-        f"{'met' if ok else 'not met'}.",
+        f"{'met' if ok else 'not met'} (on the ratio of the medians). Per-repeat ratios pair "
+        "the twinrun and plain runs made one after the other in the same repeat; their range "
+        "shows the noise: a per-epoch figure is the difference of two whole-process times "
+        f"divided by {e - 1}. Wall figures include time spent waiting for a core behind other "
+        "processes (see the load average), so they are much noisier than CPU and can even come "
+        "out negative; compare CPU.",
         "",
         "### Whole process, 1 epoch on 64 examples (imports and set-up included)",
         "",
@@ -274,7 +349,9 @@ def markdown(res: dict[str, Any]) -> str:
     lines += [
         "",
         f"Goal: twinrun ≤ {WALL_GOAL_S:g} s wall — {'met' if worst <= WALL_GOAL_S else 'not met'} "
-        f"(slowest median {worst:.2f} s).",
+        f"(slowest median {worst:.2f} s, at load average ~{res['loadavg_start'][0]:.1f} on "
+        f"{m['cpu_count']} CPUs). CPU s is the process's own user + sys, close to what the wall "
+        "time is on an idle core.",
         "",
         "### Same work",
         "",
@@ -319,12 +396,27 @@ def update_docs(body: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 repeat, batch size 4, no files")
-    ap.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick)")
+    ap.add_argument("--repeats", type=int, default=None, help="default 5 (1 with --quick)")
     ap.add_argument("--batch-sizes", default=None, help="default 1,4,8 (4 with --quick)")
     ap.add_argument("--epochs", type=int, default=9, help="the long run's epochs (default 9)")
+    ap.add_argument(
+        "--code",
+        default="HEAD",
+        help="the twinrun to time: a git revision (default HEAD, the committed code) or "
+        "'worktree' (src/ as it is on disk, uncommitted changes included)",
+    )
     ap.add_argument("--write", action=argparse.BooleanOptionalAction, default=None)
+    ap.add_argument(
+        "--render",
+        action="store_true",
+        help="measure nothing: regenerate the .md and the docs section from the saved JSON",
+    )
     args = ap.parse_args()
-    args.repeats = args.repeats or (1 if args.quick else 3)
+    if args.render:
+        res = json.loads((RESULTS / "sft_epoch.json").read_text(encoding="utf-8"))
+        write_outputs(res, markdown(res))
+        return
+    args.repeats = args.repeats or (1 if args.quick else 5)
     args.batch_sizes = [
         int(b) for b in (args.batch_sizes or ("4" if args.quick else "1,4,8")).split(",")
     ]
@@ -334,6 +426,7 @@ def main() -> None:
 
     started = time.perf_counter()
     loadavg_start = os.getloadavg()
+    info = machine(args.code)  # the git state now, when the snapshot of src/ is taken
     with tempfile.TemporaryDirectory(prefix="sft_epoch_") as tmp:
         measured = measure(args, Path(tmp))
     res: dict[str, Any] = {
@@ -345,7 +438,7 @@ def main() -> None:
         "batch_sizes": args.batch_sizes,
         "settings": SETTINGS | {"examples": 64, "model": "twinrun toy-model --seed 0"},
         "goals": {"ratio_epoch_cpu_s_max": RATIO_GOAL, "twinrun_process_wall_s_max": WALL_GOAL_S},
-        "machine": machine(),
+        "machine": info,
         "loadavg_start": loadavg_start,
         "loadavg_end": os.getloadavg(),
         "bench_wall_s": round(time.perf_counter() - started, 1),
@@ -364,11 +457,16 @@ def main() -> None:
     if write:
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "sft_epoch.json").write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
-        (RESULTS / "sft_epoch.md").write_text(
-            "# SFT epoch time: twinrun vs plain PyTorch + PEFT\n\n" + body, encoding="utf-8"
-        )
-        update_docs(body)
-        print(f"wrote {RESULTS / 'sft_epoch.json'}, sft_epoch.md and {DOCS}", file=sys.stderr)
+        write_outputs(res, body)
+
+
+def write_outputs(res: dict[str, Any], body: str) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "sft_epoch.md").write_text(
+        "# SFT epoch time: twinrun vs plain PyTorch + PEFT\n\n" + body, encoding="utf-8"
+    )
+    update_docs(body)
+    print(f"wrote {RESULTS}/sft_epoch.{{json,md}} and {DOCS}", file=sys.stderr)
 
 
 if __name__ == "__main__":
