@@ -1,7 +1,10 @@
 """`twinrun tune evaluate`: per-example completion losses in input order, with provenance.
 
 Rows go through forwards of `batch_size` in input order (no shuffle). An example's loss is its
-token-mean completion NLL; the report's `loss` is the mean over examples.
+token-mean completion NLL; the report's `loss` is the mean over examples. With `batch_invariant`
+the model runs in batch-invariant mode (`twinrun.model.invariant`) and each row's sum is taken over
+its own span (objectives/sft.py): every per-example number is then bitwise what a batch of one
+gives, whatever `batch_size`.
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
 
         head = load_reward_head(cfg.adapter)
     model.eval()
+    model.batch_invariant = cfg.batch_invariant
     if pairwise:
         per_pair = score_pairs(model, head, pairs, tok.pad_id, cfg)
         report = {
@@ -128,7 +132,7 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
             )
             with ctx:
                 logits = model(ids, attn)
-            sums, counts = completion_nll(logits, ids, mask)
+            sums, counts = completion_nll(logits, ids, mask, cfg.batch_invariant)
             for b in range(len(batch)):
                 n = int(counts[b])
                 per_example.append(
@@ -203,7 +207,8 @@ def score_pairs(
             from twinrun.model.reward_head import scores
 
             return scores(model, head, ids, attn).double().cpu()
-        return sequence_logprob(model(ids, attn), ids, mask).double().cpu()
+        logits = model(ids, attn)
+        return sequence_logprob(logits, ids, mask, cfg.batch_invariant).double().cpu()
 
     out: list[dict[str, Any]] = []
     bs = cfg.batch_size

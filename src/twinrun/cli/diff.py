@@ -1,5 +1,11 @@
 """`twinrun diff RUN_A RUN_B`: the first divergence between two runs (DESIGN §4).
 
+When both runs have a step trace (`--trace-step`, trace.jsonl beside diag.jsonl) at the first
+divergent step, a `FIRST_MODULE:` line names the first module, in execution order, where the
+traces part, forward or backward, with its own advice:
+
+    FIRST_MODULE: step=1 backward lm_head rel=7.5e-01 call=0 entry=backward run_A=... run_B=...
+
 Exit status: 0 deterministic, 1 divergence, 2 inputs missing or unreadable (a DataError names
 the file and line). Imports neither torch nor numpy (matplotlib only with --report).
 """
@@ -11,8 +17,9 @@ import math
 
 import click
 
-from twinrun.diag.advice import advice_for
+from twinrun.diag.advice import advice_for, trace_advice
 from twinrun.diag.compare import CompareResult, Divergence, compare
+from twinrun.diag.trace import TraceDivergence
 
 
 def _num(x: float | None) -> str:
@@ -42,6 +49,20 @@ def _first_line(f: Divergence) -> str:
     return line
 
 
+def _module_line(m: TraceDivergence) -> str:
+    line = f"FIRST_MODULE: step={m.step} {m.direction} {m.module} rel={_rel(m.rel)} call={m.call}"
+    line += f" entry={m.kind}"
+    if m.structural:
+        line += f" structure: run_A has {m.kind} {m.module} call {m.call}, run_B has {m.other}"
+    else:
+        line += f" run_A={_num(m.a)} run_B={_num(m.b)}"
+    if m.within_tol:
+        line += " within_tol"
+    if m.phase != "train":
+        line += f" phase={m.phase}"
+    return line
+
+
 def _text(r: CompareResult) -> list[str]:
     mode = "bitwise (digests)" if r.bitwise else f"rel_tol={r.rel_tol:g} abs_tol={r.abs_tol:g}"
     if r.first is None:
@@ -65,6 +86,12 @@ def _text(r: CompareResult) -> list[str]:
             note = "  <- first" if d.leaf == f.leaf else ""
             kind = "" if d.kind == "value" else f"  ({d.kind})"
             out.append(f"    {d.leaf:<{width}}  rel={_rel(d.rel)}{kind}{note}")
+    if r.first_module is not None:
+        out.append(_module_line(r.first_module))
+        tadv = trace_advice(r.first_module)
+        out.append(f"  trace advice: {tadv.one_line()}")
+    elif r.trace_note is not None:
+        out.append(f"trace: {r.trace_note}")
     adv = advice_for(f.leaf)
     out.append(f"advice: {adv.leaf}: {adv.one_line()}")
     out.append(f"{r.rows_diverged} of {r.rows_compared} rows diverged")
@@ -75,6 +102,12 @@ def _json(r: CompareResult, report: str | None) -> str:
     d = r.to_dict()
     adv = advice_for(r.first.leaf) if r.first is not None else None
     d["advice"] = None if adv is None else {"leaf": adv.leaf, "cause": adv.cause, "fix": adv.fix}
+    if r.first_module is not None:
+        tadv = trace_advice(r.first_module)
+        d["first_module_line"] = _module_line(r.first_module)
+        d["trace_advice"] = {"module": tadv.leaf, "cause": tadv.cause, "fix": tadv.fix}
+    else:
+        d["trace_advice"] = None
     d["leaves_compared"] = len(r.leaves)
     d["exit_code"] = 0 if r.deterministic else 1
     if report is not None:

@@ -15,9 +15,14 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "toy-model": ("twinrun.cli.toy_model", "toy_model", "Write a tiny Llama checkpoint."),
     "tune": ("twinrun.cli.tune", "tune", "Train a LoRA adapter, or evaluate one."),
     "generate": ("twinrun.cli.generate", "generate", "Generate text (greedy or seeded)."),
+    "extract": ("twinrun.cli.extract", "extract", "Hidden states and steering vectors."),
     "diff": ("twinrun.cli.diff", "diff", "First divergence between two runs."),
     "check": ("twinrun.cli.check", "check", "Determinism harness: run a command three times."),
     "demo": ("twinrun.cli.demo", "demo", "The guided tour on the toy model."),
+    "run": ("twinrun.cli.run", "run", "Run a TOML config (any trainer, or a replay)."),
+    "explain": ("twinrun.cli.explain", "explain", "Check a replay config; no model built."),
+    "evidence": ("twinrun.cli.evidence", "evidence", "Evidence gates for a capture's replays."),
+    "init-adapter": ("twinrun.cli.init_adapter", "init_adapter", "Write an initial adapter."),
 }
 
 

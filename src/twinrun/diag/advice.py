@@ -3,13 +3,19 @@
 `advice_for(leaf)` looks the leaf up by exact name, then by its prefix (`adam.exp_avg_sq` →
 `adam.`; `trace.forward.layers.0` → `trace.`), and falls back to generic advice. The table is
 written for the *first* diverging leaf: everything downstream of it diverges as a consequence.
+
+`trace_advice(div)` does the same for the first module where two step traces part
+(`twinrun.diag.trace.TraceDivergence`): by entry kind (forward output, output gradient,
+parameter-gradient accumulation, final gradient), whether the traces list different events
+(structure), and the module's kind (LoRA factor, embedding, norm, attention, other).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["ADVICE", "Advice", "GENERIC", "MISSING_ROW", "advice_for"]
+__all__ = ["ADVICE", "Advice", "GENERIC", "MISSING_ROW", "advice_for", "trace_advice"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,17 @@ _TABLE: dict[str, tuple[str, str]] = {
         "a fused vs foreach implementation, or state restored from a different checkpoint",
         "compare the optimizer contract in twinrun.json; resume only from a complete checkpoint",
     ),
+    "grads.trainable": (
+        "reduction order in the backward pass: nondeterministic kernels (atomics, cuBLAS "
+        "workspace), a different thread count, or an all-reduce whose order varies",
+        "enable deterministic algorithms (torch.use_deterministic_algorithms, "
+        "CUBLAS_WORKSPACE_CONFIG), fix the thread count, and reduce in a fixed order",
+    ),
+    "params.trainable": (
+        "the update differs with equal optimizer state: a different learning rate, gradient "
+        "clipping, or a parameter changed outside the optimizer",
+        "compare the TrainingArguments (learning_rate, max_grad_norm, scheduler) of the runs",
+    ),
     "params.lora": (
         "the update differs with equal optimizer state: a different learning rate, gradient "
         "clipping or a parameter changed outside the optimizer (initialisation, loading)",
@@ -144,3 +161,102 @@ def advice_for(leaf: str | None) -> Advice:
         a = ADVICE[best]
         return Advice(leaf, a.cause, a.fix)
     return Advice(leaf, *GENERIC)
+
+
+# -- step traces ---------------------------------------------------------------------------
+
+_TRACE_STRUCTURE = (
+    "the runs did different work at the traced step: a module ran a different number of times "
+    "or in another order, or a backward reached an output a different number of times (gradient "
+    "accumulation, one backward per row instead of one per batch, gradient checkpointing, or a "
+    "code path taken on one side only)",
+    "compare the step's control flow (accumulation and batch flags, gradient checkpointing, the "
+    "code that calls backward); the entry named is where the two event sequences differ",
+)
+_TRACE_FORWARD: dict[str, tuple[str, str]] = {
+    "lora": (
+        "the adapter weights differ going into the step (initialisation, a loaded or resumed "
+        "adapter, or an earlier update) — every module before this one agreed",
+        "compare params.lora at the previous step and the adapter/init SHA256 in twinrun.json",
+    ),
+    "input": (
+        "the model's first computation differs: its inputs (tokens, padding, attention mask) or "
+        "its first weights",
+        "compare batch.tokens and the data and model SHA256 in twinrun.json",
+    ),
+    "norm": (
+        "a normalisation differs with equal inputs: precision of its reduction (float32 vs bf16), "
+        "eps, or the kernel",
+        "run both with the same --precision and --strict on the same device",
+    ),
+    "attn": (
+        "attention differs with equal projections: the attention implementation or kernel "
+        "(eager vs SDPA/flash), the mask, or the rotary embedding",
+        "use the same attention implementation and --precision; compare padding and batch shape",
+    ),
+    "other": (
+        "this module (or an operation between modules feeding it: a residual add, the rotary "
+        "embedding, a cast) computes differently from equal inputs: a matmul kernel, precision, "
+        "thread count or batch shape",
+        "run with --strict on the same device, --precision and --threads; try --batch-invariant",
+    ),
+}
+_TRACE_BACKWARD_FIRST = (
+    "the gradient entering the backward pass differs while the whole forward agreed: the loss "
+    "is reduced or backpropagated differently (another normalisation or scale, a different "
+    "sum order, one backward call per row or microbatch instead of one per batch)",
+    "compare the loss reduction and how backward is called (the `loss` leaf and the objective "
+    "flags in twinrun.json); reduce in one fixed order",
+)
+_TRACE_BACKWARD = (
+    "the backward of the next module in the forward order differs for an equal incoming "
+    "gradient: a nondeterministic backward kernel (atomics in embedding/scatter/index backward, "
+    "split-K matmuls) or precision",
+    "run with --strict (deterministic algorithms) and a fixed --threads on the same device",
+)
+_TRACE_PARAM_GRAD = (
+    "the gradient accumulated into this parameter differs while the gradients flowing through "
+    "the modules agreed: the weight-gradient reduction order (batched vs per-row backward, the "
+    "order of microbatches) or a nondeterministic weight-gradient kernel",
+    "call backward once per microbatch in a fixed order, run with --strict and a fixed "
+    "--threads; across processes, combine gradients in a fixed global order",
+)
+_TRACE_FINAL_GRAD = (
+    "the gradients changed after the backward and before the optimizer step: clipping, an "
+    "all-reduce, or code that edits .grad",
+    "check what runs between backward and optimizer.step on both sides",
+)
+_WITHIN_TOL = (
+    " (every entry agrees within the tolerances: this is only where the bits first part, a "
+    "difference that later steps amplify)"
+)
+
+
+def _module_class(name: str, first_of_kind: bool) -> str:
+    last = name.rsplit(".", 1)[-1]
+    if last.startswith("lora_"):
+        return "lora"
+    if "embed" in last or first_of_kind:
+        return "input"
+    if "norm" in last:
+        return "norm"
+    if last in ("self_attn", "attn", "attention") or last.endswith("_attn"):
+        return "attn"
+    return "other"
+
+
+def trace_advice(div: Any) -> Advice:
+    """The usual cause of two step traces parting at `div` (a TraceDivergence), and the fix."""
+    if div.structural:
+        cause, fix = _TRACE_STRUCTURE
+    elif div.kind == "forward":
+        cause, fix = _TRACE_FORWARD[_module_class(div.module, div.first_of_kind)]
+    elif div.kind == "backward":
+        cause, fix = _TRACE_BACKWARD_FIRST if div.first_of_kind else _TRACE_BACKWARD
+    elif div.kind == "param_grad":
+        cause, fix = _TRACE_PARAM_GRAD
+    else:
+        cause, fix = _TRACE_FINAL_GRAD
+    if div.within_tol:
+        cause += _WITHIN_TOL
+    return Advice(div.module, cause, fix)

@@ -19,6 +19,16 @@ How it is exact and still fast (a blocked Rump–Ogita–Oishi / ReproBLAS-style
 * Every exact block sum is added to a Python integer in units of 2^-2148 (the quantum of the
   square of the smallest float64 subnormal); the final division is correctly rounded.
 
+On the CPU (torch CPU tensors and numpy arrays) float32/float16/bfloat16 take a faster,
+data-independent path: each block of 8192 values is widened into one float64 buffer, squared
+(exact), and every square s is split by bit masking into hi (its top 25 significant bits) and
+lo = s - hi (at most 23 more bits, exact). `np.bincount` sums hi and lo per float64 exponent of s:
+within one exponent every partial sum is a multiple of a fixed grid and stays below 2^53 of it,
+so the bin sums are exact in any order; at the end, groups of W adjacent bins (W + log2(count)
+<= 29) are summed exactly the same way and added to the integer. A leaf made of many float32
+tensors (`checksum_digest_many`) is concatenated first, so each part costs one view. Small
+float64 and integer inputs are summed exactly in Python / int64 arithmetic.
+
 torch and numpy are imported lazily: importing this module costs nothing (`twinrun diff` needs
 only JSON).
 """
@@ -27,11 +37,13 @@ from __future__ import annotations
 
 import hashlib
 import math
+import struct
 import sys
+import threading
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["SumSq", "digest", "digest_many", "sumsq"]
+__all__ = ["SumSq", "checksum_digest", "checksum_digest_many", "digest", "digest_many", "sumsq"]
 
 _Q = 2148  # fixed point: the accumulator holds N, the value is N * 2**-_Q
 # Elements per block: at most torch's parallel grain size (32768), so every op on a block runs
@@ -51,6 +63,104 @@ def _blocks(t: Any, block: int) -> range:
 
 _FLOAT_NARROW = ("float32", "float16", "bfloat16")
 _VELTKAMP = 134217729.0  # 2**27 + 1
+
+# -- the CPU (numpy) path for float32/float16/bfloat16 ------------------------------------------
+_HB = 1 << 14  # values per block: the float64 buffer and its scratch stay in L1/L2
+_HB_FLUSH = 1 << 20  # values binned before the bins are folded into the integer
+_HI_MASK = ~((1 << 28) - 1)  # clears the low 28 of a float64's 52 fraction bits
+_NBINS = 2048  # float64 biased exponents; 2047 holds inf/NaN
+_SQ_TOP = 1400  # above the biased exponent of any finite float32 square (at most 1279)
+_SMALL_F64 = 64  # float64 inputs up to this size are summed in Python (exact, no torch ops)
+_scratch = threading.local()
+
+
+def _scratch_arrays() -> tuple[Any, Any, Any]:
+    """Per-thread scratch for one block: the float64 squares, exponent indices, hi parts."""
+    arrays = getattr(_scratch, "arrays", None)
+    if arrays is None:
+        import numpy as np
+
+        arrays = (
+            np.empty(_HB, dtype=np.float64),
+            np.empty(_HB, dtype=np.int64),
+            np.empty(_HB, dtype=np.float64),
+        )
+        _scratch.arrays = arrays
+    return arrays
+
+
+class _Bins:
+    """Exact sums of float32-exact squares, binned by the float64 exponent of the square.
+
+    `feed` widens each block of values into a per-thread float64 buffer, squares it, splits the
+    squares into hi/lo and bins them (see the module docstring); only the bins (2 x 2048
+    floats) are kept between calls. Every `_HB_FLUSH` values the bins are folded into an
+    integer; `settle()` returns the exact total in units of 2**-_Q and the non-finite flags,
+    and starts over."""
+
+    __slots__ = ("bh", "bl", "count", "total", "nan", "inf")
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self.bh = np.zeros(_NBINS, dtype=np.float64)
+        self.bl = np.zeros(_NBINS, dtype=np.float64)
+        self.count = 0  # values in the bins
+        self.total = 0
+        self.nan = False
+        self.inf = False
+
+    def feed(self, a: Any) -> None:
+        """Add the squares of a 1-D float16/float32 numpy array (`a` is not kept)."""
+        import numpy as np
+
+        buf, k_all, h_all = _scratch_arrays()
+        n = a.shape[0]
+        for off in range(0, n, _HB):
+            nb = min(_HB, n - off)
+            if self.count + nb > _HB_FLUSH:
+                self._fold()
+            s, k, h = buf[:nb], k_all[:nb], h_all[:nb]
+            s[...] = a[off : off + nb]  # widen: float32/16 -> float64, exact
+            np.multiply(s, s, out=s)  # exact: a float32 square has at most 48 significant bits
+            bits = s.view(np.int64)
+            np.right_shift(bits, 52, out=k)  # the biased exponent (squares are >= 0)
+            np.bitwise_and(bits, _HI_MASK, out=h.view(np.int64))  # hi: top 25 significant bits
+            with np.errstate(invalid="ignore"):  # inf - inf = NaN in bin 2047: see _fold
+                np.subtract(s, h, out=s)  # lo = s - hi, exact, 0 <= lo < 2**(exponent-24)
+            self.bh += np.bincount(k, h, minlength=_NBINS)
+            self.bl += np.bincount(k, s, minlength=_NBINS)
+            self.count += nb
+
+    def _fold(self) -> None:
+        """Add the binned sums to `total` exactly and empty the bins."""
+        import numpy as np
+
+        top = float(self.bh[_NBINS - 1])
+        if top != 0.0 or float(self.bl[_NBINS - 1]) != 0.0:
+            if math.isnan(top):  # a NaN keeps its quiet bit in hi; an inf's lo is NaN
+                self.nan = True
+            else:
+                self.inf = True
+            self.bh[_NBINS - 1] = self.bl[_NBINS - 1] = 0.0
+        if self.count == 0:
+            return
+        lg = max(1, (self.count - 1).bit_length())
+        w = 29 - lg  # w adjacent bins still sum exactly (module docstring); lg <= 21 here
+        used = (_SQ_TOP // w) * w  # bins above _SQ_TOP hold no finite square of a float32
+        for bins in (self.bh, self.bl):
+            groups = bins[:used].reshape(-1, w).sum(axis=1)
+            for v in groups[np.flatnonzero(groups)].tolist():
+                self.total += _to_fixed(v, 0)
+            bins.fill(0.0)
+        self.count = 0
+
+    def settle(self) -> tuple[int, bool, bool]:
+        """(exact total in units of 2**-_Q, any NaN, any inf) of everything fed; starts over."""
+        self._fold()
+        out = (self.total, self.nan, self.inf)
+        self.total, self.nan, self.inf = 0, False, False
+        return out
 
 
 def _to_fixed(p: float, sc: int) -> int:
@@ -114,13 +224,14 @@ class SumSq:
     equals one pass over the whole, bit for bit.
     """
 
-    __slots__ = ("_n", "_nan", "_inf", "count")
+    __slots__ = ("_n", "_nan", "_inf", "count", "_bins")
 
     def __init__(self) -> None:
         self._n = 0  # exact sum in units of 2**-_Q
         self._nan = False
         self._inf = False
         self.count = 0  # number of elements added
+        self._bins: _Bins | None = None  # pending CPU float32/16 squares (see _Bins)
 
     def add(self, x: Any) -> SumSq:
         """Add the squares of the values of `x`; returns self."""
@@ -132,6 +243,9 @@ class SumSq:
             return self
         if isinstance(x, float):
             self._add_float(x)
+            return self
+        host = _host_array(x)
+        if host is not None and self._add_host(host):
             return self
         t = _as_tensor(x)
         self.count += t.numel()
@@ -169,8 +283,75 @@ class SumSq:
         elif name == "bool" or name.startswith(("int", "uint")):
             self._add_int(t, name)
 
+    def _add_host(self, a: Any) -> bool:
+        """The CPU fast paths for a numpy array (see the module docstring); False when the
+        general path must take it."""
+        import numpy as np
+
+        kind, n = a.dtype.kind, a.size
+        if kind == "f" and a.itemsize <= 4:
+            self.count += n
+            if n == 0:
+                return True
+            flat = a.reshape(-1)
+            workers = 1
+            if n >= 2 * _CHUNK:
+                import torch
+
+                workers = min(torch.get_num_threads(), -(-n // _CHUNK))
+            if workers < 2:
+                self._feed(flat)
+                return True
+            from concurrent.futures import ThreadPoolExecutor
+
+            def work(start: int) -> SumSq:
+                part = SumSq()
+                part._feed(flat[start : start + _CHUNK])
+                part._settle()
+                return part
+
+            with ThreadPoolExecutor(workers, thread_name_prefix="twinrun-sumsq") as pool:
+                for part in pool.map(work, range(0, n, _CHUNK)):
+                    self._n += part._n
+                    self._nan |= part._nan
+                    self._inf |= part._inf
+            return True
+        if kind == "f" and a.itemsize == 8 and n <= _SMALL_F64:
+            for v in a.reshape(-1).tolist():
+                self._add_float(v)
+            return True
+        if kind in "iub" and a.itemsize <= 8:
+            if n == 0:
+                return True
+            if kind == "b" or a.itemsize == 1:
+                m = 255
+            else:
+                lo, hi = int(a.min()), int(a.max())
+                m = max(-lo, hi)
+            if m < (1 << 31) and n * m * m < (1 << 63):  # int64 products and sum are exact
+                flat = a.reshape(-1).astype(np.int64)
+                self._n += int(np.dot(flat, flat)) << _Q
+                self.count += n
+                return True
+        return False
+
+    def _feed(self, flat: Any) -> None:
+        """Bin a 1-D float16/float32 array (pending until `_settle`)."""
+        if self._bins is None:
+            self._bins = _Bins()
+        self._bins.feed(flat)
+
+    def _settle(self) -> None:
+        """Fold pending binned squares into the exact integer."""
+        if self._bins is not None:
+            n, nan, inf = self._bins.settle()
+            self._n += n
+            self._nan |= nan
+            self._inf |= inf
+
     def merge(self, other: SumSq) -> SumSq:
         """Fold another accumulator into this one (exact); returns self."""
+        other._settle()
         self._n += other._n
         self._nan |= other._nan
         self._inf |= other._inf
@@ -179,6 +360,7 @@ class SumSq:
 
     def value(self) -> float:
         """The correctly rounded exact sum: NaN if any value was NaN, inf if any was infinite."""
+        self._settle()
         if self._nan:
             return math.nan
         if self._inf:
@@ -189,6 +371,7 @@ class SumSq:
             return math.inf
 
     def copy(self) -> SumSq:
+        self._settle()
         other = SumSq()
         other.merge(self)
         return other
@@ -296,6 +479,37 @@ class SumSq:
             self._n += _fold(terms, max(-float(tl), float(th)), 0)
 
 
+_NUMPY_OK = frozenset(
+    ("float32", "float16", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+)
+_np_names: dict[Any, str] = {}  # native numpy dtype -> name (dtype.name is slow to compute)
+
+
+def _np_name(dtype: Any) -> str | None:
+    """The name of a native numpy dtype in _NUMPY_OK, else None."""
+    if not _np_names:
+        import numpy as np
+
+        _np_names.update({np.dtype(n): n for n in _NUMPY_OK})
+    return _np_names.get(dtype)
+
+
+def _host_array(x: Any) -> Any:
+    """A numpy view of `x` when it is a CPU tensor or a numpy array (bfloat16: widened to
+    float32, exactly); None otherwise (other devices, Python lists, odd dtypes)."""
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(x, np.ndarray):
+        return x if _np_name(x.dtype) is not None else None
+    if not _is_torch(x) or x.device.type != "cpu":
+        return None
+    name = str(x.dtype)[6:]  # "torch.float32" -> "float32"
+    if name == "bfloat16":
+        return x.detach().float().numpy()
+    if name not in _NUMPY_OK:
+        return None
+    return x.detach().numpy()
+
+
 def _as_tensor(x: Any) -> Any:
     """A torch tensor viewing `x` (torch tensor, numpy array, list or scalar)."""
     import numpy as np
@@ -330,6 +544,23 @@ def _is_torch(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+_torch_names: dict[Any, str] = {}  # torch dtype -> name, for the dtypes numpy has
+
+
+def _cpu_view(x: Any) -> Any:
+    """A numpy view of a CPU torch tensor whose dtype numpy has (same dtype name and shape, so
+    its checksum and digest are the tensor's); `x` itself otherwise."""
+    if not _is_torch(x) or not x.is_cpu:
+        return x
+    if not _torch_names:
+        import torch
+
+        _torch_names.update({getattr(torch, n): n for n in _NUMPY_OK})
+    if x.dtype not in _torch_names:
+        return x
+    return x.detach().numpy() if x.requires_grad else x.numpy()
+
+
 def _frame(h: Any, x: Any) -> None:
     """Feed one tensor into `h`: dtype name, shape, byte length, little-endian bytes."""
     import numpy as np
@@ -343,8 +574,11 @@ def _frame(h: Any, x: Any) -> None:
     elif _is_torch(x):
         import torch
 
+        name = str(x.dtype)[6:]  # "torch.float32" -> "float32"
+        if x.device.type == "cpu" and name in _NUMPY_OK:
+            _frame_array(h, name, tuple(x.shape), x.detach().numpy())
+            return
         t = x.detach().cpu().contiguous()
-        name = str(t.dtype).removeprefix("torch.")
         try:
             arr = t.numpy()
         except TypeError:  # bfloat16 and other dtypes numpy lacks: the raw bits
@@ -353,22 +587,41 @@ def _frame(h: Any, x: Any) -> None:
         _frame_array(h, name, tuple(t.shape), arr)
         return
     else:
-        arr = np.asarray(x)
+        arr = x if isinstance(x, np.ndarray) else np.asarray(x)
         if arr.dtype == object:
             raise TypeError("digest: expected numbers, got Python objects")
-    _frame_array(h, arr.dtype.name, arr.shape, arr)
+    _frame_array(h, _np_name(arr.dtype) or arr.dtype.name, arr.shape, arr)
+
+
+_LITTLE = sys.byteorder == "little"
+
+
+_headers: dict[tuple[str, tuple[int, ...], int], bytes] = {}
+
+
+def _header(name: str, shape: tuple[int, ...], nbytes: int) -> bytes:
+    """The frame header: name length and name, rank and dims, byte length (big-endian)."""
+    key = (name, shape, nbytes)
+    head = _headers.get(key)
+    if head is None:
+        enc = name.encode()
+        head = struct.pack(
+            f">I{len(enc)}sI{len(shape)}QQ", len(enc), enc, len(shape), *shape, nbytes
+        )
+        if len(_headers) < 4096:
+            _headers[key] = head
+    return head
 
 
 def _frame_array(h: Any, name: str, shape: tuple[int, ...], arr: Any) -> None:
     import numpy as np
 
-    le = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
-    le = np.ascontiguousarray(le)
-    enc = name.encode()
-    h.update(len(enc).to_bytes(4, "big") + enc)
-    h.update(len(shape).to_bytes(4, "big") + b"".join(d.to_bytes(8, "big") for d in shape))
-    h.update(le.nbytes.to_bytes(8, "big"))
-    h.update(le.reshape(-1).view(np.uint8).data)
+    if not (_LITTLE and arr.dtype.isnative):
+        arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    h.update(_header(name, shape, arr.nbytes))
+    h.update(arr)  # the C-contiguous bytes (the buffer protocol ignores the element format)
 
 
 def digest(x: Any) -> str:
@@ -385,6 +638,48 @@ def digest_many(xs: Iterable[Any]) -> str:
     parts = list(xs)
     h = hashlib.sha256(b"twinrun.tensors.v1\0")
     h.update(len(parts).to_bytes(8, "big"))
+    np = sys.modules.get("numpy")
     for x in parts:
-        _frame(h, x)
+        name = _np_name(x.dtype) if np is not None and type(x) is np.ndarray else None
+        if name is not None:
+            _frame_array(h, name, x.shape, x)
+        else:
+            _frame(h, x)
     return h.hexdigest()
+
+
+def checksum_digest(x: Any) -> tuple[float, str]:
+    """(`sumsq(x)`, `digest(x)`), converting a CPU tensor once for both."""
+    v = _cpu_view(x)
+    return SumSq().add(v).value(), digest(v)
+
+
+def checksum_digest_many(xs: Iterable[Any]) -> tuple[float, str]:
+    """(the merged exact sum of squares of the parts, `digest_many(parts)`), converting each
+    CPU tensor once for both. Float32 parts (the usual multi-part leaf: LoRA gradients, Adam
+    moments, parameters) are checksummed as one concatenated array and framed in one tight
+    loop: the per-part cost is a view and two hash updates."""
+    parts = list(xs)
+    torch = sys.modules.get("torch")
+    if torch is not None and len(parts) > 1:
+        f32 = torch.float32
+        if all(type(x) is torch.Tensor and x.dtype is f32 and x.is_cpu for x in parts):
+            import numpy as np
+
+            views = [x.detach().numpy() if x.requires_grad else x.numpy() for x in parts]
+            h = hashlib.sha256(b"twinrun.tensors.v1\0")
+            h.update(len(views).to_bytes(8, "big"))
+            for v in views:
+                if not v.flags.c_contiguous:
+                    v = np.ascontiguousarray(v)
+                h.update(_header("float32", v.shape, v.nbytes))
+                h.update(v)
+            if not _LITTLE:  # pragma: no cover - big-endian hosts take the general path
+                return checksum_digest_many(views)
+            acc = SumSq().add(np.concatenate(views, axis=None))
+            return acc.value(), h.hexdigest()
+    views = [_cpu_view(x) for x in parts]
+    acc = SumSq()
+    for part in views:
+        acc.add(part)
+    return acc.value(), digest_many(views)

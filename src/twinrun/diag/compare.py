@@ -16,6 +16,12 @@ Reading: blank lines are skipped; unknown keys in a row are ignored; rows whose 
 another `twinrun.*` format (e.g. step traces) are skipped; checksums may be numbers or the
 strings "NaN", "Infinity", "-Infinity". Anything else unreadable raises DataError naming the
 file and line. This module imports neither torch nor numpy.
+
+Step traces: when both runs have a `trace.jsonl` beside their diag.jsonl with a row for the
+first divergence's (phase, step) (`--trace-step`), the two traces are compared entry by entry
+in execution order (`twinrun.diag.trace.compare_traces`, same tolerances; bitwise mode compares
+the trace checksums exactly) and `first_module` names the first module — forward or backward —
+where they part. `trace_note` says why there is none when only one run has a trace there.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.diag.recorder import DiagRow, decode_float, iter_lines, parse_row, resolve_diag_path
+from twinrun.diag.trace import TraceDivergence, compare_traces, read_trace, trace_path_for
 from twinrun.errors import DataError
 
 __all__ = [
@@ -97,6 +104,8 @@ class CompareResult:
     leaves: list[str]  # every leaf seen, run A's order first
     values_compared: int
     matrix: DiffMatrix | None = field(default=None, repr=False)
+    first_module: TraceDivergence | None = None  # from the step traces, when both have one
+    trace_note: str | None = None  # why there is no first_module although a trace exists
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (non-finite floats as "NaN"/"Infinity" strings; no matrix)."""
@@ -363,6 +372,9 @@ def compare(
             rel=[[rels.get(leaf, math.nan) for leaf in leaves] for _, _, rels, _ in st.matrix],
             diverged=[[leaf in dv for leaf in leaves] for _, _, _, dv in st.matrix],
         )
+    first_module, note = None, None
+    if first is not None:
+        first_module, note = _first_module(pa, pb, first, rel_tol, abs_tol, bitwise)
     return CompareResult(
         path_a=str(pa),
         path_b=str(pb),
@@ -377,4 +389,35 @@ def compare(
         leaves=list(st.leaves),
         values_compared=st.values,
         matrix=matrix,
+        first_module=first_module,
+        trace_note=note,
     )
+
+
+def _first_module(
+    pa: Path, pb: Path, first: Divergence, rel_tol: float, abs_tol: float, bitwise: bool
+) -> tuple[TraceDivergence | None, str | None]:
+    """Compare the two runs' step traces at the first divergence (see the module docstring)."""
+    fa, fb = trace_path_for(pa), trace_path_for(pb)
+    if not fa.is_file() and not fb.is_file():
+        return None, None
+    ta = read_trace(fa, first.step, first.phase)
+    tb = read_trace(fb, first.step, first.phase)
+    where = f"step={first.step}" + ("" if first.phase == "train" else f" phase={first.phase}")
+    if ta is None or tb is None:
+        lacking = (
+            "runs A and B have"
+            if ta is None and tb is None
+            else ("run A has" if ta is None else "run B has")
+        )
+        return None, (
+            f"{lacking} no trace at {where}: rerun both with --trace-step {first.step} to "
+            "name the first module where they part"
+        )
+    div = compare_traces(
+        ta, tb, step=first.step, phase=first.phase, rel_tol=rel_tol, abs_tol=abs_tol,
+        exact=bitwise,
+    )  # fmt: skip
+    if div is None:
+        return None, f"the traces at {where} agree entry for entry (the divergence is elsewhere)"
+    return div, None

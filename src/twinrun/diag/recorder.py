@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from twinrun.diag.checksum import SumSq, digest, digest_many
+from twinrun.diag.checksum import checksum_digest, checksum_digest_many
 from twinrun.errors import DataError
 
 __all__ = [
@@ -110,15 +110,12 @@ def leaf_value(value: Any) -> LeafValue:
     if isinstance(value, LeafValue):
         return value
     if _is_part_list(value):
-        acc = SumSq()
-        for part in value:
-            acc.add(part)
-        return LeafValue(acc.value(), digest_many(value))
+        return LeafValue(*checksum_digest_many(value))
     if isinstance(value, list | tuple):
         import numpy as np
 
         value = np.asarray(value)
-    return LeafValue(SumSq().add(value).value(), digest(value))
+    return LeafValue(*checksum_digest(value))
 
 
 class StepRecord:
@@ -144,11 +141,7 @@ class StepRecord:
 
     def add_parts(self, leaf: str, parts: Sequence[Any]) -> StepRecord:
         """Add a leaf made of several tensors in a fixed order; returns self."""
-        parts = list(parts)
-        acc = SumSq()
-        for part in parts:
-            acc.add(part)
-        return self.add(leaf, LeafValue(acc.value(), digest_many(parts)))
+        return self.add(leaf, LeafValue(*checksum_digest_many(parts)))
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -12,13 +12,29 @@ padded key is masked out of every query, causally. `forward` returns float32 log
 `run(..., hidden_layer=L)` also returns the residual stream at HF's `hidden_states[L]` (0 = the
 embeddings, L = output of decoder layer L-1; for L = num_layers it is the stream *before* the
 final norm, whereas HF's last entry is after it); `steer=(L, v)` adds `v` to the residual stream
-at that same point (the returned hidden state includes it).
+at that same point (the returned hidden state includes it). A steering vector attached with
+`model.steering = (L, v)` (see `twinrun.steering`) is used whenever `steer` is not given.
+
+Batch-invariant mode (`model.batch_invariant = True`, `--batch-invariant`): a forward without a KV
+cache runs each row on its own, cut to its real length — exactly the forward a batch of one gives
+that row, with every matmul, softmax and norm at shapes that depend on the row alone — and
+right-pads the results with zeros (logits and hidden states at padded positions are 0). So every
+row's logits, hidden states and gradients are bitwise what `--batch-size 1` gives it, whatever
+rode in the batch with it. While gradients are recorded, each row sees the trainable parameters
+through its own alias, and the rows' gradients are added into `.grad` one row at a
+time, in row order — the order in which a run at batch size 1 adds them — instead of in the order
+autograd happens to reach them. The logits of such a forward carry the attribute
+`twinrun_batch_invariant` (`objectives.sft.BATCH_INVARIANT_TAG`), which makes the loss
+reductions sum each row over its own span instead of over the padded width. The machinery is in
+`twinrun.model.invariant`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,8 +214,11 @@ class TwinLlama(nn.Module):
         self.model = LlamaBody(spec)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         # A plain attribute, not a buffer: `.to(bfloat16)` must not round the frequencies.
-        self.inv_freq = rope_inv_freq(spec)
+        with torch.device("cpu"):  # never on meta: the reference kernels there import dynamo
+            self.inv_freq = rope_inv_freq(spec)
         self.gradient_checkpointing = False
+        self.batch_invariant = False
+        self.steering: tuple[int, torch.Tensor] | None = None  # used when `steer` is not given
 
     @property
     def num_layers(self) -> int:
@@ -240,20 +259,42 @@ class TwinLlama(nn.Module):
         hidden_layer: int | None = None,
         steer: tuple[int, torch.Tensor] | None = None,
     ) -> LlamaOutput:
-        """The full forward; see the module docstring for `hidden_layer` and `steer`."""
+        """The full forward; see the module docstring for `hidden_layer`, `steer` and
+        batch-invariant mode."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
+        if steer is None:
+            steer = self.steering
         n = self.spec.num_layers
         for label, at in (("hidden_layer", hidden_layer), ("steer layer", steer and steer[0])):
             if at is not None and not 0 <= at <= n:
                 raise ValueError(f"{label} must be in [0, {n}], got {at}")
+        if attention_mask is not None and attention_mask.shape != input_ids.shape:
+            raise ValueError("attention_mask must have the shape of input_ids")
+        if self.batch_invariant:
+            if kv_cache is None:
+                from twinrun.model.invariant import run_rows
+
+                return run_rows(self, input_ids, attention_mask, hidden_layer, steer)
+            if input_ids.shape[0] != 1:
+                raise ValueError("batch-invariant mode runs a KV cache for one row only")
+        return self.run_batch(input_ids, attention_mask, kv_cache, hidden_layer, steer)
+
+    def run_batch(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        kv_cache: KVCache | None,
+        hidden_layer: int | None,
+        steer: tuple[int, torch.Tensor] | None,
+    ) -> LlamaOutput:
+        """The ordinary batched forward: right-padded rows, padded keys masked out."""
+        n = self.spec.num_layers
         b, t = input_ids.shape
         device = input_ids.device
         if attention_mask is None:
             key_mask = torch.ones(b, t, dtype=torch.bool, device=device)
         else:
-            if attention_mask.shape != input_ids.shape:
-                raise ValueError("attention_mask must have the shape of input_ids")
             key_mask = attention_mask.to(device) != 0
         past = 0 if kv_cache is None else kv_cache.length
         if kv_cache is not None:
@@ -285,6 +326,20 @@ class TwinLlama(nn.Module):
         return LlamaOutput(logits=logits, hidden=hidden)
 
 
+@contextlib.contextmanager
+def _no_init() -> Iterator[None]:
+    """Skip Linear/Embedding initialisation while building on the meta device: the weights are
+    loaded next, and the random init on meta goes through torch's reference kernels, whose
+    import of torch._dynamo costs about a second of start-up."""
+    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
+    nn.Linear.reset_parameters = lambda self: None  # type: ignore[method-assign]
+    nn.Embedding.reset_parameters = lambda self: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved  # type: ignore[method-assign]
+
+
 def load_base_model(
     model_dir: str | os.PathLike[str], precision: str = "f32", device: str = "cpu"
 ) -> TwinLlama:
@@ -306,7 +361,7 @@ def load_base_model(
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
     if spec.tie_word_embeddings and "lm_head.weight" not in state:
         state["lm_head.weight"] = state.get("model.embed_tokens.weight", torch.empty(0))
-    with torch.device("meta"):
+    with torch.device("meta"), _no_init():
         model = TwinLlama(spec)
     model.inv_freq = rope_inv_freq(spec)
     expected = set(model.state_dict())

@@ -35,6 +35,10 @@ def scores(
 ) -> torch.Tensor:
     """[B] float32 scores: head(final_norm(hidden at the last layer))[last real token]."""
     out = model.run(ids, attn, hidden_layer=model.num_layers)
+    if getattr(model, "batch_invariant", False):  # each row alone: twinrun.model.invariant
+        from twinrun.model.invariant import last_token_scores
+
+        return last_token_scores(model.model.norm, head, out.hidden, attn)
     hidden = model.model.norm(out.hidden)
     return head(pool_last(hidden, attn).float()).squeeze(-1)
 

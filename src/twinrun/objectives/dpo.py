@@ -7,7 +7,9 @@ position t-1 predict token t):
     logp(row) = sum_{t=1}^{T-1} m_t * log softmax(logits_{t-1})[x_t]
 
 Logits are upcast to float32 before the log-softmax; the result is float32. It is bitwise
-`-completion_nll(...)[0]`, so SFT and DPO agree on what a completion's probability is.
+`-completion_nll(...)[0]`, so SFT and DPO agree on what a completion's probability is —
+including in batch-invariant mode (`batch_invariant`, as in objectives/sft.py: each row summed over
+its own span, so its bits do not depend on the padded width or the batch).
 
 DPO loss. For a pair with policy log-probs pc (chosen), pr (rejected) and reference log-probs
 rc, rr (the same model with the adapter disabled):
@@ -33,16 +35,22 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from twinrun.objectives.sft import row_sums, wants_invariant
+
 __all__ = ["DPOOut", "dpo_loss", "sequence_logprob"]
 
 
 def sequence_logprob(
-    logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    batch_invariant: bool | None = None,
 ) -> torch.Tensor:
     """Per-row sum of completion-token log-probs: logits [B,T,V], ids [B,T], mask [B,T] -> [B].
 
     float32 whatever the logits' dtype. Masked-out positions (prompt, padding) contribute an
-    exact zero, whatever their logits are."""
+    exact zero, whatever their logits are. `batch_invariant`: see objectives/sft.py (None follows
+    the logits)."""
     if logits.dim() != 3:
         raise ValueError(f"logits must be [B, T, V], got shape {tuple(logits.shape)}")
     b, t, v = logits.shape
@@ -57,7 +65,7 @@ def sequence_logprob(
     # cross_entropy (not log_softmax + gather) so the bits equal objectives/sft.py's NLL.
     nll = F.cross_entropy(shift_logits, targets, reduction="none").view(b, t - 1)
     nll = torch.where(mask, nll, torch.zeros((), dtype=nll.dtype, device=nll.device))
-    return -nll.sum(dim=1)
+    return -row_sums(nll, mask, wants_invariant(logits, batch_invariant))
 
 
 class DPOOut(NamedTuple):

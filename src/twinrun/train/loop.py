@@ -87,11 +87,11 @@ class Loop:
             "tokens": outcome.tokens,
             "rows": outcome.rows,
             **outcome.metrics,
-            "wall_s": time.perf_counter() - t0,
         }
-        self.metrics.append(row)
         if self.recorder is not None:
             self.recorder.record(step, {**outcome.leaves, **self.late_leaves(grads, lr)})
+        row["wall_s"] = time.perf_counter() - t0  # the diag row's cost included
+        self.metrics.append(row)
         if self.progress is not None:
             self.progress.update(step + 1, f"loss {outcome.loss:.4f} lr {lr:.2e}")
         return row

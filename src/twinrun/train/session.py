@@ -15,6 +15,7 @@ from twinrun.data.examples import SourcedRow, load_rows
 from twinrun.digest import sha256_dir, sha256_file
 from twinrun.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.progress import Progress
+from twinrun.redact import redact
 from twinrun.train.faults import Faults, parse_faults
 from twinrun.train.outputs import begin_output_dir, check_output_dir, sidecar
 
@@ -86,6 +87,7 @@ def open_session(
     else:
         apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.seed, targets=LORA_TARGETS)
     model.gradient_checkpointing = cfg.gradient_checkpointing
+    model.train(cfg.gradient_checkpointing)  # the model checkpoints only in training mode
     model.batch_invariant = cfg.batch_invariant
     params = lora_parameters(model)
     if not cfg.resume:
@@ -148,7 +150,7 @@ def finish_session(
         determinism=s.provenance,
         runtime=s.runtime,
         metrics=summary | {"wall_s": time.perf_counter() - s.started},
-        extra={"inputs": {"model": str(s.cfg.model), "examples": str(s.cfg.examples)}}
+        extra={"inputs": redact({"model": str(s.cfg.model), "examples": str(s.cfg.examples)})}
         | (extra or {}),
     )
     atomic_write_json(s.out / "twinrun.json", record)

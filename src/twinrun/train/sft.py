@@ -63,7 +63,7 @@ def make_loop(s: Session, total_steps: int) -> Loop:
         from twinrun.diag.recorder import DiagRecorder
 
         recorder = DiagRecorder(s.out / "diag.jsonl", append=cfg.resume)
-    return Loop(
+    loop = Loop(
         params=s.params,
         optimizer=make_optimizer(
             s.params, cfg.learning_rate, cfg.adam_betas, cfg.adam_eps, cfg.weight_decay
@@ -80,6 +80,11 @@ def make_loop(s: Session, total_steps: int) -> Loop:
         trace_model=s.model,
         trace_path=s.out / "trace.jsonl",
     )
+    if cfg.capture:  # optimizer-batch capture (DESIGN §5) wraps the loop
+        from twinrun.capture.hook import attach_capture
+
+        attach_capture(s, loop)
+    return loop
 
 
 def step_forwards(s: Session, n: int, plan: StepPlan) -> tuple[tuple[int, ...], ...]:

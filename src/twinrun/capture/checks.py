@@ -1,0 +1,301 @@
+"""The replay checks, in the order DESIGN §5 fixes, shared by `replay` and `explain`:
+
+1. fresh output paths — a replay never writes into an existing run;
+2. manifest pin — the manifest file's SHA256 against `expected_manifest_sha256`, *before* a byte
+   of it is parsed (then it is parsed and its fields validated);
+3. payload SHA256 — the payload file (a plain name beside the manifest) against the manifest;
+4. decode and validate — every tensor name, dtype, shape and invariant of the payload;
+5. logical digest — recomputed from the payload, against the manifest and
+   `expected_logical_sha256`;
+6. initial adapter SHA256 — `resume.from`'s adapter weight file (and AdamW state, reward head,
+   when the step starts from them) against the manifest;
+7. optimizer contract — the replay's contract against the source's: only differences declared
+   in `allow_config_differences` (v1: `backend.options.gradient_checkpointing`), and every
+   declared one present.
+
+`run_checks(run, stop=True)` raises the first failure (replay); `stop=False` runs every check
+whose inputs are trusted and marks the rest skipped (explain). No check builds a model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from twinrun.capture import manifest as mf
+from twinrun.capture.digests import logical_sha256
+from twinrun.capture.payload import Decoded, decode
+from twinrun.config.toml import TomlRun
+from twinrun.digest import sha256_bytes, sha256_dir, sha256_file, sha256_json
+from twinrun.errors import ContractError, DataError, IntegrityError, OutputError, TwinrunError
+
+NAMES = (
+    "fresh output paths",
+    "manifest pin",
+    "payload sha256",
+    "decode and validate",
+    "logical digest",
+    "initial adapter sha256",
+    "optimizer contract",
+)
+NEEDS = {  # a check runs only when the checks it trusts passed
+    "payload sha256": ("manifest pin",),
+    "decode and validate": ("payload sha256",),
+    "logical digest": ("decode and validate",),
+    "initial adapter sha256": ("manifest pin",),
+    "optimizer contract": ("manifest pin",),
+}
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # pass | fail | skip
+    detail: str = ""
+    expected: str | None = None
+    got: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class Verified:
+    """What the checks established, for the replay to use."""
+
+    run: TomlRun
+    hashes: Hashes
+    manifest_path: Path | None = None
+    manifest_bytes: bytes = b""
+    manifest: dict[str, Any] = field(default_factory=dict)
+    payload_path: Path | None = None
+    payload: bytes = b""
+    decoded: Decoded | None = None
+    logical: str = ""
+    source_contract: dict[str, Any] = field(default_factory=dict)
+    replay_contract: dict[str, Any] = field(default_factory=dict)
+    observed: list[str] = field(default_factory=list)
+    state_bytes: dict[str, bytes] = field(default_factory=dict)  # verified optimizer / head
+
+    @property
+    def manifest_sha256(self) -> str:
+        return sha256_bytes(self.manifest_bytes)
+
+
+def read_hashed(path: Path, what: str) -> tuple[bytes, str]:
+    """The file's bytes (read once, kept for decoding) and their SHA256."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"cannot read {what} {path}: {exc.strerror}", "check the path") from exc
+    return data, hashlib.sha256(data).hexdigest()
+
+
+class Hashes:
+    """File and directory digests the checks will need, started on a background thread at
+    once: hashing only reads bytes (nothing is parsed or trusted early), and the big adapter and
+    model files then hash while the payload is checked. Results are used in check order."""
+
+    def __init__(self, files: list[Path], dirs: list[Path]) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinrun-hash")
+        self.jobs = {p: self.pool.submit(sha256_file, p) for p in files if p.is_file()}
+        self.jobs |= {d: self.pool.submit(sha256_dir, d) for d in dirs if d.is_dir()}
+
+    def file(self, path: Path) -> str:
+        job = self.jobs.get(path)
+        return job.result() if job is not None else sha256_file(path)
+
+    def dir(self, path: Path) -> str:
+        job = self.jobs.get(path)
+        return job.result() if job is not None else sha256_dir(path)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def fresh_output(v: Verified) -> str:
+    out = Path(v.run.cfg.output)  # type: ignore[arg-type]
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise OutputError(
+            f"replay output {out} exists and is not empty",
+            "a replay never overwrites: choose a new [logging] dir",
+        )
+    return f"{out} is new"
+
+
+def manifest_pin(v: Verified) -> str:
+    path = Path(v.run.extras.replay_path)  # type: ignore[arg-type]
+    data, got = read_hashed(path, "manifest")
+    pin = v.run.extras.expected_manifest_sha256
+    if got != pin:
+        raise IntegrityError(
+            pin,
+            got,
+            str(path),
+            "expected_manifest_sha256 does not pin this manifest; it was not parsed",
+        )
+    v.manifest_path, v.manifest_bytes = path, data
+    v.manifest = mf.parse(data, str(path))  # only now: the bytes are the pinned ones
+    return f"sha256 {got}"
+
+
+def payload_sha(v: Verified) -> str:
+    assert v.manifest_path is not None
+    pin = v.manifest["payload"]
+    path = mf.member(v.manifest_path.parent, pin.get("file"), "payload")
+    data, got = read_hashed(path, "payload")
+    if got != pin["sha256"]:
+        raise IntegrityError(
+            pin["sha256"], got, str(path), "the payload is not the one the manifest pins"
+        )
+    v.payload_path, v.payload = path, data
+    return f"sha256 {got} ({len(data)} bytes)"
+
+
+def decode_payload(v: Verified) -> str:
+    decoded = decode(v.payload, str(v.payload_path))
+    m, a = v.manifest, decoded.arrays
+    mismatch = [
+        k
+        for k, got in (
+            ("objective", a.objective),
+            ("step", a.step),
+            ("rows", a.rows),
+            ("tokens", len(a.tokens)),
+            ("forwards", len(a.forward_sizes)),
+        )
+        if m.get(k) != got
+    ]
+    if mismatch:
+        raise DataError(
+            f"{v.payload_path}: payload and manifest disagree on {mismatch}", "re-capture the step"
+        )
+    v.decoded = decoded
+    return f"{a.objective} step {a.step}: {a.rows} rows, {len(a.tokens)} tokens"
+
+
+def logical(v: Verified) -> str:
+    assert v.decoded is not None
+    got = logical_sha256(v.decoded.arrays)
+    recorded = v.manifest["logical_batch_sha256"]
+    where = f"logical batch of {v.payload_path}"
+    if got != recorded:
+        raise IntegrityError(recorded, got, where, "the payload does not hold the manifest's batch")
+    pin = v.run.extras.expected_logical_sha256
+    if got != pin:
+        raise IntegrityError(pin, got, where, "expected_logical_sha256 does not pin this batch")
+    v.logical = got
+    return f"sha256 {got}"
+
+
+def initial_adapter(v: Verified) -> str:
+    from twinrun.init_adapter import read_trainer_state
+
+    folder = Path(v.run.cfg.init_adapter)  # type: ignore[arg-type]
+    initial = v.manifest["initial_state"]
+    state = read_trainer_state(folder)
+    if state["step"] != initial["resume_step"]:
+        raise ContractError(
+            f"{folder}: trainer_state step {state['step']}, the capture starts from step "
+            f"{initial['resume_step']}",
+            "point [resume] from at the state the capture was taken from",
+        )
+    for key, name in mf.STATE_FILES.items():
+        pin = initial.get(key)
+        if pin is None:
+            continue
+        where = str(folder / name)
+        if pin.get("from") == "seed":
+            got, where = seed_head_sha256(v), f"reward head from seed {v.run.cfg.seed}"
+        elif key == "adapter":  # the big one: hashed in the background already
+            got = v.hashes.file(Path(where)) if Path(where).is_file() else "missing file"
+        elif Path(where).is_file():  # small: kept, so the replay loads the bytes checked here
+            v.state_bytes[key], got = read_hashed(Path(where), key)
+        else:
+            got = "missing file"
+        if got != pin["sha256"]:
+            raise IntegrityError(
+                pin["sha256"], got, where, "the replay does not start from the captured state"
+            )
+    return f"sha256 {initial['adapter']['sha256']}"
+
+
+def seed_head_sha256(v: Verified) -> str:
+    from twinrun.capture.state import head_bytes
+    from twinrun.model.loading import read_model_config
+    from twinrun.model.reward_head import new_reward_head
+
+    hidden = int(read_model_config(Path(v.run.cfg.model))["hidden_size"])  # type: ignore[arg-type]
+    return sha256_bytes(head_bytes(new_reward_head(hidden, v.run.cfg.seed).weight))  # type: ignore[arg-type]
+
+
+def contract(v: Verified) -> str:
+    from twinrun.config.contract import allowlist_problems, contract_diff, optimizer_contract
+    from twinrun.errors import ModelError
+
+    cfg, pinned = v.run.cfg, v.manifest["optimizer_contract"]
+    source = pinned["values"]
+    if sha256_json(source) != pinned["sha256"]:
+        raise IntegrityError(
+            pinned["sha256"], sha256_json(source), f"optimizer contract of {v.manifest_path}"
+        )
+    if not Path(cfg.model).is_dir():  # type: ignore[arg-type]
+        raise ModelError(f"model directory {cfg.model} does not exist", "check [model] path")
+    model_sha = v.hashes.dir(Path(cfg.model))  # type: ignore[arg-type]
+    replay = optimizer_contract(cfg, v.manifest["objective"], model_sha, v.run.extras.engine)
+    declared = list(v.run.extras.allow_config_differences)
+    problems = allowlist_problems(source, replay, declared)
+    if problems:
+        raise ContractError(
+            "optimizer contract: " + "; ".join(problems),
+            "make the replay config match the source, declaring only what v1 allows to differ",
+        )
+    v.source_contract, v.replay_contract = source, replay
+    v.observed = contract_diff(source, replay)
+    return f"differences: {', '.join(v.observed) or 'none'}"
+
+
+STEPS = (
+    fresh_output,
+    manifest_pin,
+    payload_sha,
+    decode_payload,
+    logical,
+    initial_adapter,
+    contract,
+)
+
+
+def run_checks(run: TomlRun, stop: bool) -> tuple[list[Check], Verified]:
+    cfg = run.cfg
+    files = [Path(cfg.init_adapter) / mf.STATE_FILES["adapter"]] if cfg.init_adapter else []
+    v = Verified(run, hashes=Hashes(files, [Path(cfg.model)] if cfg.model else []))
+    try:
+        return _run(v, stop)
+    finally:
+        v.hashes.close()
+
+
+def _run(v: Verified, stop: bool) -> tuple[list[Check], Verified]:
+    results: list[Check] = []
+    status: dict[str, str] = {}
+    for name, fn in zip(NAMES, STEPS, strict=True):
+        blocked = [n for n in NEEDS.get(name, ()) if status.get(n) != "pass"]
+        if blocked:
+            results.append(Check(name, "skip", f"not trusted: {', '.join(blocked)} did not pass"))
+        else:
+            try:
+                results.append(Check(name, "pass", fn(v)))
+            except TwinrunError as exc:
+                if stop:
+                    raise
+                check = Check(name, "fail", exc.one_line())
+                if isinstance(exc, IntegrityError):
+                    check.expected, check.got = exc.expected, exc.got
+                results.append(check)
+        status[name] = results[-1].status
+    return results, v

@@ -1,0 +1,79 @@
+"""`twinrun explain CONFIG.toml`: every check a run would make, without building a model.
+
+For a replay config these are the seven ordered checks of `capture/checks.py`, each with its
+result and, for a digest, `Expected sha256 … Got …`; a check whose inputs are not trusted
+(after an earlier failure) is shown as skipped. For a source config: the config itself and the
+capture preconditions (initialization state, one step, no checkpoints, one device).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from twinrun.capture.checks import Check, run_checks
+from twinrun.config.toml import load_toml
+from twinrun.errors import TwinrunError
+
+
+def explain_config(path: str | Path) -> dict[str, Any]:
+    """The explain report (JSON-able); `ok` is true when every check passed."""
+    run = load_toml(path)
+    report: dict[str, Any] = {"config": str(path), "trainer": run.trainer}
+    if run.trainer == "optimizer_replay":
+        checks, v = run_checks(run, stop=False)
+        if v.manifest:
+            m = v.manifest
+            report["capture"] = {
+                "manifest": str(v.manifest_path),
+                "manifest_sha256": v.manifest_sha256,
+                "objective": m["objective"],
+                "step": m["step"],
+                "rows": m.get("rows"),
+                "tokens": m.get("tokens"),
+                "logical_batch_sha256": m["logical_batch_sha256"],
+                "declared_differences": list(run.extras.allow_config_differences),
+                "observed_differences": v.observed,
+            }
+    else:
+        checks = [Check("config", "pass", f"{run.trainer}: keys and values valid")]
+        if run.cfg.capture:
+            from twinrun.runs import source_problems
+
+            try:
+                problems = source_problems(run)
+            except TwinrunError as exc:
+                problems = [exc.one_line()]
+            what = "capture_steps" if run.cfg.capture_steps else "v1 capture"
+            checks.append(
+                Check(
+                    f"{what} preconditions",
+                    "fail" if problems else "pass",
+                    "; ".join(problems) or "initial state, steps, checkpoints, device",
+                )
+            )
+    report["checks"] = [c.as_dict() for c in checks]
+    report["ok"] = all(c.status == "pass" for c in checks)
+    return report
+
+
+def render(report: dict[str, Any]) -> str:
+    """A table: one line per check (result, name, detail); digests on their own line."""
+    width = max(len(c["name"]) for c in report["checks"])
+    lines = [f"explain {report['config']} ({report['trainer']})"]
+    for c in report["checks"]:
+        mark = {"pass": "pass", "fail": "FAIL", "skip": "skip"}[c["status"]]
+        detail = c.get("detail", "")
+        if "expected" in c:
+            detail = detail.split(": Expected sha256")[0]
+            detail += f"\n{'':{width + 8}}Expected sha256 {c['expected']}  Got {c['got']}"
+        lines.append(f"  {mark:4}  {c['name']:{width}}  {detail}")
+    cap = report.get("capture")
+    if cap:
+        lines.append(
+            f"capture: {cap['objective']} step {cap['step']}, {cap['rows']} rows, "
+            f"{cap['tokens']} tokens; logical {cap['logical_batch_sha256']}"
+        )
+    failed = sum(c["status"] == "fail" for c in report["checks"])
+    lines.append("all checks pass" if report["ok"] else f"{failed} check(s) failed")
+    return "\n".join(lines)

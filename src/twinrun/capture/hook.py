@@ -1,0 +1,223 @@
+"""Capture inside a running trainer, at the optimizer boundary (DESIGN §5).
+
+`attach_capture(session, loop)` wraps the loop of any objective. At a captured step K:
+
+1. before the step's forwards, the torch generator states are taken (what replay restores);
+2. at the optimizer boundary — after advantage normalisation, clipping and the token cap, the
+   gradients computed, the optimizer not yet stepped — the step's `OptimizerBatch` is written as
+   the payload, and the manifest is committed last. Neither parameters nor AdamW state have
+   changed since the step began, so this is also when a step inside a longer run
+   (`capture_steps`) saves the state it starts from (`optimizer_batch_step_K.state/`);
+3. the optimizer steps as usual (the source run still updates); then the adapter after the
+   step is hashed (and, for `capture_steps`, saved to `optimizer_batch_step_K.final/`).
+
+The step's metrics row gains the replay vocabulary: both digests, the manifest and initial /
+final adapter SHA256, the skipped flags (all false: the source ran every stage).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from twinrun.capture import manifest as mf
+from twinrun.capture.digests import effective_rows_sha256, logical_sha256, padding_fraction
+from twinrun.capture.payload import BatchArrays, encode, validate
+from twinrun.capture.state import HEAD_PARAM, adapter_bytes, head_bytes, optimizer_bytes
+from twinrun.capture.store import check_free, new_dir, write_new
+from twinrun.digest import sha256_bytes, sha256_file, sha256_json
+from twinrun.errors import ConfigError, ContractError
+from twinrun.fileio import atomic_write_json
+from twinrun.rng import capture_torch_rng, float_bits
+
+SKIPPED = ("dataset", "environment", "rollout", "sampling")
+
+
+def resolved_config(cfg: Any) -> dict[str, Any]:
+    """The redacted resolved config of a run given as a RunConfig."""
+    from twinrun.config.toml import RunExtras, TomlRun, resolved_tree
+
+    run = TomlRun(Path(""), cfg.objective, cfg, RunExtras(), cfg.steps, set())
+    return resolved_tree(run)
+
+
+@dataclass
+class CaptureHook:
+    s: Any  # the Session
+    loop: Any  # the Loop
+    steps: set[int]
+    within_run: bool  # capture_steps: pin the AdamW state and adapter the step starts from
+    rng_before: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def files(self, step: int) -> list[Path]:
+        out = self.s.out
+        names = [mf.payload_name(step), mf.manifest_name(step)]
+        if self.within_run:
+            names += [mf.state_dir_name(step), mf.final_dir_name(step)]
+        return [out / n for n in names]
+
+    def capture(self, step: int, outcome: Any) -> None:
+        s, cfg = self.s, self.s.cfg
+        if outcome.batch is None:
+            raise ContractError(f"{cfg.objective} step {step} did not describe its optimizer batch")
+        check_free(self.files(step))
+        arrays = BatchArrays.from_batch(outcome.batch)
+        validate(arrays)
+        rng = self.rng_before.pop(step, None) or capture_torch_rng()
+        payload = encode(arrays, rng, cfg.seed)
+        logical = logical_sha256(arrays)
+        effective = effective_rows_sha256(arrays, s.tok.pad_id)
+        initial = self.initial_state(step)
+        lr = float(self.loop.optimizer.param_groups[0]["lr"])
+        from twinrun.config.contract import optimizer_contract
+        from twinrun.determinism import runtime_versions
+
+        contract = optimizer_contract(cfg, cfg.objective, s.model_sha256)
+        tree = resolved_config(cfg)
+        manifest = {
+            "format": mf.FORMAT,
+            "objective": cfg.objective,
+            "step": step,
+            "schedule": {"total_steps": self.loop.total_steps, "lr": lr, "lr_bits": float_bits(lr)},
+            "payload": {
+                "file": mf.payload_name(step),
+                "sha256": sha256_bytes(payload),
+                "bytes": len(payload),
+            },
+            "logical_batch_sha256": logical,
+            "effective_rows_sha256": effective,
+            "rows": arrays.rows,
+            "tokens": int(len(arrays.tokens)),
+            "forwards": int(len(arrays.forward_sizes)),
+            "initial_state": initial,
+            "config": {"sha256": sha256_json(tree), "resolved": tree},
+            "optimizer_contract": {"sha256": sha256_json(contract), "values": contract},
+            "rng": {"cpu": True, "cuda_devices": len(rng.get("cuda", []))},
+            "runtime": runtime_versions(),
+        }
+        write_new(s.out / mf.payload_name(step), payload)
+        data = mf.dumps(manifest)
+        write_new(s.out / mf.manifest_name(step), data)  # last: the commit marker
+        outcome.metrics.update(
+            {
+                "optimizer/logical_batch_sha256": logical,
+                "optimizer/effective_rows_sha256": effective,
+                "optimizer_batch/manifest_sha256": sha256_bytes(data),
+                "optimizer_batch/initial_adapter_sha256": initial["adapter"]["sha256"],
+                **{f"optimizer_batch/{name}_skipped": False for name in SKIPPED},
+            }
+        )
+        outcome.metrics.setdefault("padding_fraction", padding_fraction(arrays))
+
+    def initial_state(self, step: int) -> dict[str, Any]:
+        """Pins of the state step `step` starts from (written first when inside a run)."""
+        s, cfg = self.s, self.s.cfg
+        head = dict(s.params).get(HEAD_PARAM)
+        if not self.within_run:
+            from twinrun.init_adapter import read_trainer_state
+
+            adapter_dir = Path(cfg.init_adapter)
+            state = read_trainer_state(adapter_dir)
+            pins: dict[str, Any] = {
+                "resume_step": state["step"],
+                "adapter": {
+                    "file": "adapter_model.safetensors",
+                    "sha256": sha256_file(adapter_dir / "adapter_model.safetensors"),
+                },
+                "optimizer": None,
+                "reward_head": None,
+            }
+            if head is not None:  # a fresh head from stream(seed, "reward_head")
+                pins["reward_head"] = {"from": "seed", "sha256": sha256_bytes(head_bytes(head))}
+            return pins
+        from twinrun.model.lora import save_adapter
+        from twinrun.train.session import LORA_TARGETS
+
+        folder = new_dir(s.out / mf.state_dir_name(step))
+        save_adapter(
+            s.model,
+            folder,
+            base_model_path=str(cfg.model),
+            rank=cfg.lora_rank,
+            alpha=cfg.lora_alpha,
+            targets=LORA_TARGETS,
+        )
+        files = {"optimizer": optimizer_bytes(self.loop.params, self.loop.optimizer)}
+        if head is not None:
+            files["reward_head"] = head_bytes(head)
+        pins = {"resume_step": step - 1, "dir": folder.name, "reward_head": None}
+        for key, data in files.items():
+            write_new(folder / mf.STATE_FILES[key], data)
+            pins[key] = {"file": mf.STATE_FILES[key], "sha256": sha256_bytes(data)}
+        name = mf.STATE_FILES["adapter"]
+        pins["adapter"] = {"file": name, "sha256": sha256_file(folder / name)}
+        from twinrun.init_adapter import STATE_FORMAT, TRAINER_STATE
+
+        atomic_write_json(
+            folder / TRAINER_STATE,
+            {
+                "format": STATE_FORMAT,
+                "step": step - 1,
+                "seed": cfg.seed,
+                "lora_rank": cfg.lora_rank,
+                "lora_alpha": cfg.lora_alpha,
+                "captured_as": mf.stem(step),
+            },
+        )
+        return pins
+
+    def after(self, step: int, row: dict[str, Any]) -> None:
+        s, cfg = self.s, self.s.cfg
+        data = adapter_bytes(s.model)
+        if self.within_run:
+            from twinrun.model.lora import save_adapter
+            from twinrun.train.session import LORA_TARGETS
+
+            folder = new_dir(s.out / mf.final_dir_name(step))
+            save_adapter(
+                s.model,
+                folder,
+                base_model_path=str(cfg.model),
+                rank=cfg.lora_rank,
+                alpha=cfg.lora_alpha,
+                targets=LORA_TARGETS,
+            )
+            head = dict(s.params).get(HEAD_PARAM)
+            if head is not None:
+                write_new(folder / mf.STATE_FILES["reward_head"], head_bytes(head))
+        row["optimizer_batch/final_adapter_sha256"] = sha256_bytes(data)
+        row["local_train_wall_s"] = row.get("wall_s")
+
+
+def attach_capture(s: Any, loop: Any) -> CaptureHook:
+    """Capture the configured steps of this run (`capture_steps`, or step 0 for a v1 capture)."""
+    cfg = s.cfg
+    steps = set(cfg.capture_steps or [0])
+    late = sorted(k for k in steps if k >= loop.total_steps)
+    if late:
+        raise ConfigError(
+            f"optimizer_batch.capture_steps {late} are past the run's {loop.total_steps} steps",
+            "capture steps that the run performs",
+        )
+    hook = CaptureHook(s, loop, steps, within_run=cfg.capture_steps is not None)
+    previous = loop.before_update
+    run_step = loop.run_step
+
+    def before_update(step: int, outcome: Any) -> None:
+        if previous is not None:
+            previous(step, outcome)
+        if step in hook.steps:
+            hook.capture(step, outcome)
+
+    def run_step_capturing(step: int, step_fn: Any) -> dict[str, Any]:
+        if step in hook.steps:
+            hook.rng_before[step] = capture_torch_rng()
+        row = run_step(step, step_fn)
+        if step in hook.steps:
+            hook.after(step, row)
+        return row
+
+    loop.before_update = before_update
+    loop.run_step = run_step_capturing
+    return hook

@@ -1,0 +1,120 @@
+"""The capture manifest: the JSON file that pins a capture, and the names of its files.
+
+For step K a capture is `optimizer_batch_step_<K:06d>.safetensors` (the payload) and
+`optimizer_batch_step_<K:06d>.manifest.json`; a capture of a step inside a longer run also has
+`optimizer_batch_step_<K:06d>.state/` (the adapter and AdamW state right before step K: a resume
+state with `trainer_state.json` step K-1) and, once the step is done, `.final/` (the adapter right
+after it). The manifest is written last: it is the commit marker.
+
+The manifest pins by SHA256 the payload, the logical batch, the redacted resolved config, the
+optimizer contract, and the initial adapter weight file (plus the AdamW state and reward head
+when the step starts from them), and records runtime versions and the step's learning rate.
+Replay hashes the manifest file against its external pin *before* `parse` sees a byte of it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from twinrun.capture.payload import FORMAT, OBJECTIVES
+from twinrun.errors import DataError
+
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+STATE_FILES = {
+    "adapter": "adapter_model.safetensors",
+    "optimizer": "optimizer.safetensors",
+    "reward_head": "reward_head.safetensors",
+}
+
+
+def stem(step: int) -> str:
+    return f"optimizer_batch_step_{step:06d}"
+
+
+def payload_name(step: int) -> str:
+    return f"{stem(step)}.safetensors"
+
+
+def manifest_name(step: int) -> str:
+    return f"{stem(step)}.manifest.json"
+
+
+def state_dir_name(step: int) -> str:
+    return f"{stem(step)}.state"
+
+
+def final_dir_name(step: int) -> str:
+    return f"{stem(step)}.final"
+
+
+def is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and bool(HEX64.match(value))
+
+
+def dumps(manifest: dict[str, Any]) -> bytes:
+    return (json.dumps(manifest, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+
+
+def member(folder: Path, name: Any, what: str) -> Path:
+    """A file named by the manifest, which must be a plain name inside the manifest's folder."""
+    if not isinstance(name, str) or not name:
+        raise DataError(f"manifest {what} file name is missing", "re-capture the step")
+    pure = PurePosixPath(name)
+    if (
+        pure.is_absolute()
+        or "\\" in name
+        or len(pure.parts) != 1
+        or pure.name in (".", "..")
+        or name != pure.name
+    ):
+        raise DataError(
+            f"manifest {what} file {name!r} escapes the capture folder",
+            "a capture names only files beside its manifest",
+        )
+    return folder / name
+
+
+def parse(data: bytes, where: str) -> dict[str, Any]:
+    """Parse and validate manifest bytes (already checked against their pin)."""
+    hint = "re-capture the step"
+    try:
+        m = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise DataError(f"{where}: manifest is not JSON ({exc})", hint) from exc
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise DataError(f"{where}: not a {FORMAT} manifest", hint)
+    problems = []
+    if m.get("objective") not in OBJECTIVES:
+        problems.append(f"objective {m.get('objective')!r}")
+    step = m.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        problems.append("step")
+    for key in ("logical_batch_sha256", "effective_rows_sha256"):
+        if not is_sha256(m.get(key)):
+            problems.append(key)
+    for key in ("payload", "config", "optimizer_contract"):
+        if not isinstance(m.get(key), dict) or not is_sha256(m[key].get("sha256")):
+            problems.append(f"{key}.sha256")
+    if not isinstance(m.get("optimizer_contract", {}).get("values"), dict):
+        problems.append("optimizer_contract.values")
+    schedule = m.get("schedule")
+    if not isinstance(schedule, dict) or not isinstance(schedule.get("lr"), float | int):
+        problems.append("schedule.lr")
+    elif not isinstance(schedule.get("total_steps"), int) or schedule["total_steps"] <= step:
+        problems.append("schedule.total_steps")
+    initial = m.get("initial_state")
+    if not isinstance(initial, dict) or not isinstance(initial.get("resume_step"), int):
+        problems.append("initial_state.resume_step")
+    else:
+        for key in STATE_FILES:
+            pin = initial.get(key)
+            if (key == "adapter" or pin is not None) and (
+                not isinstance(pin, dict) or not is_sha256(pin.get("sha256"))
+            ):
+                problems.append(f"initial_state.{key}.sha256")
+    if problems:
+        raise DataError(f"{where}: manifest fields missing or malformed: {problems}", hint)
+    return m

@@ -1,0 +1,44 @@
+"""Fresh replays for `twinrun evidence --repeat N CONFIG`: each one is its own
+`python -m twinrun run CONFIG --output DIR` process (timings of a warm process would flatter
+every replay after the first), into `<[logging] dir>.repeat-<i>`, the first free indices."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from twinrun.capture.evidence import EvidenceInputError
+from twinrun.config.toml import load_toml
+
+
+def repeat_replays(config: Path, n: int) -> list[Path]:
+    if n < 1:
+        raise EvidenceInputError(f"--repeat needs N >= 1, got {n}")
+    run = load_toml(config)
+    if run.trainer != "optimizer_replay":
+        raise EvidenceInputError(f"--repeat {config}: not a replay config ({run.trainer})")
+    base = Path(run.cfg.output)  # type: ignore[arg-type]
+    out: list[Path] = []
+    i = 1
+    while len(out) < n:
+        target = base.with_name(f"{base.name}.repeat-{i}")
+        i += 1
+        if target.exists():
+            continue
+        cmd = [
+            sys.executable,
+            "-m",
+            "twinrun",
+            "run",
+            str(config),
+            "--output",
+            str(target),
+            "--quiet",
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise EvidenceInputError(f"repeated replay {target} failed: {tail}")
+        out.append(target)
+    return out

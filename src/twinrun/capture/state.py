@@ -1,0 +1,78 @@
+"""Trainable state as bytes: the adapter, the reward head and the AdamW state, each serialized
+exactly as the files twinrun writes, so a SHA256 of these bytes is the SHA256 of the file.
+
+The AdamW state file (`optimizer.safetensors`, format `twinrun.adamw-state.v1`) holds, for the
+i-th trainable parameter, `<i>.step`, `<i>.exp_avg` and `<i>.exp_avg_sq` as torch keeps them,
+and the parameter names in order in its metadata; loading refuses a different parameter list.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from twinrun.errors import DataError
+
+OPTIMIZER_FORMAT = "twinrun.adamw-state.v1"
+HEAD_PARAM = "reward_head.score.weight"
+
+
+def adapter_bytes(model: torch.nn.Module) -> bytes:
+    """What `save_adapter` writes as adapter_model.safetensors for this model, now."""
+    from safetensors.torch import save
+
+    from twinrun.model.lora import lora_state_dict
+
+    return save(lora_state_dict(model), metadata={"format": "pt"})
+
+
+def head_bytes(weight: torch.Tensor) -> bytes:
+    """What `save_reward_head` writes for this head weight."""
+    from safetensors.torch import save
+
+    from twinrun.model.reward_head import HEAD_KEY
+
+    return save({HEAD_KEY: weight.detach().float().cpu().contiguous()}, metadata={"format": "pt"})
+
+
+def optimizer_bytes(
+    params: list[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer
+) -> bytes:
+    from safetensors.torch import save
+
+    tensors: dict[str, torch.Tensor] = {}
+    for i, (_, p) in enumerate(params):
+        for key, value in optimizer.state.get(p, {}).items():
+            tensors[f"{i}.{key}"] = value.detach().cpu().contiguous().clone()
+    from twinrun.capture.payload import pack_meta
+
+    names = [name for name, _ in params]
+    return save(tensors, metadata=pack_meta({"format": OPTIMIZER_FORMAT, "params": names}))
+
+
+def load_optimizer_state(
+    data: bytes,
+    params: list[tuple[str, torch.nn.Parameter]],
+    optimizer: torch.optim.Optimizer,
+    where: str,
+) -> None:
+    """Put a saved AdamW state into a fresh optimizer over the same parameters."""
+    from safetensors.torch import load
+
+    from twinrun.capture.payload import unpack_meta
+
+    meta: dict[str, Any] = unpack_meta(data)
+    names = [name for name, _ in params]
+    if meta.get("format") != OPTIMIZER_FORMAT or meta.get("params") != names:
+        raise DataError(f"{where}: not an AdamW state for these parameters", "re-capture")
+    tensors = load(data)
+    per_param: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        index, _, name = key.partition(".")
+        per_param.setdefault(int(index), {})[name] = value
+    for i, (_, p) in enumerate(params):
+        if i in per_param:
+            optimizer.state[p] = {
+                k: v.to(p.device) if k != "step" else v for k, v in per_param[i].items()
+            }

@@ -1,0 +1,107 @@
+"""The optimizer contract: every setting that decides what one optimizer update does to the
+adapter, given the batch — as flat TOML-keyed values, so two contracts diff key by key.
+
+It holds the optimizer (AdamW and its numbers, the learning rate and warmup), the model (base
+weights SHA256, LoRA shape, precision), the objective's own coefficients, the forward split
+(`batch_size`, `accumulation`), the seed, and the backend (device, strict mode, threads,
+batch-invariant mode, gradient checkpointing). It leaves out what only chose the rows (examples,
+environment, sampling numbers): the logical digest pins those.
+
+A replay's contract must equal its source's, except for keys it declares in
+`allow_config_differences` — and v1 allows only `backend.options.gradient_checkpointing`. An
+undeclared difference fails; so does a declared difference that is not there (a stale allowlist
+must not weaken the gate).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twinrun.config.run import RunConfig
+from twinrun.digest import canonical_json
+
+V1_ALLOWED_DIFFERENCES = ("backend.options.gradient_checkpointing",)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def optimizer_contract(
+    cfg: RunConfig, objective: str, model_sha256: str, engine: str = "pytorch"
+) -> dict[str, Any]:
+    c: dict[str, Any] = {
+        "training.objective": objective,
+        "training.seed": cfg.seed,
+        "training.learning_rate": cfg.learning_rate,
+        "training.warmup_steps": cfg.warmup_steps,
+        "training.batch_size": cfg.batch_size,
+        "training.precision": cfg.precision,
+        "model.sha256": model_sha256,
+        "model.lora_rank": cfg.lora_rank,
+        "model.lora_alpha": None if cfg.lora_alpha is None else float(cfg.lora_alpha),
+        "model.lora_targets": list(LORA_TARGETS),
+        "optimizer.name": "adamw",
+        "optimizer.betas": [float(b) for b in cfg.adam_betas],
+        "optimizer.eps": float(cfg.adam_eps),
+        "optimizer.weight_decay": float(cfg.weight_decay),
+        "backend.devices": cfg.device,
+        "backend.options.strict_deterministic": cfg.strict,
+        "backend.options.threads": cfg.threads,
+        "backend.options.batch_invariant": cfg.batch_invariant,
+        "backend.options.gradient_checkpointing": cfg.gradient_checkpointing,
+        "inference.engine": engine,
+        "debug.inject": list(cfg.inject),
+    }
+    if objective in ("sft", "dpo", "reward"):
+        c["training.accumulation"] = cfg.accumulation
+    if objective == "dpo":
+        c["dpo.beta"] = cfg.beta
+    if objective == "grpo":
+        c |= {
+            "grpo.clip_eps": cfg.clip_eps,
+            "grpo.temperature": cfg.temperature,
+            "grpo.token_cap": cfg.token_cap,
+        }
+    return c
+
+
+ABSENT = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is ABSENT or b is ABSENT:
+        return a is b
+    return canonical_json(a) == canonical_json(b)
+
+
+def contract_diff(source: dict[str, Any], replay: dict[str, Any]) -> list[str]:
+    """Keys whose values differ (a key one side lacks differs), sorted."""
+    keys = sorted(set(source) | set(replay))
+    return [k for k in keys if not _same(source.get(k, ABSENT), replay.get(k, ABSENT))]
+
+
+def _show(value: Any) -> str:
+    return "absent" if value is ABSENT else canonical_json(value).decode()
+
+
+def allowlist_problems(
+    source: dict[str, Any],
+    replay: dict[str, Any],
+    declared: list[str],
+    allowed: tuple[str, ...] = V1_ALLOWED_DIFFERENCES,
+) -> list[str]:
+    """Every way the observed differences break the declared allowlist."""
+    observed = contract_diff(source, replay)
+    problems = [
+        f"{k} may not differ in v1 (allowed: {', '.join(allowed)})"
+        for k in declared
+        if k not in allowed
+    ]
+    for k in observed:
+        if k not in declared:
+            src, rep = _show(source.get(k, ABSENT)), _show(replay.get(k, ABSENT))
+            problems.append(f"undeclared difference {k}: source {src}, replay {rep}")
+    for k in declared:
+        if k in allowed and k not in observed:
+            problems.append(
+                f"declared difference {k} is not present (both {_show(source.get(k, ABSENT))})"
+            )
+    return problems

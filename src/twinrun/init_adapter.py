@@ -1,0 +1,74 @@
+"""`twinrun init-adapter`: the initialization resume state a capture starts from.
+
+It writes the LoRA adapter a fresh run at this seed would start with (`apply_lora`: A from
+`stream(seed, "lora_A", module)`, B zero) in PEFT's format, and `trainer_state.json` with
+`"step": -1` — no optimizer step has run. A v1 capture accepts only such a state: the trainer
+then runs logical step 0 exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from twinrun.errors import ConfigError, ModelError
+from twinrun.fileio import atomic_write_json
+
+TRAINER_STATE = "trainer_state.json"
+STATE_FORMAT = "twinrun.trainer-state.v1"
+
+
+def init_adapter(out: str | Path, model: str, seed: int, rank: int, alpha: float) -> Path:
+    """Write the initial adapter and trainer_state.json into the new directory `out`."""
+    from twinrun.digest import sha256_dir, sha256_file
+    from twinrun.model.llama import load_base_model
+    from twinrun.model.lora import apply_lora, save_adapter
+    from twinrun.train.session import LORA_TARGETS
+
+    problems = []
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        problems.append(f"--seed must be in [0, 2**63), got {seed!r}")
+    if not isinstance(rank, int) or rank < 1:
+        problems.append(f"--lora-rank must be >= 1, got {rank!r}")
+    if not alpha > 0:
+        problems.append(f"--lora-alpha must be > 0, got {alpha!r}")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    path = Path(out)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ConfigError(f"{path} exists and is not empty", "choose a new directory")
+    base = load_base_model(model, precision="f32", device="cpu")
+    apply_lora(base, rank, alpha, seed, targets=LORA_TARGETS)
+    save_adapter(
+        base, path, base_model_path=str(model), rank=rank, alpha=alpha, targets=LORA_TARGETS
+    )
+    atomic_write_json(
+        path / TRAINER_STATE,
+        {
+            "format": STATE_FORMAT,
+            "step": -1,
+            "seed": seed,
+            "lora_rank": rank,
+            "lora_alpha": alpha,
+            "model_sha256": sha256_dir(model),
+            "adapter_sha256": sha256_file(path / "adapter_model.safetensors"),
+        },
+    )
+    return path
+
+
+def read_trainer_state(adapter_dir: str | Path) -> dict[str, Any]:
+    """trainer_state.json of a resume state; a ModelError when missing or malformed."""
+    path = Path(adapter_dir) / TRAINER_STATE
+    hint = "create the initial state with `twinrun init-adapter`"
+    if not path.is_file():
+        raise ModelError(f"{path} not found: {adapter_dir} is not a resume state", hint)
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read {path}: {exc}", hint) from exc
+    step = state.get("step") if isinstance(state, dict) else None
+    if isinstance(step, bool) or not isinstance(step, int) or step < -1:
+        raise ModelError(f"{path}: 'step' must be an integer >= -1, got {step!r}", hint)
+    return state

@@ -1,0 +1,216 @@
+"""Batch-invariant mode for `TwinLlama` (`--batch-invariant`): a row's numbers do not depend on
+the batch it rode in.
+
+How. A forward without a KV cache runs every row on its own, cut to its real length: the very
+forward a batch of one gives that row. Every matmul, softmax, norm and reduction then has shapes
+that depend on the row alone — no GEMM whose M dimension counts other rows' tokens, no softmax over
+padded keys, nothing reduced across rows — so on a given device, library and thread count a row's
+logits, hidden states and gradients are bitwise what `--batch-size 1` gives it. The results are
+right-padded with zeros to the batch's width (padded positions are never read by a loss).
+
+Gradients. Autograd adds the gradients a parameter receives from several rows in the order its
+scheduler reaches them (last row first, in practice), so a batch of four and four batches of one
+would add the same four row gradients in different orders. While gradients are recorded, each row
+therefore reads the trainable parameters through its own alias (`RowAliases`). The aliases'
+backward only collects; at the end of the backward pass the rows' gradients are added into
+`.grad` in a canonical order: row index by row index, and for one row index the gradients of the
+forwards that ran in that backward (a pair's chosen and rejected forwards) summed first, then
+added. That is exactly what a run at batch size 1 does — one forward (or one pair's two forwards)
+per backward, autograd summing a parameter's uses before adding them to `.grad` — so a
+batch-invariant run at batch size B and accumulation A writes the bytes of a run at batch size 1
+and accumulation A·B. The gradients are written into `.grad` directly (post-accumulate-grad hooks
+run once per backward, as usual), so `torch.autograd.grad` does not see them. One backward at a
+time: the collected gradients are module state.
+
+Cost: one forward per row, so per-op dispatch overhead grows with the batch size; on models whose
+matmuls dominate, that overhead vanishes and no compute is spent on padding.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from twinrun.objectives.sft import BATCH_INVARIANT_TAG
+
+if TYPE_CHECKING:
+    from twinrun.model.llama import LlamaOutput, TwinLlama
+
+Trainable = list[tuple[nn.Module, str, nn.Parameter]]
+
+
+class _Pending:
+    """Row gradients collected during one backward pass, flushed by an engine callback."""
+
+    entries: list[tuple[int, int, tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...]]] = []
+    queued = False
+    forwards = itertools.count()
+
+
+def _flush() -> None:
+    """Add the collected row gradients into `.grad`: row index by row index; for one row index
+    the forwards' gradients are first summed in forward order, then added (as autograd adds the
+    gradients of a parameter used by several forwards in one backward)."""
+    entries = sorted(_Pending.entries, key=lambda e: (e[0], e[1]))
+    _Pending.entries = []
+    _Pending.queued = False
+    touched: dict[int, torch.Tensor] = {}
+    for _, group in itertools.groupby(entries, key=lambda e: e[0]):
+        totals: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for _, _, leaves, grads in group:
+            for param, g in zip(leaves, grads, strict=True):
+                if g is None:
+                    continue
+                key = id(param)
+                totals[key] = (param, g if key not in totals else totals[key][1] + g)
+        for param, total in totals.values():
+            if param.grad is None:
+                param.grad = total.detach().clone()
+            else:
+                param.grad.add_(total)
+            touched[id(param)] = param
+    for param in touched.values():  # as AccumulateGrad does, once per parameter and backward
+        hooks = getattr(param, "_post_accumulate_grad_hooks", None) or {}
+        for hook in list(hooks.values()):
+            hook(param)
+
+
+class RowAliases(torch.autograd.Function):
+    """One alias of every trainable parameter per row (see the module docstring).
+
+    `RowAliases.apply(rows, params, anchor)`: the parameters come in as a tuple, not as tensor
+    inputs, so autograd never routes a gradient (nor an empty one) to their own accumulators;
+    `anchor` is a fresh scalar that requires grad, which makes the aliases differentiable. Backward
+    hands the rows' gradients to `_flush` and returns nothing."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, rows: int, params: tuple[torch.Tensor, ...], anchor: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        if _Pending.entries or _Pending.queued:  # left over by a backward that raised
+            _Pending.entries, _Pending.queued = [], False
+        ctx.leaves = params
+        ctx.rows = rows
+        ctx.order = next(_Pending.forwards)
+        ctx.set_materialize_grads(False)
+        return tuple(p.detach() for _ in range(rows) for p in params)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[None, None, None]:
+        n = len(ctx.leaves)
+        if not _Pending.queued:
+            torch.autograd.Variable._execution_engine.queue_callback(_flush)  # type: ignore[attr-defined]
+            _Pending.queued = True
+        for row in range(ctx.rows):
+            _Pending.entries.append((row, ctx.order, ctx.leaves, grads[row * n : (row + 1) * n]))
+        return None, None, None
+
+
+def row_aliases(rows: int, params: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """`rows` aliases of each of `params`, row-major (row 0's aliases first)."""
+    anchor = torch.zeros((), device=params[0].device, requires_grad=True)
+    return RowAliases.apply(rows, params, anchor)
+
+
+def real_lengths(attention_mask: torch.Tensor | None, b: int, t: int) -> list[int]:
+    """Each row's number of real tokens; rows must be right-padded and non-empty."""
+    if attention_mask is None:
+        return [t] * b
+    mask = attention_mask != 0
+    lengths = mask.sum(dim=1)
+    expected = torch.arange(t, device=mask.device)[None, :] < lengths[:, None]
+    if not torch.equal(mask, expected):
+        raise ValueError("batch-invariant mode needs right-padded rows (1s, then 0s)")
+    out = [int(n) for n in lengths.tolist()]
+    if 0 in out:
+        raise ValueError(f"row {out.index(0)} has no real token")
+    return out
+
+
+def trainable_parameters(model: nn.Module) -> Trainable:
+    """(module, name, parameter) for every parameter that requires grad, in module order."""
+    return [
+        (mod, name, p)
+        for mod in model.modules()
+        for name, p in mod._parameters.items()
+        if p is not None and p.requires_grad
+    ]
+
+
+@contextmanager
+def swapped(trainable: Trainable, aliases: tuple[torch.Tensor, ...]) -> Iterator[None]:
+    """Inside the block each trainable parameter is read through its alias."""
+    if not aliases:
+        yield
+        return
+    for (mod, name, _), alias in zip(trainable, aliases, strict=True):
+        mod._parameters[name] = alias  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for mod, name, param in trainable:
+            mod._parameters[name] = param
+
+
+def run_rows(
+    model: TwinLlama,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    hidden_layer: int | None,
+    steer: tuple[int, torch.Tensor] | None,
+) -> LlamaOutput:
+    """Every row alone at its real length (`model.run_batch`), results right-padded with 0."""
+    from twinrun.model.llama import LlamaOutput
+
+    b, t = input_ids.shape
+    lengths = real_lengths(attention_mask, b, t)
+    trainable = trainable_parameters(model) if torch.is_grad_enabled() else []
+    aliases: tuple[torch.Tensor, ...] = ()
+    if trainable:
+        aliases = row_aliases(b, tuple(p for _, _, p in trainable))
+    k = len(trainable)
+    logits, hidden = [], []
+    for row, length in enumerate(lengths):
+        with swapped(trainable, aliases[row * k : (row + 1) * k]):
+            out = model.run_batch(
+                input_ids[row : row + 1, :length], None, None, hidden_layer, steer
+            )
+        logits.append(F.pad(out.logits, (0, 0, 0, t - length)))
+        if out.hidden is not None:
+            hidden.append(F.pad(out.hidden, (0, 0, 0, t - length)))
+    result = LlamaOutput(torch.cat(logits), torch.cat(hidden) if hidden else None)
+    setattr(result.logits, BATCH_INVARIANT_TAG, True)
+    return result
+
+
+def rowwise(module: nn.Module, rows: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`module` applied to each row's tensor on its own, each row with its own parameter aliases
+    (for a trainable module outside the model, e.g. the reward head)."""
+    trainable = trainable_parameters(module) if torch.is_grad_enabled() else []
+    aliases: tuple[torch.Tensor, ...] = ()
+    if trainable:
+        aliases = row_aliases(len(rows), tuple(p for _, _, p in trainable))
+    k = len(trainable)
+    out = []
+    for row, x in enumerate(rows):
+        with swapped(trainable, aliases[row * k : (row + 1) * k]):
+            out.append(module(x))
+    return out
+
+
+def last_token_scores(
+    norm: nn.Module, head: nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """The reward model's [B] float32 scores in batch-invariant mode: per row, the final norm
+    over the row's real positions ([1, L, H], as a batch of one has them), its last token, then
+    the head — each row alone."""
+    b, t = attention_mask.shape
+    lengths = real_lengths(attention_mask, b, t)
+    pooled = [norm(hidden[row : row + 1, :n])[:, -1].float() for row, n in enumerate(lengths)]
+    return torch.cat(rowwise(head, pooled)).squeeze(-1)
