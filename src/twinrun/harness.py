@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from twinrun.diag.compare import CompareResult, Divergence, compare
+from twinrun.diag.compare import CompareResult, Divergence, compare, divergence_line
 from twinrun.errors import ConfigError, DataError, OutputError, TwinrunError
 
 __all__ = [
@@ -438,33 +438,6 @@ def cross_seed(
         if math.isnan(best[0]) or d > best[0]:
             best = (d, step, float(va), float(vc))
     return CrossSeed(best[0], best[1], best[2], best[3], n, key)
-
-
-def divergence_line(first: Divergence) -> str:
-    """The `FIRST_DIVERGENCE: ...` line exactly as `twinrun diff` prints it (DESIGN §4)."""
-
-    def num(x: float | None) -> str:
-        if x is None:
-            return "missing"
-        if math.isnan(x):
-            return "nan"
-        if math.isinf(x):
-            return "inf" if x > 0 else "-inf"
-        return repr(x)
-
-    leaf = first.leaf if first.leaf is not None else "*"
-    if first.kind == "missing_row":
-        a = "missing" if first.missing_in == "A" else "row"
-        b = "missing" if first.missing_in == "B" else "row"
-    else:
-        a, b = num(first.a), num(first.b)
-    line = (
-        f"FIRST_DIVERGENCE: step={first.step} leaf={leaf} run_A={a} run_B={b} "
-        f"delta={num(first.delta)}"
-    )
-    if first.phase != "train":
-        line += f" phase={first.phase}"
-    return line
 
 
 def check_diag(

@@ -18,35 +18,12 @@ import math
 import click
 
 from twinrun.diag.advice import advice_for, trace_advice
-from twinrun.diag.compare import CompareResult, Divergence, compare
+from twinrun.diag.compare import CompareResult, compare, divergence_line, format_number
 from twinrun.diag.trace import TraceDivergence
-
-
-def _num(x: float | None) -> str:
-    if x is None:
-        return "missing"
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return repr(x)
 
 
 def _rel(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.3e}"
-
-
-def _first_line(f: Divergence) -> str:
-    leaf = f.leaf if f.leaf is not None else "*"
-    if f.kind == "missing_row":
-        a = "missing" if f.missing_in == "A" else "row"
-        b = "missing" if f.missing_in == "B" else "row"
-    else:
-        a, b = _num(f.a), _num(f.b)
-    line = f"FIRST_DIVERGENCE: step={f.step} leaf={leaf} run_A={a} run_B={b} delta={_num(f.delta)}"
-    if f.phase != "train":
-        line += f" phase={f.phase}"
-    return line
 
 
 def _module_line(m: TraceDivergence) -> str:
@@ -55,7 +32,7 @@ def _module_line(m: TraceDivergence) -> str:
     if m.structural:
         line += f" structure: run_A has {m.kind} {m.module} call {m.call}, run_B has {m.other}"
     else:
-        line += f" run_A={_num(m.a)} run_B={_num(m.b)}"
+        line += f" run_A={format_number(m.a)} run_B={format_number(m.b)}"
     if m.within_tol:
         line += " within_tol"
     if m.phase != "train":
@@ -72,7 +49,7 @@ def _text(r: CompareResult) -> list[str]:
             f"0 of {r.rows_compared} rows diverged",
         ]
     f = r.first
-    out = [_first_line(f)]
+    out = [divergence_line(f)]
     if f.kind == "missing_row":
         out.append(f"  run {f.missing_in} has no row for phase={f.phase} step={f.step}")
     elif f.kind == "missing_leaf":

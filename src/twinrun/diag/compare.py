@@ -421,3 +421,31 @@ def _first_module(
     if div is None:
         return None, f"the traces at {where} agree entry for entry (the divergence is elsewhere)"
     return div, None
+
+
+def format_number(x: float | None) -> str:
+    """A leaf value as `twinrun diff` prints it: repr, or missing / nan / inf / -inf."""
+    if x is None:
+        return "missing"
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return repr(x)
+
+
+def divergence_line(first: Divergence) -> str:
+    """The `FIRST_DIVERGENCE: ...` line of DESIGN §4 (phase added when it is not train)."""
+    leaf = first.leaf if first.leaf is not None else "*"
+    if first.kind == "missing_row":
+        a = "missing" if first.missing_in == "A" else "row"
+        b = "missing" if first.missing_in == "B" else "row"
+    else:
+        a, b = format_number(first.a), format_number(first.b)
+    line = (
+        f"FIRST_DIVERGENCE: step={first.step} leaf={leaf} run_A={a} run_B={b} "
+        f"delta={format_number(first.delta)}"
+    )
+    if first.phase != "train":
+        line += f" phase={first.phase}"
+    return line
