@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twinrun.config.run import common_problems, require_flags
 from twinrun.errors import ConfigError, OutputError
 
 REPORT_FORMAT = "twinrun.evaluate.v1"
@@ -44,18 +45,10 @@ class EvalConfig:
             "--batch-size": self.batch_size,
             "--output": self.output,
         }
-        missing = [k for k, v in flags.items() if v is None]
-        if missing:
-            raise ConfigError(
-                f"missing required flags: {' '.join(missing)}", "evaluate needs every one of them"
-            )
-        problems = []
-        if self.batch_size is not None and self.batch_size < 1:
-            problems.append(f"--batch-size must be >= 1, got {self.batch_size}")
-        if self.precision not in ("f32", "bf16"):
-            problems.append(f"--precision must be f32 or bf16, got {self.precision!r}")
-        if self.chat_template not in ("on", "off"):
-            problems.append(f"--chat-template must be on or off, got {self.chat_template!r}")
+        require_flags(flags, "evaluate")
+        problems = common_problems(
+            batch_size=self.batch_size, precision=self.precision, chat_template=self.chat_template
+        )
         if problems:
             raise ConfigError("; ".join(problems))
         out = Path(self.output)  # type: ignore[arg-type]

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twinrun.config.run import common_problems, require_flags
 from twinrun.errors import ConfigError, DataError, OutputError
 
 HIDDEN_FORMAT = "twinrun.hidden.v1"
@@ -70,22 +71,14 @@ class ExtractConfig:
             "--batch-size": self.batch_size,
             "--output": self.output,
         }
-        missing = [k for k, v in flags.items() if v is None]
-        if missing:
-            raise ConfigError(
-                f"missing required flags: {' '.join(missing)}", "extract needs every one of them"
-            )
-        problems = []
+        require_flags(flags, "extract")
+        problems = common_problems(
+            batch_size=self.batch_size, precision=self.precision, chat_template=self.chat_template
+        )
         if self.layer is not None and self.layer < 0:
             problems.append(f"--layer must be >= 0, got {self.layer}")
         if self.pool not in POOLS:
             problems.append(f"--pool must be last or mean, got {self.pool!r}")
-        if self.batch_size is not None and self.batch_size < 1:
-            problems.append(f"--batch-size must be >= 1, got {self.batch_size}")
-        if self.precision not in ("f32", "bf16"):
-            problems.append(f"--precision must be f32 or bf16, got {self.precision!r}")
-        if self.chat_template not in ("on", "off"):
-            problems.append(f"--chat-template must be on or off, got {self.chat_template!r}")
         if not str(self.output).endswith(".safetensors"):
             problems.append(f"--output must end in .safetensors, got {self.output!r}")
         if problems:

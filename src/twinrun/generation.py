@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twinrun.config.run import common_problems, require_flags
 from twinrun.errors import ConfigError
 
 
@@ -34,12 +35,8 @@ class GenerateConfig:
             "--chat-template": self.chat_template,
             "--seed": self.seed,
         }
-        missing = [k for k, v in flags.items() if v is None]
-        if missing:
-            raise ConfigError(
-                f"missing required flags: {' '.join(missing)}", "generate needs every one of them"
-            )
-        problems = []
+        require_flags(flags, "generate")
+        problems = common_problems(chat_template=self.chat_template)
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             problems.append(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature is not None and self.temperature < 0:

@@ -182,10 +182,7 @@ def validate(cfg: RunConfig) -> None:
         problems.append(f"--learning-rate must be > 0, got {cfg.learning_rate}")
     if not (cfg.lora_alpha or 0) > 0:
         problems.append(f"--lora-alpha must be > 0, got {cfg.lora_alpha}")
-    if cfg.precision not in PRECISIONS:
-        problems.append(f"--precision must be f32 or bf16, got {cfg.precision!r}")
-    if cfg.chat_template not in ("on", "off"):
-        problems.append(f"--chat-template must be on or off, got {cfg.chat_template!r}")
+    problems += common_problems(precision=cfg.precision, chat_template=cfg.chat_template)
     if cfg.beta is not None and not cfg.beta > 0:
         problems.append(f"--beta must be > 0, got {cfg.beta}")
     if cfg.threads is not None and cfg.threads < 1:
@@ -246,3 +243,30 @@ def shaping_numbers(cfg: RunConfig) -> dict[str, Any]:
     if "env_args" in out:
         out["env_args"] = redact_env_args(out["env_args"])
     return redact(out)
+
+
+def require_flags(flags: dict[str, Any], command: str) -> None:
+    """One error naming every flag of `flags` whose value is None."""
+    missing = [flag for flag, value in flags.items() if value is None]
+    if missing:
+        raise ConfigError(
+            f"missing required {'flag' if len(missing) == 1 else 'flags'}: {' '.join(missing)}",
+            f"{command} needs every one of them",
+        )
+
+
+def common_problems(
+    *,
+    batch_size: int | None = None,
+    precision: str | None = "f32",
+    chat_template: str | None = "on",
+) -> list[str]:
+    """The checks every command shares: batch size, precision, chat template."""
+    problems = []
+    if batch_size is not None and batch_size < 1:
+        problems.append(f"--batch-size must be >= 1, got {batch_size}")
+    if precision not in PRECISIONS:
+        problems.append(f"--precision must be f32 or bf16, got {precision!r}")
+    if chat_template not in ("on", "off"):
+        problems.append(f"--chat-template must be on or off, got {chat_template!r}")
+    return problems
