@@ -86,6 +86,7 @@ def side_forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One forward over one side of the pairs: (values [B], ids, logits, reference values)."""
     ids, attn, mask = (t.to(s.cfg.device) for t in padded)
+    invariant = s.cfg.batch_invariant
     with s.autocast():
         if head is not None:
             from twinrun.model.reward_head import scores
@@ -93,8 +94,8 @@ def side_forward(
             return scores(s.model, head, ids, attn), ids, torch.empty(0), None
         logits = s.model(ids, attn)
         with torch.no_grad(), lora_disabled(s.model):
-            ref = sequence_logprob(s.model(ids, attn), ids, mask)
-    return sequence_logprob(logits, ids, mask), ids, logits, ref
+            ref = sequence_logprob(s.model(ids, attn), ids, mask, batch_invariant=invariant)
+    return sequence_logprob(logits, ids, mask, batch_invariant=invariant), ids, logits, ref
 
 
 def pair_step(

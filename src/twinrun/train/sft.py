@@ -134,7 +134,7 @@ def sft_update(
         ids, attn, mask = (t.to(device) for t in tensors)
         with s.autocast():
             logits = s.model(ids, attn)
-        sums, _ = completion_nll(logits, ids, mask)
+        sums, _ = completion_nll(logits, ids, mask, batch_invariant=s.cfg.batch_invariant)
         if reorder:  # the planted reduction fault: per-row backwards, last row first
             for b in reversed(range(len(batch))):
                 (sums[b] / total).backward(retain_graph=True)
