@@ -12,8 +12,8 @@ Each run is `python bench/diag_overhead.py --child TIMES -- tune sft ...`: the s
 `python -m twinrun tune sft ...` with a timer around `Loop.run_step`, so that three per-step
 figures come out of one run:
 
-- `wall_s` from metrics.jsonl: what the loop itself measures (the step up to the metrics row;
-  it does *not* include writing the diag row, which follows);
+- `wall_s` from metrics.jsonl: what the loop itself measures (the whole step, the diag row
+  included);
 - `step_s`: the whole `run_step` call, diag row included (perf_counter);
 - `step_cpu_s`: the main thread's CPU time for the whole call (thread_time): not moved by other
   processes taking the CPU on a shared machine.
@@ -251,7 +251,7 @@ def markdown(res: dict[str, Any]) -> str:
     labels = {
         "step_s": "whole step incl. the diag row, wall",
         "step_cpu_s": "whole step incl. the diag row, main-thread CPU",
-        "wall_s": "metrics.jsonl `wall_s` (diag row excluded)",
+        "wall_s": "metrics.jsonl `wall_s` (diag row included)",
     }
     for c in res["configs"]:
         steps = c["pairs"][0]["plain"]["steps"]
@@ -279,8 +279,7 @@ def markdown(res: dict[str, Any]) -> str:
         "the LoRA parameters (4 × 14,336 floats) and the RNG state, and appends a "
         f"{row_kb:.1f} KB row. The LoRA leaves cost the same at every optimizer step; the logits "
         "and tokens grow with every forward (accumulation 4: four times the logits on a four "
-        "times longer step). `wall_s` in metrics.jsonl is measured before the diag row is "
-        "written, so it shows only the indirect cost (e.g. the logits kept until the step ends).",
+        "times longer step). `wall_s` in metrics.jsonl includes writing the diag row.",
     ]
     if res.get("quick"):
         lines += ["", "Note: a `--quick` run (fewer pairs and steps)."]
