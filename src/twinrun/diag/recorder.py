@@ -266,10 +266,13 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 yield lineno, raw
 
 
+_loads = json.JSONDecoder().decode
+
+
 def parse_row(raw: bytes, path: Path, lineno: int) -> DiagRow | None:
     """Parse one line; None for another twinrun row kind (e.g. a step trace) to skip."""
     try:
-        obj = json.loads(raw)
+        obj = _loads(raw.decode("utf-8"))  # str in: json skips its encoding detection
     except json.JSONDecodeError as exc:
         msg = f"not valid JSON — {exc.msg} (column {exc.colno})"
         raise DataError(f"{path}:{lineno}: {msg}", _HINT) from exc
