@@ -151,7 +151,7 @@ def restore(
         for key in keys:
             t = ckpt.tensors[f"optim.{i}.{key}"]
             ref = params[int(i)][1]
-            state[int(i)][key] = t if key == "step" else t.reshape(ref.shape)
+            state[int(i)][key] = t if key == "step" else t.reshape(ref.shape).to(ref.device)
         if "step" in state[int(i)]:
             state[int(i)]["step"] = state[int(i)]["step"].reshape(())
     optimizer.load_state_dict({"state": state, "param_groups": ckpt.state["param_groups"]})
