@@ -213,3 +213,19 @@ def test_help_does_not_import_torch() -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "tune" in res.stdout
+
+
+def test_unexpected_error_is_one_line_too(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import twinrun.train.sft
+
+    def boom(cfg: object) -> None:
+        raise RuntimeError("something broke")
+
+    monkeypatch.delenv("TWINRUN_DEBUG", raising=False)
+    monkeypatch.setattr(twinrun.train.sft, "train_sft", boom)
+    assert run_cli(["tune", "sft"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("twinrun: internal error: RuntimeError: something broke")
+    assert err.count("\n") == 1 and "TWINRUN_DEBUG=1" in err
