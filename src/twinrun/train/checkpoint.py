@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from twinrun.determinism import runtime_versions
 from twinrun.errors import ConfigError, DataError
 from twinrun.fileio import fsync_dir
 from twinrun.train.adamw import AdamW
@@ -77,6 +78,7 @@ def write_checkpoint(
             "steps_done": steps_done,
             "param_groups": opt["param_groups"],
             "optim_keys": {str(i): sorted(s) for i, s in opt["state"].items()},
+            "runtime": runtime_versions(),
             **state,
         }
         (tmp / STATE_JSON).write_text(json.dumps(body) + "\n")
