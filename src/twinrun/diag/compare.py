@@ -111,16 +111,17 @@ class CompareResult:
         """A JSON-ready dict (non-finite floats as "NaN"/"Infinity" strings; no matrix)."""
         d = asdict(self)
         d.pop("matrix")
-        return _jsonable(d)
+        return jsonable(d)
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
+    """A JSON-ready copy: non-finite floats as \"NaN\"/\"Infinity\"/\"-Infinity\" strings."""
     if isinstance(x, float) and not math.isfinite(x):
         return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
     if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
+        return {k: jsonable(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     return x
 
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from twinrun.diag.compare import CompareResult, Divergence, compare, divergence_line
+from twinrun.diag.compare import CompareResult, Divergence, compare, divergence_line, jsonable
 
 if TYPE_CHECKING:
     from twinrun.harness import RunResult
@@ -359,17 +359,7 @@ class Verdict:
                 for r in self.runs
             ],
         }
-        return _jsonable(d)
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    return x
+        return jsonable(d)
 
 
 def judge(
