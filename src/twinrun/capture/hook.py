@@ -131,18 +131,8 @@ class CaptureHook:
             if head is not None:  # a fresh head from stream(seed, "reward_head")
                 pins["reward_head"] = {"from": "seed", "sha256": sha256_bytes(head_bytes(head))}
             return pins
-        from twinrun.model.lora import save_adapter
-        from twinrun.train.session import LORA_TARGETS
-
         folder = new_dir(s.out / mf.state_dir_name(step))
-        save_adapter(
-            s.model,
-            folder,
-            base_model_path=str(cfg.model),
-            rank=cfg.lora_rank,
-            alpha=cfg.lora_alpha,
-            targets=LORA_TARGETS,
-        )
+        s.save_adapter(folder)
         files = {"optimizer": optimizer_bytes(self.loop.params, self.loop.optimizer)}
         if head is not None:
             files["reward_head"] = head_bytes(head)
@@ -168,21 +158,11 @@ class CaptureHook:
         return pins
 
     def after(self, step: int, row: dict[str, Any]) -> None:
-        s, cfg = self.s, self.s.cfg
+        s = self.s
         data = adapter_bytes(s.model)
         if self.within_run:
-            from twinrun.model.lora import save_adapter
-            from twinrun.train.session import LORA_TARGETS
-
             folder = new_dir(s.out / mf.final_dir_name(step))
-            save_adapter(
-                s.model,
-                folder,
-                base_model_path=str(cfg.model),
-                rank=cfg.lora_rank,
-                alpha=cfg.lora_alpha,
-                targets=LORA_TARGETS,
-            )
+            s.save_adapter(folder)
             head = dict(s.params).get(HEAD_PARAM)
             if head is not None:
                 write_new(folder / mf.STATE_FILES["reward_head"], head_bytes(head))

@@ -37,6 +37,16 @@ class Session:
     progress: Progress | None = None
     started: float = field(default_factory=time.perf_counter)
 
+    def save_adapter(self, folder: Path) -> None:
+        """The run's LoRA adapter, in PEFT's format, into `folder`."""
+        from twinrun.model.lora import save_adapter
+
+        cfg = self.cfg
+        save_adapter(
+            self.model, folder, base_model_path=str(cfg.model), rank=cfg.lora_rank,
+            alpha=cfg.lora_alpha, targets=LORA_TARGETS,
+        )  # fmt: skip
+
     def autocast(self) -> Any:
         """bf16 runs the base model in bfloat16 under autocast; f32 casts nothing."""
         import contextlib
@@ -130,16 +140,8 @@ def finish_session(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the adapter, metrics.jsonl and the sidecar (last: it marks a finished run)."""
-    from twinrun.model.lora import save_adapter
 
-    save_adapter(
-        s.model,
-        s.out,
-        base_model_path=str(s.cfg.model),
-        rank=s.cfg.lora_rank,
-        alpha=s.cfg.lora_alpha,
-        targets=LORA_TARGETS,
-    )
+    s.save_adapter(s.out)
     atomic_write_jsonl(s.out / "metrics.jsonl", metrics)
     adapter_sha = sha256_file(s.out / "adapter_model.safetensors")
     record = sidecar(
