@@ -31,7 +31,6 @@ import platform
 import random
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,9 @@ import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+import benchkit
+from benchkit import cpu_name, git, update_docs_section
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -84,12 +86,7 @@ def twinrun(env: dict[str, str], cwd: Path, *args: str) -> tuple[float, float]:
 
 
 def spread(xs: list[float]) -> dict[str, Any]:
-    return {
-        "median": statistics.median(xs),
-        "min": min(xs),
-        "max": max(xs),
-        "all": [round(x, 4) for x in xs],
-    }
+    return benchkit.spread(xs, 4)
 
 
 def fmt(s: dict[str, Any], digits: int = 3) -> str:
@@ -97,21 +94,12 @@ def fmt(s: dict[str, Any], digits: int = 3) -> str:
 
 
 def machine() -> dict[str, Any]:
-    cpu = platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     return {
         "cpus": os.cpu_count(),
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "python": platform.python_version(),
         "torch": metadata.version("torch"),
-        "git_commit": commit or None,
+        "git_commit": git("rev-parse", "--short", "HEAD") or None,
         "loadavg": list(os.getloadavg()),
     }
 
@@ -131,7 +119,6 @@ def make_models(env: dict[str, str], work: Path) -> dict[str, Path]:
 def write_section() -> None:
     """Regenerate this bench's section of docs/benchmarks.md from the saved results (this
     bench's and bench/pairs_epoch.py's)."""
-    from docs_section import update_docs_section
 
     parts = []
     for name in ("batch_invariant", "pairs_epoch"):

@@ -45,11 +45,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from docs_section import update_docs_section
+from benchkit import cpu_name, git, package_versions, spread, update_docs_section
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -149,33 +148,14 @@ def run_once(
     return res
 
 
-def spread(xs: list[float]) -> dict[str, Any]:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "all": xs}
-
-
 def machine() -> dict[str, Any]:
-    cpu_name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu_name = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    versions = {}
-    for pkg in ("torch", "numpy", "transformers"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     return {
         "cpu_count": os.cpu_count(),
-        "cpu": cpu_name,
+        "cpu": cpu_name(),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        **versions,
-        "git_commit": commit or None,
+        **package_versions("torch", "numpy", "transformers"),
+        "git_commit": git("rev-parse", "--short", "HEAD") or None,
     }
 
 

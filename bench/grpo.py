@@ -38,16 +38,15 @@ import json
 import os
 import platform
 import pstats
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from docs_section import update_docs_section
+import benchkit
+from benchkit import cpu_name, git, package_versions, update_docs_section
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -80,13 +79,7 @@ GRPO_SETTINGS = {
 
 
 def spread(xs: list[float]) -> dict[str, Any]:
-    return {
-        "median": statistics.median(xs),
-        "min": min(xs),
-        "max": max(xs),
-        "n": len(xs),
-        "all": [round(x, 6) for x in xs],
-    }
+    return {**benchkit.spread(xs, 6), "n": len(xs)}
 
 
 def fmt(s: dict[str, Any], digits: int = 3) -> str:
@@ -94,34 +87,14 @@ def fmt(s: dict[str, Any], digits: int = 3) -> str:
 
 
 def machine() -> dict[str, Any]:
-    cpu_name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu_name = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    versions = {}
-    for pkg in ("torch", "transformers", "numpy"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "src"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.splitlines()
-    except OSError:
-        commit, dirty = "", []
+    dirty = git("status", "--porcelain", "--", "src").splitlines()
     return {
         "cpu_count": os.cpu_count(),
-        "cpu": cpu_name,
+        "cpu": cpu_name(),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        **versions,
-        "git_commit": commit or None,
+        **package_versions("torch", "transformers", "numpy"),
+        "git_commit": git("rev-parse", "--short", "HEAD") or None,
         "src_uncommitted": [ln[3:] for ln in dirty],  # measured code = commit + these changes
         "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")},
     }

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from docs_section import update_docs_section
+from benchkit import update_docs_section
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

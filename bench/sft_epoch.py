@@ -41,16 +41,15 @@ import os
 import platform
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from docs_section import update_docs_section
+import benchkit
+from benchkit import cpu_name, git, package_versions, update_docs_section
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -156,46 +155,18 @@ def losses(run_dir: Path) -> list[float]:
 
 
 def spread(xs: list[float]) -> dict[str, Any]:
-    return {
-        "median": statistics.median(xs),
-        "min": min(xs),
-        "max": max(xs),
-        "all": [round(x, 4) for x in xs],
-    }
+    return benchkit.spread(xs, 4)
 
 
 def machine(code: str) -> dict[str, Any]:
-    cpu_name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu_name = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    versions = {}
-    for pkg in ("torch", "transformers", "peft", "tokenizers"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
-    try:
-        rev = "HEAD" if code == "worktree" else code
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "src"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        commit, dirty = "", ""
+    commit = git("rev-parse", "--short", "HEAD" if code == "worktree" else code)
+    dirty = git("status", "--porcelain", "src")
     return {
         "cpu_count": os.cpu_count(),
-        "cpu": cpu_name,
+        "cpu": cpu_name(),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        **versions,
+        **package_versions("torch", "transformers", "peft", "tokenizers"),
         "git_commit": commit or None,
         # the runs used src/ as on disk, and it differed from the commit (untracked files too)
         "src_modified": code == "worktree" and bool(dirty),
