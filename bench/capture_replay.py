@@ -2,7 +2,7 @@
 
 1. `explain` throughput. Large synthetic captures (`--sizes`: payload and adapter MiB; ragged
    GRPO rows of 512 tokens; the toy model) are checked by
-   `twinrun.capture.explain.explain_config` in-process — all seven checks: fresh output, manifest
+   `twinrun.replay.explain.explain_config` in-process — all seven checks: fresh output, manifest
    pin, payload SHA256, decode and validate, logical digest, initial adapter SHA256, optimizer
    contract (which hashes the model directory). Baseline: plain `hashlib.sha256` over the same
    files (manifest, payload, adapter, model files), 1 MiB reads, one after the other. Both run
@@ -100,8 +100,8 @@ def big_capture(root: Path, model: Path, payload_mb: int, adapter_mb: int) -> tu
     from twinrun.capture.payload import BatchArrays, encode
     from twinrun.config.contract import optimizer_contract
     from twinrun.config.toml import load_toml
-    from twinrun.digest import sha256_bytes, sha256_dir, sha256_json
-    from twinrun.rng import capture_torch_rng
+    from twinrun.core.digest import sha256_bytes, sha256_dir, sha256_json
+    from twinrun.core.rng import capture_torch_rng
 
     rng = np.random.default_rng(0)
     length = 512
@@ -195,7 +195,7 @@ def hashlib_file(path: Path) -> str:
 
 
 def bench_explain(root: Path, model: Path, sizes: str, repeats: int) -> dict[str, Any]:
-    from twinrun.capture.explain import explain_config
+    from twinrun.replay.explain import explain_config
 
     payload_mb, adapter_mb = (int(x) for x in sizes.split(":"))
     cfg, size = big_capture(root, model, payload_mb, adapter_mb)
@@ -225,7 +225,7 @@ def bench_explain(root: Path, model: Path, sizes: str, repeats: int) -> dict[str
 
 
 def bench_replay(root: Path, model: Path, repeats: int) -> dict[str, Any]:
-    from twinrun.demo import shipped_examples
+    from twinrun.demo.tour import shipped_examples
 
     twinrun("init-adapter", str(root / "init"), "--model", str(model), "--seed", "7",
             "--lora-rank", "8", "--lora-alpha", "16")  # fmt: skip

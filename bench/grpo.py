@@ -10,7 +10,7 @@ temporary directory), one torch thread and f32.
    forwards + backwards) are read from its metrics.jsonl; `wall_s` minus both is the rest (AdamW
    step, bookkeeping). Step 0 is a warm-up and is left out of the medians (it is reported).
 2. Generation tokens/s, in this process: twinrun's KV-cached sampler
-   (`twinrun.model.generate.generate`, uniform draws from `twinrun.rng.stream`, `eos_id=None`)
+   (`twinrun.model.decoding.generate`, uniform draws from `twinrun.core.rng.stream`, `eos_id=None`)
    against HF `AutoModelForCausalLM.from_pretrained(toy, attn_implementation="eager").generate(
    do_sample=True, top_k=0, top_p=1.0, temperature=1.0, max_new_tokens=32)` with the EOS token
    removed from its generation config, so both always emit exactly 32 tokens (checked on every
@@ -187,11 +187,11 @@ def measure_generation(
     import torch
     from transformers import AutoModelForCausalLM
 
+    from twinrun.core.rng import stream
     from twinrun.data.examples import load_rows, prompt_text
-    from twinrun.model.generate import generate
+    from twinrun.model.decoding import generate
     from twinrun.model.llama import load_base_model
-    from twinrun.model.tokenizer import load_tokenizer
-    from twinrun.rng import stream
+    from twinrun.model.tokens import load_tokenizer
 
     torch.set_num_threads(1)
     torch.manual_seed(0)  # HF samples with torch's global generator
@@ -316,11 +316,11 @@ def profile_twinrun(run_twinrun: Any, n_prompts: int) -> dict[str, Any]:
             if file.endswith(file_tail) and name == func
         )
 
-    total = cum("model/generate.py", "generate")
+    total = cum("model/decoding.py", "generate")
     parts = {
         "model_forward (TwinLlama.run)": cum("model/llama.py", "run"),
-        "sample_index (softmax, cumsum, search)": cum("model/generate.py", "sample_index"),
-        "draw (twinrun.rng.stream(...).uniform())": cum("bench/grpo.py", "draw"),
+        "sample_index (softmax, cumsum, search)": cum("model/decoding.py", "sample_index"),
+        "draw (twinrun.core.rng.stream(...).uniform())": cum("bench/grpo.py", "draw"),
     }
     parts["rest (loop, tensor creation)"] = total - sum(parts.values())
     return {"total_s": total, "share": {k: v / total for k, v in parts.items()}}
@@ -391,8 +391,8 @@ def markdown(res: dict[str, Any]) -> str:
         f"twinrun sampled EOS {s['eos_tokens_emitted_without_stopping']['twinrun']} times, HF "
         f"{s['eos_tokens_emitted_without_stopping']['hf']} times, and both went on), "
         "temperature 1, no top-k / top-p, in one process, alternating which runs first; "
-        f"{s['repeats']} repeats. twinrun: `twinrun.model.generate.generate` (KV cache, "
-        "float64 sampling with `twinrun.rng.stream` draws, logprobs kept). HF: "
+        f"{s['repeats']} repeats. twinrun: `twinrun.model.decoding.generate` (KV cache, "
+        "float64 sampling with `twinrun.core.rng.stream` draws, logprobs kept). HF: "
         "`LlamaForCausalLM` (attention `eager`) `.generate(do_sample=True, top_k=0, top_p=1.0, "
         "temperature=1.0)`. Prompt logits of the two agree to "
         f"{s['max_abs_prompt_logit_diff']:.1e}.",

@@ -34,7 +34,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 from twinrun.data.batching import plan_steps  # noqa: E402
 from twinrun.data.examples import encode_sft_rows, load_rows  # noqa: E402
-from twinrun.model.tokenizer import load_tokenizer  # noqa: E402
+from twinrun.model.tokens import load_tokenizer  # noqa: E402
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
@@ -65,7 +65,7 @@ def collate(rows: list, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 
 def twinrun_init(model: torch.nn.Module, seed: int) -> None:
-    from twinrun.rng import stream, torch_tensor
+    from twinrun.core.rng import stream, torch_tensor
 
     prefix = "base_model.model."
     with torch.no_grad():

@@ -13,7 +13,7 @@ from typing import Any
 import tomli_w
 
 from twinrun.cli.main import run_cli
-from twinrun.demo import shipped_examples
+from twinrun.demo.tour import shipped_examples
 
 PLUGIN = '''
 class Shaped:

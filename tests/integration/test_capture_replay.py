@@ -53,9 +53,9 @@ def forbid_data_and_environment(monkeypatch: pytest.MonkeyPatch, cap: Capture) -
 
     for target in (
         "twinrun.rl.environments.make_environment",
-        "twinrun.train.grpo.make_environment",
-        "twinrun.train.grpo.collect_rollouts",
-        "twinrun.train.grpo.sample_completion",
+        "twinrun.train.recipes.grpo.make_environment",
+        "twinrun.train.recipes.grpo.collect_rollouts",
+        "twinrun.train.recipes.grpo.sample_completion",
         "twinrun.data.examples.load_rows",
     ):
         monkeypatch.setattr(target, no)

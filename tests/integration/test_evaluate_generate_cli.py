@@ -82,7 +82,7 @@ def test_generate_greedy_and_sampled(
     s3 = run("--temperature", "1.0", "--seed", "4")
     assert s1 == s2
     assert s1["tokens"] != s3["tokens"]
-    from twinrun.model.tokenizer import load_tokenizer
+    from twinrun.model.tokens import load_tokenizer
 
     assert s1["text"] == load_tokenizer(toy_model_dir).decode(s1["tokens"])
 

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from twinrun.cli.main import run_cli
-from twinrun.demo import shipped_examples
+from twinrun.demo.tour import shipped_examples
 
 
 def extract_args(model: Path, examples: Path, out: Path, *extra: str, layer: int = 2,
@@ -74,7 +74,7 @@ def test_steering_artifact_and_its_metadata(
         meta = fh.metadata()
         vector = fh.get_tensor("steering_vector")
         assert list(fh.keys()) == ["steering_vector"]
-    assert meta["format"] == "twinrun.steering.v1"
+    assert meta["format"] == "twinrun.infer.steering.v1"
     assert meta["precision"] == "f32" and meta["chat_template"] == "on"
     assert meta["layer"] == "2" and meta["pool"] == "last" and meta["examples"] == "32"
     side = json.loads(steer_file.with_suffix(".json").read_text())

@@ -185,10 +185,10 @@ def test_completion_independent_of_batch(toy_model_dir: Path, arith: Path) -> No
     from twinrun.config.run import RunConfig
     from twinrun.data.examples import load_rows
     from twinrun.model.llama import load_base_model
-    from twinrun.model.tokenizer import load_tokenizer
+    from twinrun.model.tokens import load_tokenizer
     from twinrun.rl.environments import make_environment
     from twinrun.train.faults import Faults
-    from twinrun.train.grpo import GrpoState, collect_rollouts
+    from twinrun.train.recipes.grpo import GrpoState, collect_rollouts
 
     cfg = RunConfig(objective="grpo", seed=3, group_size=3, max_new_tokens=5, temperature=1.0,
                     chat_template="on")  # fmt: skip

@@ -49,7 +49,7 @@ def test_sidecar_records_every_number(sft_runs: dict[str, Path], toy_model_dir: 
         "strict": True, "weight_decay": 0.0, "adam_betas": [0.9, 0.999], "adam_eps": 1e-8,
     }  # fmt: skip
     assert {k: train[k] for k in expected} == expected
-    from twinrun.digest import sha256_dir, sha256_file
+    from twinrun.core.digest import sha256_dir, sha256_file
 
     assert side["model"]["sha256"] == sha256_dir(toy_model_dir)
     assert side["adapter"]["sha256"] == sha256_file(sft_runs["a"] / "adapter_model.safetensors")
@@ -218,13 +218,13 @@ def test_help_does_not_import_torch() -> None:
 def test_unexpected_error_is_one_line_too(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import twinrun.train.sft
+    import twinrun.train.recipes.sft
 
     def boom(cfg: object) -> None:
         raise RuntimeError("something broke")
 
     monkeypatch.delenv("TWINRUN_DEBUG", raising=False)
-    monkeypatch.setattr(twinrun.train.sft, "train_sft", boom)
+    monkeypatch.setattr(twinrun.train.recipes.sft, "train_sft", boom)
     assert run_cli(["tune", "sft"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("twinrun: internal error: RuntimeError: something broke")

@@ -212,7 +212,7 @@ def test_capture_never_overwrites(
 ) -> None:
     """A capture file that appears before the capture is written is left alone: the run fails
     and neither payload nor manifest replaces it."""
-    from twinrun.capture import hook
+    from twinrun.train.hooks import capture as hook
 
     capture = hook.CaptureHook.capture
 

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save
 
 from twinrun.capture.payload import BatchArrays, decode, encode, pack_meta, unpack_meta
-from twinrun.errors import DataError
+from twinrun.core.errors import DataError
 from twinrun.train.batch import OptimizerBatch
 
 

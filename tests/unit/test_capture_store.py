@@ -10,7 +10,7 @@ import pytest
 
 from twinrun.capture import manifest as mf
 from twinrun.capture.store import check_free, new_dir, write_new
-from twinrun.errors import DataError, OutputError
+from twinrun.core.errors import DataError, OutputError
 
 
 def test_write_new_never_overwrites(tmp_path: Path) -> None:

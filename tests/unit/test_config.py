@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from twinrun.config.run import RunConfig, shaping_numbers, validate
-from twinrun.errors import ConfigError
+from twinrun.core.errors import ConfigError
 
 
 def full(**over: object) -> RunConfig:

@@ -1,4 +1,4 @@
-"""Tests for twinrun.determinism: strict mode settings stick and are recorded, threads apply,
+"""Tests for twinrun.core.determinism: strict mode settings stick and are recorded, threads apply,
 bad CUBLAS_WORKSPACE_CONFIG / device / threads fail clearly, runtime versions are recorded.
 
 torch's deterministic flag, cuDNN flags, thread count and the environment are process-global:
@@ -13,15 +13,15 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from twinrun import determinism
-from twinrun.determinism import (
+from twinrun.core import determinism
+from twinrun.core.determinism import (
     CUBLAS_ENV,
     establish,
     parse_device,
     runtime_versions,
     verify_strict,
 )
-from twinrun.errors import ConfigError, ContractError
+from twinrun.core.errors import ConfigError, ContractError
 
 PROVENANCE_KEYS = {
     "strict",

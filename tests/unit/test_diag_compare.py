@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from twinrun.core.errors import DataError
 from twinrun.diag.advice import GENERIC, advice_for
 from twinrun.diag.compare import compare, relative_difference, values_equal
 from twinrun.diag.recorder import STANDARD_LEAVES, DiagRecorder, LeafValue, leaf_value
-from twinrun.errors import DataError
 
 
 def write_run(path: Path, steps: int = 5, edit: dict | None = None, phase: str = "train") -> Path:

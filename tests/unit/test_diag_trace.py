@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from twinrun.core.errors import DataError
 from twinrun.diag.advice import trace_advice
 from twinrun.diag.compare import compare
 from twinrun.diag.recorder import DiagRecorder
@@ -21,7 +22,6 @@ from twinrun.diag.trace import (
     compare_traces,
     read_trace,
 )
-from twinrun.errors import DataError
 from twinrun.model.llama import TwinLlama, load_base_model
 from twinrun.model.lora import apply_lora
 

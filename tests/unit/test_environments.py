@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from twinrun.errors import ConfigError, DataError, TwinrunError
+from twinrun.core.errors import ConfigError, DataError, TwinrunError
+from twinrun.core.rng import stream
 from twinrun.rl.environments import (
     ArithmeticEnvironment,
     ClockEnvironment,
@@ -21,7 +22,6 @@ from twinrun.rl.environments import (
     make_environment,
     observation_fault,
 )
-from twinrun.rng import stream
 
 ROW = {"prompt": "What is 3 + 4?", "answer": "7"}
 STAMP = re.compile(r"^\[time \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\] ")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from twinrun.core.errors import DataError
 from twinrun.data.batching import pad_rows, plan_steps, steps_per_epoch
 from twinrun.data.examples import EncodedRow, encode_prompt_completion, load_rows, sft_parts
-from twinrun.errors import DataError
 
 
 class FakeTok:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from twinrun.errors import ConfigError
+from twinrun.core.errors import ConfigError
 from twinrun.rl.advantages import (
     apply_token_cap,
     batch_normalise,

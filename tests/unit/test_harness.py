@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from twinrun.errors import ConfigError, DataError, TwinrunError
+from twinrun.core.errors import ConfigError, DataError, TwinrunError
 from twinrun.harness import (
     check_diag,
     compare_same_seed,

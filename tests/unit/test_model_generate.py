@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from twinrun.model.generate import generate, generate_tokens, greedy_index, sample_index
+from twinrun.core.rng import stream
+from twinrun.model.decoding import generate, generate_tokens, greedy_index, sample_index
 from twinrun.model.llama import TwinLlama, load_base_model
 from twinrun.model.toy import EOS_ID
-from twinrun.rng import stream
 
 PROMPT = [256, 60, 124, 117, 115, 101, 114, 124, 62, 10, 104, 105]
 
@@ -95,9 +95,9 @@ def test_sample_index_rule() -> None:
 
 def test_prefix_reuse_gives_the_same_bits(toy_model_dir) -> None:  # type: ignore[no-untyped-def]
     """Completions started from a shared prefill equal completions that prefill themselves."""
-    from twinrun.model.generate import generate, prefill
+    from twinrun.core.rng import stream
+    from twinrun.model.decoding import generate, prefill
     from twinrun.model.llama import load_base_model
-    from twinrun.rng import stream
 
     model = load_base_model(toy_model_dir)
     prompt = [256, *b"What is 4 + 4?"]

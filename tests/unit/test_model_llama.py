@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from twinrun.errors import ModelError
+from twinrun.core.errors import ModelError
 from twinrun.model.llama import TwinLlama, load_base_model
 
 ATOL = 1e-5

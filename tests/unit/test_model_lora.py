@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from twinrun.errors import ModelError
+from twinrun.core.errors import ModelError
+from twinrun.core.rng import stream
 from twinrun.model.llama import TwinLlama, load_base_model
 from twinrun.model.lora import (
     LoRALinear,
@@ -20,7 +21,6 @@ from twinrun.model.lora import (
     lora_parameters,
     save_adapter,
 )
-from twinrun.rng import stream
 
 IDS = torch.tensor([[256, 104, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100]])
 

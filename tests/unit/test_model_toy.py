@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from twinrun.errors import ModelError, OutputError
-from twinrun.model.tokenizer import load_tokenizer
+from twinrun.core.errors import ModelError, OutputError
+from twinrun.core.rng import stream
+from twinrun.model.tokens import load_tokenizer
 from twinrun.model.toy import BOS_ID, EOS_ID, PAD_ID, write_toy_checkpoint
-from twinrun.rng import stream
 
 TEXTS = ["hello world", "héllo ✓ 日本", "", "a\nb\tc  d", "<|user|>\nhi<|eos|>", "\x00\xff"]
 
@@ -152,7 +152,7 @@ def test_tokenizer_module_does_not_import_transformers() -> None:
     import sys
 
     code = (
-        "import sys, twinrun.model.tokenizer, twinrun.model.loading, twinrun.model; "
+        "import sys, twinrun.model.tokens, twinrun.model.loading, twinrun.model; "
         "assert 'transformers' not in sys.modules; assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from twinrun.core.errors import DataError
 from twinrun.data.examples import encode_prompt_completion, load_rows
 from twinrun.data.pairs import EncodedPair, encode_pairs, pair_parts
-from twinrun.errors import DataError
 
 
 class FakeTok:

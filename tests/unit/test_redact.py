@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from twinrun.redact import REDACTED, redact, redact_env_args
+from twinrun.core.redact import REDACTED, redact, redact_env_args
 
 
 def test_secret_keys_at_any_depth() -> None:

@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from twinrun.rl.replay import PrioritizedReplay, SumTree
-from twinrun.rng import stream
+from twinrun.core.rng import stream
+from twinrun.rl.prioritized import PrioritizedReplay, SumTree
 
 
 def bits(x: float) -> bytes:

@@ -1,4 +1,4 @@
-"""Tests for twinrun.rng: SplitMix64 reference vectors, keyed-stream properties, derived draws
+"""Tests for twinrun.core.rng: SplitMix64 reference vectors, keyed-stream properties, derived draws
 and pinned outputs (so any change to key derivation or draw order fails here)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import struct
 import numpy as np
 import pytest
 
-from twinrun import rng
-from twinrun.rng import (
+from twinrun.core import rng
+from twinrun.core.rng import (
     GAMMA,
     MASK64,
     SplitMix64,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from twinrun.errors import ConfigError
+from twinrun.core.errors import ConfigError
 from twinrun.train.schedule import lr_at
 
 

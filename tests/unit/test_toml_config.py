@@ -17,7 +17,7 @@ from twinrun.config.contract import (
     optimizer_contract,
 )
 from twinrun.config.toml import load_toml, resolved_tree, schema
-from twinrun.errors import ConfigError
+from twinrun.core.errors import ConfigError
 
 PIN = "a" * 64
 

@@ -28,8 +28,8 @@ from twinrun.capture import manifest as mf
 from twinrun.capture.digests import logical_sha256
 from twinrun.capture.payload import Decoded, decode
 from twinrun.config.toml import TomlRun
-from twinrun.digest import sha256_bytes, sha256_dir, sha256_file, sha256_json
-from twinrun.errors import ContractError, DataError, IntegrityError, OutputError, TwinrunError
+from twinrun.core.digest import sha256_bytes, sha256_dir, sha256_file, sha256_json
+from twinrun.core.errors import ContractError, DataError, IntegrityError, OutputError, TwinrunError
 
 NAMES = (
     "fresh output paths",
@@ -193,7 +193,7 @@ def logical(v: Verified) -> str:
 
 
 def initial_adapter(v: Verified) -> str:
-    from twinrun.init_adapter import read_trainer_state
+    from twinrun.train.init_adapter import read_trainer_state
 
     folder = Path(v.run.cfg.init_adapter)  # type: ignore[arg-type]
     initial = v.manifest["initial_state"]
@@ -235,7 +235,7 @@ def seed_head_sha256(v: Verified) -> str:
 
 def contract(v: Verified) -> str:
     from twinrun.config.contract import allowlist_problems, contract_diff, optimizer_contract
-    from twinrun.errors import ModelError
+    from twinrun.core.errors import ModelError
 
     cfg, pinned = v.run.cfg, v.manifest["optimizer_contract"]
     source = pinned["values"]

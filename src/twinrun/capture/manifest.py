@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from twinrun.capture.payload import FORMAT, OBJECTIVES
-from twinrun.errors import DataError
+from twinrun.core.errors import DataError
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 STATE_FILES = {

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from twinrun.errors import DataError
+from twinrun.core.errors import DataError
 from twinrun.train.batch import OptimizerBatch
 
 FORMAT = "twinrun.optimizer-batch.v1"

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from twinrun.errors import DataError
+from twinrun.core.errors import DataError
 
 OPTIMIZER_FORMAT = "twinrun.adamw-state.v1"
 HEAD_PARAM = "reward_head.score.weight"

@@ -9,8 +9,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from twinrun.errors import OutputError
-from twinrun.fileio import fsync_dir
+from twinrun.core.errors import OutputError
+from twinrun.core.fileio import fsync_dir
 
 
 def _refuse(path: Path) -> OutputError:

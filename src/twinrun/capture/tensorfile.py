@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from twinrun.errors import DataError
+from twinrun.core.errors import DataError
 
 DTYPES = {"I64": np.dtype("<i8"), "F64": np.dtype("<f8"), "U8": np.dtype("u1"),
           "F32": np.dtype("<f4")}  # fmt: skip

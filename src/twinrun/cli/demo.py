@@ -25,6 +25,6 @@ import click
 )
 def demo(directory: str, threads: int | None) -> None:
     """Show that a run reproduces itself, on the toy model and shipped examples."""
-    from twinrun.demo import run_demo
+    from twinrun.demo.tour import run_demo
 
     run_demo(Path(directory), threads=threads)

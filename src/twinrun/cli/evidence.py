@@ -37,8 +37,8 @@ def evidence(
     import json
     from pathlib import Path
 
-    from twinrun.capture.evidence import evaluate, render
-    from twinrun.capture.repeat import repeat_replays
+    from twinrun.replay.evidence import evaluate, render
+    from twinrun.replay.repeat import repeat_replays
 
     paths = [Path(p) for p in replays]
     if repeat is not None:

@@ -13,7 +13,7 @@ def explain(config: str, as_json: bool) -> int:
     """Verify pins, payload, adapter and config contract of CONFIG.toml without a model."""
     import json
 
-    from twinrun.capture.explain import explain_config, render
+    from twinrun.replay.explain import explain_config, render
 
     report = explain_config(config)
     click.echo(json.dumps(report, indent=2) if as_json else render(report))

@@ -27,7 +27,7 @@ import click
 @click.option("--quiet", is_flag=True, help="No summary line.")
 def extract(**opts: Any) -> None:
     """Hidden states per example (float32 [N, H]) or a steering vector, to safetensors."""
-    from twinrun.extract import ExtractConfig, run_extract
+    from twinrun.infer.extract import ExtractConfig, run_extract
 
     record = run_extract(ExtractConfig(**opts))
     if not opts["quiet"]:

@@ -26,7 +26,7 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Print {prompt_tokens, tokens, text}.")
 def generate(**opts: Any) -> None:
     """Generate a completion for one prompt."""
-    from twinrun.generation import GenerateConfig, run_generate
+    from twinrun.infer.generate import GenerateConfig, run_generate
 
     result = run_generate(GenerateConfig(**{k: v for k, v in opts.items() if k != "as_json"}))
     if opts["as_json"]:

@@ -13,8 +13,8 @@ import click
 @click.option("--lora-alpha", type=float, required=True, help="LoRA alpha.")
 def init_adapter(directory: str, model: str, seed: int, lora_rank: int, lora_alpha: float) -> None:
     """Write the initialization resume state a capture starts from."""
-    from twinrun.digest import sha256_file
-    from twinrun.init_adapter import init_adapter as write
+    from twinrun.core.digest import sha256_file
+    from twinrun.train.init_adapter import init_adapter as write
 
     out = write(directory, model, seed, lora_rank, lora_alpha)
     sha = sha256_file(out / "adapter_model.safetensors")

@@ -58,7 +58,7 @@ def debug_enabled() -> bool:
 
 def run_cli(args: list[str] | None = None) -> int:
     """Run the CLI and return the exit code (used by tests in-process and by `main`)."""
-    from twinrun.errors import TwinrunError
+    from twinrun.core.errors import TwinrunError
 
     try:
         rv = cli.main(args=args, prog_name="twinrun", standalone_mode=False)

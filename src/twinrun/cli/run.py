@@ -11,7 +11,7 @@ import click
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def run(config: str, output: str | None, quiet: bool) -> None:
     """Run CONFIG.toml ([training] trainer = sft | dpo | reward | grpo | optimizer_replay)."""
-    from twinrun.runs import run_toml
+    from twinrun.dispatch.toml_runs import run_toml
 
     record = run_toml(config, output, quiet)
     if quiet:

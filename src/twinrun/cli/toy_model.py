@@ -25,7 +25,7 @@ def toy_model(
     overwrite: bool,
 ) -> None:
     """Write a tiny Llama checkpoint (byte-level tokenizer with a chat template) to DIRECTORY."""
-    from twinrun.errors import ConfigError
+    from twinrun.core.errors import ConfigError
     from twinrun.model.toy import write_toy_checkpoint
 
     if not 0 <= seed < 2**63:

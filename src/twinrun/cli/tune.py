@@ -29,7 +29,7 @@ def print_run_summary(record: dict[str, Any], quiet: bool) -> None:
 @epoch_options
 def sft(**opts: Any) -> None:
     """Supervised fine-tuning with completion-only loss."""
-    from twinrun.train.sft import train_sft
+    from twinrun.train.recipes.sft import train_sft
 
     cfg = config_from_options("sft", opts)
     print_run_summary(train_sft(cfg), cfg.quiet)
@@ -41,7 +41,7 @@ def sft(**opts: Any) -> None:
 @click.option("--beta", type=float, help="DPO temperature beta (> 0).")
 def dpo(**opts: Any) -> None:
     """Direct preference optimisation on {prompt, chosen, rejected} pairs."""
-    from twinrun.train.pairs import train_pairs
+    from twinrun.train.recipes.pairs import train_pairs
 
     cfg = config_from_options("dpo", opts)
     print_run_summary(train_pairs(cfg, "dpo"), cfg.quiet)
@@ -52,7 +52,7 @@ def dpo(**opts: Any) -> None:
 @epoch_options
 def reward(**opts: Any) -> None:
     """Reward model: LoRA + a scalar head, Bradley-Terry loss on preference pairs."""
-    from twinrun.train.pairs import train_pairs
+    from twinrun.train.recipes.pairs import train_pairs
 
     cfg = config_from_options("reward", opts)
     print_run_summary(train_pairs(cfg, "reward"), cfg.quiet)
@@ -75,7 +75,7 @@ def reward(**opts: Any) -> None:
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def evaluate(**opts: Any) -> None:
     """Score examples; write per-example losses in input order."""
-    from twinrun.evaluate import EvalConfig, run_evaluate
+    from twinrun.infer.evaluate import EvalConfig, run_evaluate
 
     report = run_evaluate(EvalConfig(**opts))
     if not opts["quiet"]:
@@ -94,7 +94,7 @@ def parse_env_args(pairs: tuple[str, ...]) -> dict[str, Any] | None:
     """`--env-arg KEY=VALUE` (repeatable); VALUE is read as JSON when it parses, else a string."""
     import json
 
-    from twinrun.errors import ConfigError
+    from twinrun.core.errors import ConfigError
 
     if not pairs:
         return None
@@ -129,7 +129,7 @@ def parse_env_args(pairs: tuple[str, ...]) -> dict[str, Any] | None:
 @click.option("--replay-fraction", type=float, help="Replayed rows per fresh row.")
 def grpo(**opts: Any) -> None:
     """GRPO on an environment (PPO-clip, group-relative advantages, no KL term)."""
-    from twinrun.train.grpo import train_grpo
+    from twinrun.train.recipes.grpo import train_grpo
 
     opts["env_args"] = parse_env_args(opts.pop("env_arg"))
     cfg = config_from_options("grpo", opts)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from twinrun.config.run import RunConfig
-from twinrun.digest import canonical_json
+from twinrun.core.digest import canonical_json
 
 V1_ALLOWED_DIFFERENCES = ("backend.options.gradient_checkpointing",)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")

@@ -11,8 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from twinrun.errors import ConfigError
-from twinrun.redact import redact, redact_env_args
+from twinrun.core.errors import ConfigError
+from twinrun.core.redact import redact, redact_env_args
 
 OBJECTIVES = ("sft", "dpo", "reward", "grpo")
 PRECISIONS = ("f32", "bf16")

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import REQUIRED_BY_OBJECTIVE, RunConfig, fields_meta, validate
-from twinrun.errors import ConfigError, TwinrunError
-from twinrun.redact import REDACTED, redact
+from twinrun.core.errors import ConfigError, TwinrunError
+from twinrun.core.redact import REDACTED, redact
 
 TRAINERS = ("sft", "dpo", "reward", "grpo", "optimizer_replay")
 EPOCH_TRAINERS = ("sft", "dpo", "reward")

@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from twinrun.core.rng import stream
 from twinrun.data.examples import EncodedRow
-from twinrun.rng import stream
 
 if TYPE_CHECKING:
     import torch

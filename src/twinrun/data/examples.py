@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from twinrun.errors import DataError
+from twinrun.core.errors import DataError
 
 
 class Tokenizer(Protocol):

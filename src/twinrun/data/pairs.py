@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from twinrun.core.errors import DataError
 from twinrun.data.examples import (
     EncodedRow,
     SourcedRow,
@@ -26,7 +27,6 @@ from twinrun.data.examples import (
     encode_prompt_completion,
     require_str,
 )
-from twinrun.errors import DataError
 
 __all__ = ["EncodedPair", "encode_pairs", "pair_parts"]
 

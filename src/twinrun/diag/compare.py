@@ -32,9 +32,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from twinrun.core.errors import DataError
 from twinrun.diag.recorder import DiagRow, decode_float, iter_lines, parse_row, resolve_diag_path
 from twinrun.diag.trace import TraceDivergence, compare_traces, read_trace, trace_path_for
-from twinrun.errors import DataError
 
 __all__ = [
     "CompareResult",

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from twinrun.core.errors import DataError
 from twinrun.diag.checksum import checksum_digest, checksum_digest_many
-from twinrun.errors import DataError
 
 __all__ = [
     "DIAG_FORMAT",

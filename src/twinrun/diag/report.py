@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from twinrun.fileio import atomic_write_with
+from twinrun.core.fileio import atomic_write_with
 
 if TYPE_CHECKING:
     from twinrun.diag.compare import CompareResult

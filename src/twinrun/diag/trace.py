@@ -52,8 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twinrun.core.errors import DataError
 from twinrun.diag.recorder import decode_float, encode_float
-from twinrun.errors import DataError
 
 __all__ = [
     "TRACE_FILENAME",
@@ -220,7 +220,7 @@ class StepTrace:
 
 def write_trace_row(path: Path, row: dict[str, Any]) -> None:
     """Replace any row of the same (phase, step) in `path` by `row`, atomically."""
-    from twinrun.fileio import atomic_write_text
+    from twinrun.core.fileio import atomic_write_text
 
     kept: list[str] = []
     if path.is_file():

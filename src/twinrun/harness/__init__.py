@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twinrun.core.errors import ConfigError, DataError, OutputError, TwinrunError
 from twinrun.diag.compare import divergence_line
-from twinrun.errors import ConfigError, DataError, OutputError, TwinrunError
 from twinrun.harness.metrics import (
     DEFAULT_SEEDS,
     DEFAULT_TOL,

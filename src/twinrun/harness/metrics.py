@@ -18,7 +18,7 @@ from twinrun.diag.compare import CompareResult, Divergence, compare, divergence_
 if TYPE_CHECKING:
     from twinrun.harness import RunResult
 
-from twinrun.errors import ConfigError, DataError
+from twinrun.core.errors import ConfigError, DataError
 
 DEFAULT_TOL = 1e-2
 DEFAULT_SEEDS = (0, 1)

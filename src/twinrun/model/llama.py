@@ -13,7 +13,7 @@ padded key is masked out of every query, causally. `forward` returns float32 log
 embeddings, L = output of decoder layer L-1; for L = num_layers it is the stream *before* the
 final norm, whereas HF's last entry is after it); `steer=(L, v)` adds `v` to the residual stream
 at that same point (the returned hidden state includes it). A steering vector attached with
-`model.steering = (L, v)` (see `twinrun.steering`) is used whenever `steer` is not given.
+`model.steering = (L, v)` (see `twinrun.infer.steering`) is used whenever `steer` is not given.
 
 Batch-invariant mode (`model.batch_invariant = True`, `--batch-invariant`): a forward without a KV
 cache runs each row on its own, cut to its real length — exactly the forward a batch of one gives
@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from twinrun.errors import ModelError
+from twinrun.core.errors import ModelError
 from twinrun.model.loading import LlamaSpec, read_model_config, weight_files
 
 PRECISIONS = {"f32": torch.float32, "bf16": torch.bfloat16}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from twinrun.errors import ModelError
+from twinrun.core.errors import ModelError
 
 
 @dataclass(frozen=True)

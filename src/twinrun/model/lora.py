@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from twinrun.errors import ModelError
+from twinrun.core.errors import ModelError
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -142,7 +142,7 @@ def apply_lora(
     """Wrap every target Linear in a LoRALinear (A from twinrun's stream, B zeros).
 
     Returns the wrapped module names in module order. LoRA weights are float32 and trainable."""
-    from twinrun.rng import stream, torch_tensor
+    from twinrun.core.rng import stream, torch_tensor
 
     wrapped = _wrap(model, rank, alpha, targets)
     with torch.no_grad():
@@ -228,7 +228,7 @@ def save_adapter(
     rank/alpha/targets default to the model's LoRA layers and must agree with them."""
     from safetensors.torch import save
 
-    from twinrun.fileio import atomic_write_bytes, atomic_write_text
+    from twinrun.core.fileio import atomic_write_bytes, atomic_write_text
 
     m_rank, m_alpha, m_targets = _model_lora_shape(model)
     if rank is not None and rank != m_rank or alpha is not None and alpha != m_alpha:

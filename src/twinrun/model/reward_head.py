@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from twinrun.errors import ModelError
-from twinrun.fileio import atomic_write_with
+from twinrun.core.errors import ModelError
+from twinrun.core.fileio import atomic_write_with
+from twinrun.core.rng import stream, torch_tensor
 from twinrun.objectives.reward import pool_last
-from twinrun.rng import stream, torch_tensor
 
 HEAD_FILE = "reward_head.safetensors"
 HEAD_KEY = "score.weight"

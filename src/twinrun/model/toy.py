@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from twinrun.errors import OutputError
-from twinrun.fileio import fsync_dir
+from twinrun.core.errors import OutputError
+from twinrun.core.fileio import fsync_dir
 
 BOS_TOKEN = "<|bos|>"
 EOS_TOKEN = "<|eos|>"
@@ -79,7 +79,7 @@ def toy_state_dict(seed: int, names_shapes: list[tuple[str, tuple[int, ...]]]) -
     """The toy weights: each tensor from `stream(seed, "toy_init", name)`; norms are ones."""
     import torch
 
-    from twinrun.rng import stream, torch_tensor
+    from twinrun.core.rng import stream, torch_tensor
 
     out: dict[str, Any] = {}
     for name, shape in names_shapes:
@@ -128,7 +128,7 @@ def write_toy_checkpoint(
     """Write the toy Llama checkpoint + byte tokenizer to `out_dir` (appears atomically).
 
     Raises OutputError when `out_dir` exists and is not empty (unless `overwrite`)."""
-    from twinrun.rng import check_seed
+    from twinrun.core.rng import check_seed
 
     check_seed(seed)
     for label, value in (("layers", layers), ("hidden", hidden), ("intermediate", intermediate)):

@@ -3,7 +3,7 @@
 - `advantages`: group normalisation -> batch normalisation -> clipping, and the token cap.
 - `environments`: the `Environment` protocol, built-ins `arithmetic` and `clock`, plugins
   `module.path:factory`, checked rewards, and the `observation` fault hook.
-- `replay`: a deterministic prioritized replay buffer over a fixed-order sum tree.
+- `prioritized`: a deterministic prioritized replay buffer over a fixed-order sum tree.
 
 The PPO-clip surrogate itself is `twinrun.objectives.grpo`. Nothing is imported here, so
 `twinrun.rl.environments` stays importable without torch.

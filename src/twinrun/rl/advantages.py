@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from twinrun.errors import ConfigError
+from twinrun.core.errors import ConfigError
 
 DEFAULT_EPS = 1e-6
 

@@ -33,8 +33,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
-from twinrun.errors import ConfigError, DataError
-from twinrun.rng import Stream
+from twinrun.core.errors import ConfigError, DataError
+from twinrun.core.rng import Stream
 
 BUILTIN_ENVIRONMENTS = ("arithmetic", "clock")
 

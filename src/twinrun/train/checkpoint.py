@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from twinrun.determinism import runtime_versions
-from twinrun.errors import ConfigError, DataError
-from twinrun.fileio import fsync_dir
+from twinrun.core.determinism import runtime_versions
+from twinrun.core.errors import ConfigError, DataError
+from twinrun.core.fileio import fsync_dir
 from twinrun.train.adamw import AdamW
 
 CHECKPOINTS = "checkpoints"

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import shaping_numbers
-from twinrun.errors import ConfigError
-from twinrun.fileio import atomic_write_text
+from twinrun.core.errors import ConfigError
+from twinrun.core.fileio import atomic_write_text
 from twinrun.train.checkpoint import check_same_run, newest_checkpoint, restore, write_checkpoint
 from twinrun.train.loop import Loop, StepOutcome
 from twinrun.train.session import Session

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from twinrun.errors import ConfigError
+from twinrun.core.errors import ConfigError
 
 FAULTS = ("sampler", "rng", "reduction", "observation")
 FAULTS_BY_OBJECTIVE = {

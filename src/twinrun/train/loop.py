@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from twinrun.progress import Progress
+from twinrun.core.progress import Progress
 from twinrun.train.adamw import AdamW
 from twinrun.train.schedule import lr_at
 

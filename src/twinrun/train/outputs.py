@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from twinrun.errors import OutputError
+from twinrun.core.errors import OutputError
 
 SIDECAR = "twinrun.json"
 SIDECAR_FORMAT = "twinrun.run.v1"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from twinrun.errors import ConfigError
+from twinrun.core.errors import ConfigError
 
 
 def check_schedule(warmup_steps: int, total_steps: int) -> None:

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import RunConfig, shaping_numbers, validate
+from twinrun.core.digest import sha256_dir, sha256_file
+from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
+from twinrun.core.progress import Progress
+from twinrun.core.redact import redact
 from twinrun.data.examples import SourcedRow, load_rows
-from twinrun.digest import sha256_dir, sha256_file
-from twinrun.fileio import atomic_write_json, atomic_write_jsonl
-from twinrun.progress import Progress
-from twinrun.redact import redact
 from twinrun.train.faults import Faults, parse_faults
 from twinrun.train.outputs import begin_output_dir, check_output_dir, sidecar
 
@@ -63,7 +63,7 @@ def open_session(
 ) -> tuple[Session, list[Any]]:
     """Validate config, model, examples and output; then build. Nothing is written before every
     input has been checked."""
-    from twinrun.model.tokenizer import load_tokenizer
+    from twinrun.model.tokens import load_tokenizer
 
     validate(cfg)
     faults = parse_faults(cfg.inject, cfg.objective)
@@ -82,10 +82,10 @@ def open_session(
     rows = load_rows(cfg.examples)  # type: ignore[arg-type]
     encoded = encode(tok, rows, int(model_config.get("max_position_embeddings", 2048)))
 
-    from twinrun.determinism import establish, runtime_versions
+    from twinrun.core.determinism import establish, runtime_versions
 
     provenance = establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
-    from twinrun.rng import seed_torch
+    from twinrun.core.rng import seed_torch
 
     provenance["torch_seed"] = seed_torch(cfg.seed)  # type: ignore[arg-type]
     from twinrun.model.llama import load_base_model
@@ -120,7 +120,7 @@ def open_session(
 def start_from_adapter(model: Any, cfg: RunConfig) -> None:
     """Start from an existing adapter (e.g. `twinrun init-adapter`) instead of a fresh LoRA init;
     its shape must be the run's."""
-    from twinrun.errors import ConfigError
+    from twinrun.core.errors import ConfigError
     from twinrun.model.lora import load_adapter
 
     adapter = load_adapter(model, cfg.init_adapter)

@@ -16,8 +16,8 @@ Steering (`--steering`, pair files only). Both sides of every pair are pooled as
 
 is written under the key `steering_vector` ([H]). `twinrun generate --steer FILE --steer-scale S`
 adds `S * vector` to the residual stream at the same layer, at every position
-(`twinrun.steering`). With `--pool last` the vector contrasts the states that have read a whole
-answer; the shared prompt tokens never enter it.
+(`twinrun.infer.steering`). With `--pool last` the vector contrasts the states that have read a
+whole answer; the shared prompt tokens never enter it.
 
 Files. `OUT.safetensors` carries string metadata at its top level — format, layer, pool,
 precision, chat template, batch size, batch-invariant, the model/data/adapter SHA256 — and
@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import common_problems, require_flags
-from twinrun.errors import ConfigError, DataError, OutputError
+from twinrun.core.errors import ConfigError, DataError, OutputError
 
 HIDDEN_FORMAT = "twinrun.hidden.v1"
-STEERING_FORMAT = "twinrun.steering.v1"
+STEERING_FORMAT = "twinrun.infer.steering.v1"
 STEERING_KEY = "steering_vector"
 POOLS = ("last", "mean")
 
@@ -158,11 +158,11 @@ def pooled_hidden(model: Any, rows: list[Any], pad_id: int, cfg: ExtractConfig) 
 
 def run_extract(cfg: ExtractConfig) -> dict[str, Any]:
     """Validate, build, extract, write OUT.safetensors and OUT.json; returns the sidecar."""
+    from twinrun.core.determinism import establish
     from twinrun.data.examples import load_rows
-    from twinrun.determinism import establish
     from twinrun.model.llama import load_base_model
     from twinrun.model.loading import read_model_config
-    from twinrun.model.tokenizer import load_tokenizer
+    from twinrun.model.tokens import load_tokenizer
 
     cfg.validate()
     model_dir = Path(str(cfg.model))
@@ -222,9 +222,9 @@ def write_outputs(
     """OUT.safetensors (metadata at its top level) and the OUT.json sidecar, atomically."""
     from safetensors.torch import save_file
 
-    from twinrun.determinism import runtime_versions
-    from twinrun.digest import sha256_dir, sha256_file
-    from twinrun.fileio import atomic_write_json, atomic_write_with
+    from twinrun.core.determinism import runtime_versions
+    from twinrun.core.digest import sha256_dir, sha256_file
+    from twinrun.core.fileio import atomic_write_json, atomic_write_with
 
     adapter_sha = (
         sha256_file(Path(cfg.adapter) / "adapter_model.safetensors") if cfg.adapter else None

@@ -26,7 +26,7 @@ import re
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from twinrun.errors import ConfigError, ContractError
+from twinrun.core.errors import ConfigError, ContractError
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -163,7 +163,7 @@ def establish(
             raise ContractError(
                 f"CUDA was initialised before strict mode could set {CUBLAS_ENV}",
                 f"export {CUBLAS_ENV}={CUBLAS_DEFAULT} before starting, or call "
-                "twinrun.determinism.establish() before anything touches CUDA",
+                "twinrun.core.determinism.establish() before anything touches CUDA",
             )
         if cublas_before is None:
             os.environ[CUBLAS_ENV] = CUBLAS_DEFAULT

@@ -13,7 +13,7 @@ from typing import Any
 
 from twinrun.capture.checks import Check, run_checks
 from twinrun.config.toml import load_toml
-from twinrun.errors import TwinrunError
+from twinrun.core.errors import TwinrunError
 
 
 def explain_config(path: str | Path) -> dict[str, Any]:
@@ -38,7 +38,7 @@ def explain_config(path: str | Path) -> dict[str, Any]:
     else:
         checks = [Check("config", "pass", f"{run.trainer}: keys and values valid")]
         if run.cfg.capture:
-            from twinrun.runs import source_problems
+            from twinrun.dispatch.toml_runs import source_problems
 
             try:
                 problems = source_problems(run)

@@ -25,15 +25,15 @@ import torch
 
 from twinrun.capture.checks import Verified, run_checks
 from twinrun.capture.digests import effective_rows_sha256, logical_sha256, padding_fraction
-from twinrun.capture.hook import SKIPPED
 from twinrun.capture.payload import BatchArrays
 from twinrun.capture.state import HEAD_PARAM, load_optimizer_state
 from twinrun.config.toml import TomlRun, resolved_tree
-from twinrun.digest import sha256_file
-from twinrun.errors import ConfigError, ContractError
-from twinrun.fileio import atomic_write_json, atomic_write_jsonl
-from twinrun.rng import float_bits, restore_torch_rng
-from twinrun.runs import FINAL, RESOLVED
+from twinrun.core.digest import sha256_file
+from twinrun.core.errors import ConfigError, ContractError
+from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
+from twinrun.core.rng import float_bits, restore_torch_rng
+from twinrun.dispatch.toml_runs import FINAL, RESOLVED
+from twinrun.train.hooks.capture import SKIPPED
 
 
 @dataclass
@@ -74,12 +74,12 @@ def timed_backward(totals: dict[str, float]) -> Iterator[None]:
 def update_fn(objective: str, s: ReplaySession, head: Any) -> Any:
     """The objective's own update on a captured OptimizerBatch."""
     if objective == "grpo":
-        from twinrun.train.grpo import rollouts_from_batch, update_on
+        from twinrun.train.recipes.grpo import rollouts_from_batch, update_on
 
         return lambda batch: update_on(s, rollouts_from_batch(batch), batch.step)  # type: ignore[arg-type]
     if objective == "sft":
         from twinrun.data.examples import EncodedRow
-        from twinrun.train.sft import sft_update
+        from twinrun.train.recipes.sft import sft_update
 
         def sft(batch: Any) -> Any:
             rows = [
@@ -93,7 +93,7 @@ def update_fn(objective: str, s: ReplaySession, head: Any) -> Any:
             return sft_update(s, forwards, batch.step)  # type: ignore[arg-type]
 
         return sft
-    from twinrun.train.pairs import pair_update, pairs_from_batch
+    from twinrun.train.recipes.pairs import pair_update, pairs_from_batch
 
     return lambda batch: pair_update(s, pairs_from_batch(batch), batch.step, head)  # type: ignore[arg-type]
 
@@ -105,11 +105,11 @@ def replay(run: TomlRun) -> dict[str, Any]:
     cfg, m = run.cfg, v.manifest
     objective, step = m["objective"], m["step"]
     cfg.objective = objective
-    from twinrun.determinism import establish, runtime_versions
+    from twinrun.core.determinism import establish, runtime_versions
+    from twinrun.core.rng import seed_torch
     from twinrun.model.llama import load_base_model
     from twinrun.model.lora import load_adapter, lora_parameters
-    from twinrun.model.tokenizer import load_tokenizer
-    from twinrun.rng import seed_torch
+    from twinrun.model.tokens import load_tokenizer
     from twinrun.train.faults import parse_faults
     from twinrun.train.loop import Loop, make_optimizer
     from twinrun.train.outputs import begin_output_dir

@@ -28,8 +28,8 @@ from twinrun.objectives.reward import bradley_terry_loss
 from twinrun.train.batch import OptimizerBatch
 from twinrun.train.driver import drive
 from twinrun.train.loop import StepOutcome
+from twinrun.train.recipes.sft import make_loop, step_forwards
 from twinrun.train.session import Session, finish_session, open_session
-from twinrun.train.sft import make_loop, step_forwards
 
 
 def train_pairs(cfg: RunConfig, objective: str) -> dict[str, Any]:

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from twinrun.capture.evidence import EvidenceInputError
 from twinrun.config.toml import load_toml
+from twinrun.replay.evidence import EvidenceInputError
 
 
 def repeat_replays(config: Path, n: int) -> list[Path]:

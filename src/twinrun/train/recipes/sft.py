@@ -9,11 +9,11 @@ from typing import Any
 import torch
 
 from twinrun.config.run import RunConfig
+from twinrun.core.progress import Progress
 from twinrun.data.batching import StepPlan, pad_rows, padding_fraction, plan_steps
 from twinrun.data.examples import EncodedRow, encode_sft_rows
 from twinrun.data.prefetch import Prefetcher
 from twinrun.objectives.sft import completion_nll
-from twinrun.progress import Progress
 from twinrun.train.batch import OptimizerBatch
 from twinrun.train.driver import drive
 from twinrun.train.loop import Loop, StepOutcome, make_optimizer
@@ -81,7 +81,7 @@ def make_loop(s: Session, total_steps: int) -> Loop:
         trace_path=s.out / "trace.jsonl",
     )
     if cfg.capture:  # optimizer-batch capture (DESIGN §5) wraps the loop
-        from twinrun.capture.hook import attach_capture
+        from twinrun.train.hooks.capture import attach_capture
 
         attach_capture(s, loop)
     return loop

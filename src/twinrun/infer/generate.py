@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import common_problems, require_flags
-from twinrun.errors import ConfigError
+from twinrun.core.errors import ConfigError
 
 
 @dataclass(kw_only=True)
@@ -54,14 +54,14 @@ class GenerateConfig:
 def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
     import torch
 
+    from twinrun.core.determinism import establish
+    from twinrun.core.rng import stream
     from twinrun.data.examples import prompt_text
-    from twinrun.determinism import establish
-    from twinrun.model.generate import generate as generate_tokens
+    from twinrun.model.decoding import generate as generate_tokens
     from twinrun.model.llama import load_base_model
     from twinrun.model.loading import read_model_config as read_config
     from twinrun.model.lora import load_adapter
-    from twinrun.model.tokenizer import load_tokenizer
-    from twinrun.rng import stream
+    from twinrun.model.tokens import load_tokenizer
 
     cfg.validate()
     model_dir = Path(cfg.model)  # type: ignore[arg-type]
@@ -74,7 +74,7 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
     if cfg.adapter is not None:
         load_adapter(model, cfg.adapter)
     if cfg.steer is not None:
-        from twinrun.steering import attach_steering
+        from twinrun.infer.steering import attach_steering
 
         attach_steering(model, cfg.steer, cfg.steer_scale)  # type: ignore[arg-type]
     model.eval()

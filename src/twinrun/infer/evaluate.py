@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import common_problems, require_flags
-from twinrun.errors import ConfigError, OutputError
+from twinrun.core.errors import ConfigError, OutputError
 
-REPORT_FORMAT = "twinrun.evaluate.v1"
+REPORT_FORMAT = "twinrun.infer.evaluate.v1"
 
 
 @dataclass(kw_only=True)
@@ -59,13 +59,13 @@ class EvalConfig:
 def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
     import torch
 
+    from twinrun.core.determinism import establish
     from twinrun.data.batching import pad_rows
     from twinrun.data.examples import encode_sft_rows, load_rows
-    from twinrun.determinism import establish
     from twinrun.model.llama import load_base_model
     from twinrun.model.loading import read_model_config as read_config
     from twinrun.model.lora import load_adapter
-    from twinrun.model.tokenizer import load_tokenizer
+    from twinrun.model.tokens import load_tokenizer
     from twinrun.objectives.sft import completion_nll
 
     cfg.validate()
@@ -162,9 +162,9 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
 def write_report(
     cfg: EvalConfig, report: dict[str, Any], model_dir: Path, provenance: dict[str, Any]
 ) -> dict[str, Any]:
-    from twinrun.determinism import runtime_versions
-    from twinrun.digest import sha256_dir, sha256_file
-    from twinrun.fileio import atomic_write_json
+    from twinrun.core.determinism import runtime_versions
+    from twinrun.core.digest import sha256_dir, sha256_file
+    from twinrun.core.fileio import atomic_write_json
 
     report = report | {
         "precision": cfg.precision,

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from twinrun.errors import ConfigError, ModelError
-from twinrun.fileio import atomic_write_json
+from twinrun.core.errors import ConfigError, ModelError
+from twinrun.core.fileio import atomic_write_json
 
 TRAINER_STATE = "trainer_state.json"
 STATE_FORMAT = "twinrun.trainer-state.v1"
@@ -21,7 +21,7 @@ STATE_FORMAT = "twinrun.trainer-state.v1"
 
 def init_adapter(out: str | Path, model: str, seed: int, rank: int, alpha: float) -> Path:
     """Write the initial adapter and trainer_state.json into the new directory `out`."""
-    from twinrun.digest import sha256_dir, sha256_file
+    from twinrun.core.digest import sha256_dir, sha256_file
     from twinrun.model.llama import load_base_model
     from twinrun.model.lora import apply_lora, save_adapter
     from twinrun.train.session import LORA_TARGETS

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.toml import EPOCH_TRAINERS, TomlRun, load_toml, resolved_tree
-from twinrun.errors import ConfigError, TwinrunError
-from twinrun.fileio import atomic_write_bytes, atomic_write_json
+from twinrun.core.errors import ConfigError, TwinrunError
+from twinrun.core.fileio import atomic_write_bytes, atomic_write_json
 
 RESOLVED = "resolved_config.json"
 FINAL = "final"
@@ -58,7 +58,7 @@ def source_problems(run: TomlRun) -> list[str]:
 
 
 def v1_capture_problems(run: TomlRun, total: int) -> list[str]:
-    from twinrun.init_adapter import read_trainer_state
+    from twinrun.train.init_adapter import read_trainer_state
 
     cfg = run.cfg
     problems = []
@@ -92,7 +92,7 @@ def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -
     run = load_toml(path, output)
     run.cfg.quiet = quiet
     if run.trainer == "optimizer_replay":
-        from twinrun.capture.replay import replay
+        from twinrun.replay.runner import replay
 
         return replay(run)
     problems = source_problems(run)
@@ -100,15 +100,15 @@ def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -
         raise ConfigError(f"{path}: " + "; ".join(problems), "see DESIGN §5 (capture)")
     cfg = run.cfg
     if run.trainer == "sft":
-        from twinrun.train.sft import train_sft
+        from twinrun.train.recipes.sft import train_sft
 
         record = train_sft(cfg)
     elif run.trainer == "grpo":
-        from twinrun.train.grpo import train_grpo
+        from twinrun.train.recipes.grpo import train_grpo
 
         record = train_grpo(cfg)
     else:
-        from twinrun.train.pairs import train_pairs
+        from twinrun.train.recipes.pairs import train_pairs
 
         record = train_pairs(cfg, run.trainer)
     out = Path(cfg.output)  # type: ignore[arg-type]

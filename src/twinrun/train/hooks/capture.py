@@ -26,10 +26,10 @@ from twinrun.capture.digests import effective_rows_sha256, logical_sha256, paddi
 from twinrun.capture.payload import BatchArrays, encode, validate
 from twinrun.capture.state import HEAD_PARAM, adapter_bytes, head_bytes, optimizer_bytes
 from twinrun.capture.store import check_free, new_dir, write_new
-from twinrun.digest import sha256_bytes, sha256_file, sha256_json
-from twinrun.errors import ConfigError, ContractError
-from twinrun.fileio import atomic_write_json
-from twinrun.rng import capture_torch_rng, float_bits
+from twinrun.core.digest import sha256_bytes, sha256_file, sha256_json
+from twinrun.core.errors import ConfigError, ContractError
+from twinrun.core.fileio import atomic_write_json
+from twinrun.core.rng import capture_torch_rng, float_bits
 
 SKIPPED = ("dataset", "environment", "rollout", "sampling")
 
@@ -71,7 +71,7 @@ class CaptureHook:
         initial = self.initial_state(step)
         lr = float(self.loop.optimizer.param_groups[0]["lr"])
         from twinrun.config.contract import optimizer_contract
-        from twinrun.determinism import runtime_versions
+        from twinrun.core.determinism import runtime_versions
 
         contract = optimizer_contract(cfg, cfg.objective, s.model_sha256)
         tree = resolved_config(cfg)
@@ -115,7 +115,7 @@ class CaptureHook:
         s, cfg = self.s, self.s.cfg
         head = dict(s.params).get(HEAD_PARAM)
         if not self.within_run:
-            from twinrun.init_adapter import read_trainer_state
+            from twinrun.train.init_adapter import read_trainer_state
 
             adapter_dir = Path(cfg.init_adapter)
             state = read_trainer_state(adapter_dir)
@@ -142,7 +142,7 @@ class CaptureHook:
             pins[key] = {"file": mf.STATE_FILES[key], "sha256": sha256_bytes(data)}
         name = mf.STATE_FILES["adapter"]
         pins["adapter"] = {"file": name, "sha256": sha256_file(folder / name)}
-        from twinrun.init_adapter import STATE_FORMAT, TRAINER_STATE
+        from twinrun.train.init_adapter import STATE_FORMAT, TRAINER_STATE
 
         atomic_write_json(
             folder / TRAINER_STATE,

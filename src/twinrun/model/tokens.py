@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from twinrun.errors import ModelError
+from twinrun.core.errors import ModelError
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.capture import manifest as mf
-from twinrun.capture.hook import SKIPPED
-from twinrun.digest import sha256_file
-from twinrun.errors import DataError
+from twinrun.core.digest import sha256_file
+from twinrun.core.errors import DataError
+from twinrun.train.hooks.capture import SKIPPED
 
 TIMINGS = (
     "local_train_wall_s",

@@ -2,7 +2,7 @@
 
 A steering artifact is what `twinrun extract --steering` writes: a safetensors file with one
 float32 tensor `steering_vector` [H] and string metadata at its top level (format
-`twinrun.steering.v1`, `layer`, `pool`, `precision`, `chat_template`, the model SHA256, ...).
+`twinrun.infer.steering.v1`, `layer`, `pool`, `precision`, `chat_template`, the model SHA256, ...).
 `attach_steering` checks it against the model and sets `model.steering = (layer, S * vector)`:
 every forward then adds that vector to the residual stream at HF's `hidden_states[layer]`, at every
 position — prompt and generated tokens alike, so the KV cache holds steered keys and values.
@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from twinrun.errors import ConfigError, DataError, ModelError
+from twinrun.core.errors import ConfigError, DataError, ModelError
 
-STEERING_FORMAT = "twinrun.steering.v1"
+STEERING_FORMAT = "twinrun.infer.steering.v1"
 STEERING_KEY = "steering_vector"
 
 

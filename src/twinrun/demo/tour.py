@@ -18,10 +18,10 @@ def shipped_examples(name: str = "sft.jsonl") -> Path:
 
 def run_demo(root: Path, threads: int | None = None) -> dict[str, str]:
     from twinrun.config.run import RunConfig
-    from twinrun.evaluate import EvalConfig, run_evaluate
-    from twinrun.generation import GenerateConfig, run_generate
+    from twinrun.infer.evaluate import EvalConfig, run_evaluate
+    from twinrun.infer.generate import GenerateConfig, run_generate
     from twinrun.model.toy import write_toy_checkpoint
-    from twinrun.train.sft import train_sft
+    from twinrun.train.recipes.sft import train_sft
 
     console = Console(stderr=False, highlight=False)
     t0 = time.perf_counter()
@@ -146,7 +146,7 @@ def run_demo(root: Path, threads: int | None = None) -> dict[str, str]:
     )
     console.print(f"  demo took {time.perf_counter() - t0:.1f} s")
     if not (same and differ):
-        from twinrun.errors import ContractError
+        from twinrun.core.errors import ContractError
 
         raise ContractError(
             "the demo's reproducibility check failed",

@@ -8,7 +8,7 @@ One optimizer step:
    never depends on which other rows shared its step — keeping float64 old logprobs;
 4. rewards from the environment; advantages group-normalised, batch-normalised, clipped
    (`rl/advantages.py`); with `--replay per`, earlier rollouts re-enter with probability
-   proportional to |advantage|^alpha and importance weights (`rl/replay.py`);
+   proportional to |advantage|^alpha and importance weights (`rl/prioritized.py`);
 5. the token cap keeps at most `token_cap` completion tokens per row; the PPO-clip surrogate
    (`objectives/grpo.py`) is summed over kept tokens and divided by their count, in forwards of
    `batch_size` rows; then one AdamW step.
@@ -25,9 +25,10 @@ from typing import Any
 import torch
 
 from twinrun.config.run import RunConfig, validate
+from twinrun.core.rng import stream
 from twinrun.data.batching import epoch_order
 from twinrun.data.examples import EncodedRow, SourcedRow, check_length, prompt_text
-from twinrun.model.generate import Prefix, generate, prefill
+from twinrun.model.decoding import Prefix, generate, prefill
 from twinrun.objectives.grpo import grpo_loss
 from twinrun.rl.advantages import apply_token_cap, compute_advantages
 from twinrun.rl.environments import (
@@ -37,13 +38,12 @@ from twinrun.rl.environments import (
     make_environment,
     observation_fault,
 )
-from twinrun.rl.replay import PrioritizedReplay
-from twinrun.rng import stream
+from twinrun.rl.prioritized import PrioritizedReplay
 from twinrun.train.batch import OptimizerBatch
 from twinrun.train.driver import ObjectiveState, drive
 from twinrun.train.loop import StepOutcome
+from twinrun.train.recipes.sft import make_loop
 from twinrun.train.session import Session, finish_session, open_session
-from twinrun.train.sft import make_loop
 
 
 @dataclass

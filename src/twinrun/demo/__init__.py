@@ -1,0 +1,1 @@
+"""The guided tour behind `twinrun demo`."""
