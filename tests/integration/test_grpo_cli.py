@@ -184,7 +184,7 @@ def test_completion_independent_of_batch(toy_model_dir: Path, arith: Path) -> No
     """A prompt's completions are the same whether it was sampled alone or among 4."""
     from twinrun.config.run import RunConfig
     from twinrun.data.examples import load_rows
-    from twinrun.model.llama import load_base_model
+    from twinrun.model.build import load_causal_lm
     from twinrun.model.tokens import load_tokenizer
     from twinrun.rl.environments import make_environment
     from twinrun.train.faults import Faults
@@ -194,7 +194,7 @@ def test_completion_independent_of_batch(toy_model_dir: Path, arith: Path) -> No
                     chat_template="on")  # fmt: skip
     session = types.SimpleNamespace(
         cfg=cfg,
-        model=load_base_model(toy_model_dir),
+        model=load_causal_lm(toy_model_dir),
         tok=load_tokenizer(toy_model_dir),
         faults=Faults(frozenset()),
     )

@@ -62,21 +62,21 @@ def test_pairs_reproduce_and_seed_matters(
 def test_dpo_batch_one_is_two_one_row_forwards(
     tmp_path: Path, toy_model_dir: Path, pairs8: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from twinrun.model.llama import TwinLlama
+    from twinrun.model.build import CausalLM
 
     shapes: list[tuple[int, ...]] = []
-    original = TwinLlama.run
+    original = CausalLM.run
 
     def counting(self, input_ids, *args, **kwargs):  # type: ignore[no-untyped-def]
         shapes.append(tuple(input_ids.shape))
         return original(self, input_ids, *args, **kwargs)
 
-    monkeypatch.setattr(TwinLlama, "run", counting)
+    monkeypatch.setattr(CausalLM, "run", counting)
     assert run_cli(pair_args("dpo", toy_model_dir, pairs8, tmp_path / "a", 1, 1)) == 0
     # 8 pairs, batch 1: per pair a chosen and a rejected forward for the policy and for the
     # reference (adapter disabled) — 4 one-row forwards per pair, 32 in all
     assert len(shapes) == 32 and all(s[0] == 1 for s in shapes)
-    monkeypatch.setattr(TwinLlama, "run", original)
+    monkeypatch.setattr(CausalLM, "run", original)
     assert run_cli(pair_args("dpo", toy_model_dir, pairs8, tmp_path / "b", 1, 1)) == 0
     assert same(tmp_path / "a", tmp_path / "b", "adapter_model.safetensors")
 

@@ -77,10 +77,10 @@ def test_peft_loads_the_adapter_with_the_same_logits(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from twinrun.model.llama import load_base_model
+    from twinrun.model.build import load_causal_lm
     from twinrun.model.lora import load_adapter
 
-    ours = load_base_model(toy_model_dir)
+    ours = load_causal_lm(toy_model_dir)
     load_adapter(ours, sft_runs["a"])
     hf = AutoModelForCausalLM.from_pretrained(toy_model_dir, attn_implementation="eager")
     peft_model = PeftModel.from_pretrained(hf, str(sft_runs["a"])).eval()
@@ -89,7 +89,7 @@ def test_peft_loads_the_adapter_with_the_same_logits(
         a = ours(ids)
         b = peft_model(input_ids=ids).logits
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    base = load_base_model(toy_model_dir)
+    base = load_causal_lm(toy_model_dir)
     with torch.no_grad():
         assert not torch.allclose(base(ids), a)  # the adapter changed something
 

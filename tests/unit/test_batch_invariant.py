@@ -21,8 +21,8 @@ import torch
 
 from twinrun.data.batching import pad_rows
 from twinrun.data.examples import EncodedRow
+from twinrun.model.build import CausalLM, load_causal_lm
 from twinrun.model.invariant import real_lengths, row_aliases
-from twinrun.model.llama import TwinLlama, load_base_model
 from twinrun.model.lora import apply_lora, lora_parameters
 from twinrun.objectives.dpo import sequence_logprob
 from twinrun.objectives.sft import BATCH_INVARIANT_TAG, completion_nll, row_sums
@@ -49,9 +49,9 @@ def rows() -> list[EncodedRow]:
     return out
 
 
-def trained_model(model_dir: Path, precision: str = "f32") -> TwinLlama:
+def trained_model(model_dir: Path, precision: str = "f32") -> CausalLM:
     """The toy with LoRA whose B factors are non-zero (so every LoRA weight gets a gradient)."""
-    model = load_base_model(model_dir, precision=precision)
+    model = load_causal_lm(model_dir, precision=precision)
     apply_lora(model, 4, 8.0, seed=3, targets=("q_proj", "v_proj"))
     g = torch.Generator().manual_seed(11)
     with torch.no_grad():
@@ -71,7 +71,7 @@ def precision_ctx(precision: str) -> Iterator[None]:
 
 
 def batched(
-    model: TwinLlama, rows: list[EncodedRow], size: int, extra_pad: int, precision: str
+    model: CausalLM, rows: list[EncodedRow], size: int, extra_pad: int, precision: str
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per row: (logits [L, V], hidden at layer 2 [L, H], completion NLL sum [1])."""
     out = []
@@ -151,7 +151,7 @@ def test_reductions_follow_the_tag_or_the_flag() -> None:
     assert torch.equal(sequence_logprob(logits, ids, mask), -plain)
 
 
-def row_grads(model: TwinLlama, batch: list[EncodedRow], row: int | None) -> list[torch.Tensor]:
+def row_grads(model: CausalLM, batch: list[EncodedRow], row: int | None) -> list[torch.Tensor]:
     """LoRA gradients of the loss of `row` (None: of every row) in one forward over `batch`."""
     params = [p for _, p in lora_parameters(model)]
     for p in params:
@@ -226,14 +226,14 @@ def test_bad_batches_are_refused(wide_dir: Path) -> None:
         real_lengths(torch.tensor([[0, 1, 1]]), 1, 3)
     with pytest.raises(ValueError, match="no real token"):
         real_lengths(torch.tensor([[1, 1, 0], [0, 0, 0]]), 2, 3)
-    model = load_base_model(wide_dir)
+    model = load_causal_lm(wide_dir)
     model.batch_invariant = True
     with pytest.raises(ValueError, match="one row"):
         model(torch.ones(2, 3, dtype=torch.long), kv_cache=model.new_cache())
 
 
 def test_steering_attribute_is_used_unless_steer_is_given(wide_dir: Path) -> None:
-    model = load_base_model(wide_dir)
+    model = load_causal_lm(wide_dir)
     ids = torch.tensor([[256, 72, 105, 33]])
     vec = torch.full((256,), 0.5)
     with torch.no_grad():

@@ -22,7 +22,7 @@ from twinrun.diag.trace import (
     compare_traces,
     read_trace,
 )
-from twinrun.model.llama import TwinLlama, load_base_model
+from twinrun.model.build import CausalLM, load_causal_lm
 from twinrun.model.lora import apply_lora
 
 IDS = torch.tensor([[5, 17, 99, 3, 42, 7], [8, 1, 250, 66, 0, 2]])
@@ -36,8 +36,8 @@ def one_thread() -> object:
     torch.set_num_threads(old)
 
 
-def lora_model(toy_model_dir: Path) -> TwinLlama:
-    model = load_base_model(toy_model_dir)
+def lora_model(toy_model_dir: Path) -> CausalLM:
+    model = load_causal_lm(toy_model_dir)
     apply_lora(model, rank=4, alpha=8, seed=3)
     with torch.no_grad():  # nonzero B, so every LoRA output (and A's gradient) is nonzero
         for name, p in model.named_parameters():
@@ -47,7 +47,7 @@ def lora_model(toy_model_dir: Path) -> TwinLlama:
 
 
 def traced_step(
-    model: TwinLlama, path: Path, step: int = 0, forwards: int = 2, per_row: bool = False
+    model: CausalLM, path: Path, step: int = 0, forwards: int = 2, per_row: bool = False
 ) -> list:
     """One optimizer step's forwards/backwards (accumulation) inside a StepTrace."""
     with StepTrace(model, path, step):

@@ -9,23 +9,23 @@ import pytest
 import torch
 
 from twinrun.core.rng import stream
+from twinrun.model.build import CausalLM, load_causal_lm
 from twinrun.model.decoding import generate, generate_tokens, greedy_index, sample_index
-from twinrun.model.llama import TwinLlama, load_base_model
 from twinrun.model.toy import EOS_ID
 
 PROMPT = [256, 60, 124, 117, 115, 101, 114, 124, 62, 10, 104, 105]
 
 
 @pytest.fixture(scope="module")
-def twin(toy_model_dir: Path) -> TwinLlama:
-    return load_base_model(toy_model_dir)
+def twin(toy_model_dir: Path) -> CausalLM:
+    return load_causal_lm(toy_model_dir)
 
 
 def seeded(seed: int):  # noqa: ANN201 - a draw function
     return lambda position: stream(seed, "sample", 0, 0, 0, position).uniform()
 
 
-def test_greedy_matches_hf_generate(twin: TwinLlama, toy_model_dir: Path) -> None:
+def test_greedy_matches_hf_generate(twin: CausalLM, toy_model_dir: Path) -> None:
     from transformers import LlamaForCausalLM
 
     hf = LlamaForCausalLM.from_pretrained(toy_model_dir, attn_implementation="eager").eval()
@@ -39,12 +39,12 @@ def test_greedy_matches_hf_generate(twin: TwinLlama, toy_model_dir: Path) -> Non
         pad_token_id=258,
     )
     want = out[0, len(PROMPT) :].tolist()
-    got = generate_tokens(twin, PROMPT, 16, temperature=0.0, eos_id=EOS_ID)
+    got = generate_tokens(twin, PROMPT, 16, temperature=0.0, end_ids=(EOS_ID,))
     assert got == want
     assert len(got) >= 1
 
 
-def test_cached_logits_equal_full_recompute(twin: TwinLlama) -> None:
+def test_cached_logits_equal_full_recompute(twin: CausalLM) -> None:
     res = generate(twin, PROMPT, 10, temperature=1.0, draw=seeded(4))
     seq = PROMPT + res.tokens
     with torch.no_grad():
@@ -54,7 +54,7 @@ def test_cached_logits_equal_full_recompute(twin: TwinLlama) -> None:
         assert abs(lp - want) < 1e-5
 
 
-def test_sampling_is_a_function_of_the_draws(twin: TwinLlama) -> None:
+def test_sampling_is_a_function_of_the_draws(twin: CausalLM) -> None:
     a = generate(twin, PROMPT, 12, temperature=1.0, draw=seeded(1))
     b = generate(twin, PROMPT, 12, temperature=1.0, draw=seeded(1))
     assert a == b
@@ -65,10 +65,10 @@ def test_sampling_is_a_function_of_the_draws(twin: TwinLlama) -> None:
     assert len(hot.logprobs) == len(hot.tokens)
 
 
-def test_stops_after_eos_and_respects_limits(twin: TwinLlama) -> None:
+def test_stops_after_eos_and_respects_limits(twin: CausalLM) -> None:
     greedy = generate_tokens(twin, PROMPT, 5, temperature=0.0)
     assert len(greedy) == 5
-    assert generate_tokens(twin, PROMPT, 5, 0.0, eos_id=greedy[0]) == greedy[:1]
+    assert generate_tokens(twin, PROMPT, 5, 0.0, end_ids=(greedy[0],)) == greedy[:1]
     assert generate_tokens(twin, PROMPT, 0, 0.0) == []
     with pytest.raises(ValueError):
         generate_tokens(twin, PROMPT, 3, temperature=1.0)  # no draw function
@@ -96,10 +96,10 @@ def test_sample_index_rule() -> None:
 def test_prefix_reuse_gives_the_same_bits(toy_model_dir) -> None:  # type: ignore[no-untyped-def]
     """Completions started from a shared prefill equal completions that prefill themselves."""
     from twinrun.core.rng import stream
+    from twinrun.model.build import load_causal_lm
     from twinrun.model.decoding import generate, prefill
-    from twinrun.model.llama import load_base_model
 
-    model = load_base_model(toy_model_dir)
+    model = load_causal_lm(toy_model_dir)
     prompt = [256, *b"What is 4 + 4?"]
     shared = prefill(model, prompt)
     for k in range(3):

@@ -1,4 +1,4 @@
-"""LoRA on TwinLlama: init pinned to twinrun's stream, PEFT-format files, PEFT-equal logits."""
+"""LoRA on CausalLM: init pinned to twinrun's stream, PEFT-format files, PEFT-equal logits."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from twinrun.core.errors import ModelError
 from twinrun.core.rng import stream
-from twinrun.model.llama import TwinLlama, load_base_model
+from twinrun.model.build import CausalLM, load_causal_lm
 from twinrun.model.lora import (
     LoRALinear,
     apply_lora,
@@ -25,7 +25,7 @@ from twinrun.model.lora import (
 IDS = torch.tensor([[256, 104, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100]])
 
 
-def _randomize_b(model: TwinLlama, seed: int = 5) -> None:
+def _randomize_b(model: CausalLM, seed: int = 5) -> None:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in lora_parameters(model):
@@ -34,11 +34,11 @@ def _randomize_b(model: TwinLlama, seed: int = 5) -> None:
 
 
 @pytest.fixture()
-def base(toy_model_dir: Path) -> TwinLlama:
-    return load_base_model(toy_model_dir)
+def base(toy_model_dir: Path) -> CausalLM:
+    return load_causal_lm(toy_model_dir)
 
 
-def test_init_pinned_to_stream(base: TwinLlama) -> None:
+def test_init_pinned_to_stream(base: CausalLM) -> None:
     state = torch.get_rng_state()
     with torch.no_grad():
         before = base(IDS)
@@ -63,7 +63,7 @@ def test_init_pinned_to_stream(base: TwinLlama) -> None:
     assert trainable == {id(p) for _, p in params}
 
 
-def test_apply_errors(base: TwinLlama) -> None:
+def test_apply_errors(base: CausalLM) -> None:
     with pytest.raises(ModelError, match="not found"):
         apply_lora(base, 4, 8.0, seed=0, targets=("nope_proj",))
     with pytest.raises(ModelError, match="rank"):
@@ -79,7 +79,7 @@ def _header(path: Path) -> dict[str, Any]:
     return json.loads(raw[8 : 8 + n])
 
 
-def test_save_format_and_bytes(base: TwinLlama, tmp_path: Path, toy_model_dir: Path) -> None:
+def test_save_format_and_bytes(base: CausalLM, tmp_path: Path, toy_model_dir: Path) -> None:
     apply_lora(base, 4, 16.0, seed=3, targets=("v_proj", "q_proj"))
     _randomize_b(base)
     save_adapter(base, tmp_path / "a", str(toy_model_dir), 4, 16.0, ("q_proj", "v_proj"))
@@ -102,7 +102,7 @@ def test_save_format_and_bytes(base: TwinLlama, tmp_path: Path, toy_model_dir: P
         save_adapter(base, tmp_path / "c", "x", rank=8)
 
 
-def test_roundtrip_and_disable(base: TwinLlama, tmp_path: Path, toy_model_dir: Path) -> None:
+def test_roundtrip_and_disable(base: CausalLM, tmp_path: Path, toy_model_dir: Path) -> None:
     with torch.no_grad():
         plain = base(IDS)
     apply_lora(base, 4, 8.0, seed=1)
@@ -114,7 +114,7 @@ def test_roundtrip_and_disable(base: TwinLlama, tmp_path: Path, toy_model_dir: P
             assert torch.equal(base(IDS), plain)
         assert torch.equal(base(IDS), tuned)
     save_adapter(base, tmp_path / "a", str(toy_model_dir))
-    other = load_base_model(toy_model_dir)
+    other = load_causal_lm(toy_model_dir)
     cfg = load_adapter(other, tmp_path / "a")
     assert cfg["r"] == 4
     with torch.no_grad():
@@ -129,7 +129,7 @@ def test_roundtrip_and_disable(base: TwinLlama, tmp_path: Path, toy_model_dir: P
     "targets", [("q_proj", "k_proj", "v_proj", "o_proj"), ("gate_proj", "up_proj", "down_proj")]
 )
 def test_peft_gives_same_logits(
-    base: TwinLlama, tmp_path: Path, toy_model_dir: Path, targets: tuple[str, ...]
+    base: CausalLM, tmp_path: Path, toy_model_dir: Path, targets: tuple[str, ...]
 ) -> None:
     from peft import PeftModel
     from transformers import LlamaForCausalLM
@@ -154,7 +154,7 @@ def test_peft_gives_same_logits(
 
 
 def test_bf16_base_keeps_float32_lora(toy_model_dir: Path) -> None:
-    m = load_base_model(toy_model_dir, precision="bf16")
+    m = load_causal_lm(toy_model_dir, precision="bf16")
     apply_lora(m, 2, 4.0, seed=0)
     _randomize_b(m)
     assert all(p.dtype == torch.float32 for _, p in lora_parameters(m))
@@ -163,13 +163,13 @@ def test_bf16_base_keeps_float32_lora(toy_model_dir: Path) -> None:
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
 
 
-def test_load_errors(base: TwinLlama, tmp_path: Path, toy_model_dir: Path) -> None:
+def test_load_errors(base: CausalLM, tmp_path: Path, toy_model_dir: Path) -> None:
     with pytest.raises(ModelError, match="does not exist"):
         load_adapter(base, tmp_path / "nope")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelError, match="adapter_config.json"):
         load_adapter(base, tmp_path / "empty")
-    src = load_base_model(toy_model_dir)
+    src = load_causal_lm(toy_model_dir)
     apply_lora(src, 2, 4.0, seed=0)
     save_adapter(src, tmp_path / "ok", str(toy_model_dir))
     cfg_path = tmp_path / "ok/adapter_config.json"

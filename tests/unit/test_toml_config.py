@@ -177,7 +177,7 @@ def test_contract_and_diff(tmp_path: Path) -> None:
 
 
 def test_allowlist_rule(tmp_path: Path) -> None:
-    from twinrun.train.session import LORA_TARGETS
+    from twinrun.config.contract import LORA_TARGETS
 
     a = contract(tmp_path)
     assert a["model.lora_targets"] == list(LORA_TARGETS)

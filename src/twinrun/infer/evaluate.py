@@ -62,9 +62,8 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
     from twinrun.core.determinism import establish
     from twinrun.data.batching import pad_rows
     from twinrun.data.examples import encode_sft_rows, load_rows
-    from twinrun.model.llama import load_base_model
+    from twinrun.model.build import build_model
     from twinrun.model.loading import read_model_config as read_config
-    from twinrun.model.lora import load_adapter
     from twinrun.model.tokens import load_tokenizer
     from twinrun.objectives.sft import completion_nll
 
@@ -85,15 +84,18 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
 
         read_adapter_config(cfg.adapter)  # fail before building anything
     provenance = establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
-    model = load_base_model(model_dir, precision=cfg.precision, device=cfg.device)
+    model = build_model(
+        model_dir,
+        precision=cfg.precision,
+        device=cfg.device,
+        adapter=cfg.adapter,
+        batch_invariant=cfg.batch_invariant,
+    )
     head = None
     if cfg.adapter is not None:
-        load_adapter(model, cfg.adapter)
         from twinrun.model.reward_head import load_reward_head
 
         head = load_reward_head(cfg.adapter)
-    model.eval()
-    model.batch_invariant = cfg.batch_invariant
     if pairwise:
         per_pair = score_pairs(model, head, pairs, tok.pad_id, cfg)
         report = {

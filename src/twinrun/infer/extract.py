@@ -160,7 +160,7 @@ def run_extract(cfg: ExtractConfig) -> dict[str, Any]:
     """Validate, build, extract, write OUT.safetensors and OUT.json; returns the sidecar."""
     from twinrun.core.determinism import establish
     from twinrun.data.examples import load_rows
-    from twinrun.model.llama import load_base_model
+    from twinrun.model.build import build_model
     from twinrun.model.loading import read_model_config
     from twinrun.model.tokens import load_tokenizer
 
@@ -197,13 +197,13 @@ def run_extract(cfg: ExtractConfig) -> dict[str, Any]:
 
         read_adapter_config(cfg.adapter)  # fail before building anything
     provenance = establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
-    model = load_base_model(model_dir, precision=str(cfg.precision), device=cfg.device)
-    if cfg.adapter is not None:
-        from twinrun.model.lora import load_adapter
-
-        load_adapter(model, cfg.adapter)
-    model.eval()
-    model.batch_invariant = cfg.batch_invariant
+    model = build_model(
+        model_dir,
+        precision=str(cfg.precision),
+        device=cfg.device,
+        adapter=cfg.adapter,
+        batch_invariant=cfg.batch_invariant,
+    )
     tensors = {name: pooled_hidden(model, rows, tok.pad_id, cfg) for name, rows in sides.items()}
     if cfg.steering:
         vector = tensors["chosen"].double().mean(dim=0) - tensors["rejected"].double().mean(dim=0)
@@ -238,7 +238,7 @@ def write_outputs(
         "batch_size": cfg.batch_size,
         "batch_invariant": cfg.batch_invariant,
         "examples": count,
-        "hidden_size": model.spec.hidden_size,
+        "hidden_size": model.hidden_size,
         "num_layers": model.num_layers,
         "model_sha256": sha256_dir(model_dir),
         "data_sha256": sha256_file(str(cfg.examples)),

@@ -57,10 +57,9 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
     from twinrun.core.determinism import establish
     from twinrun.core.rng import stream
     from twinrun.data.examples import prompt_text
+    from twinrun.model.build import build_model
     from twinrun.model.decoding import generate as generate_tokens
-    from twinrun.model.llama import load_base_model
     from twinrun.model.loading import read_model_config as read_config
-    from twinrun.model.lora import load_adapter
     from twinrun.model.tokens import load_tokenizer
 
     cfg.validate()
@@ -70,14 +69,11 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
     text = prompt_text(tok, [{"role": "user", "content": cfg.prompt}], cfg.chat_template == "on")  # type: ignore[list-item]
     prompt_ids = [tok.bos_id, *tok.encode(text)]
     establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
-    model = load_base_model(model_dir, precision=cfg.precision, device=cfg.device)
-    if cfg.adapter is not None:
-        load_adapter(model, cfg.adapter)
+    model = build_model(model_dir, precision=cfg.precision, device=cfg.device, adapter=cfg.adapter)
     if cfg.steer is not None:
         from twinrun.infer.steering import attach_steering
 
         attach_steering(model, cfg.steer, cfg.steer_scale)  # type: ignore[arg-type]
-    model.eval()
     seed = cfg.seed
     assert seed is not None
 
@@ -86,7 +82,7 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
 
     with torch.no_grad():
         result = generate_tokens(
-            model, prompt_ids, cfg.max_new_tokens, cfg.temperature, draw=draw, eos_id=tok.eos_id
+            model, prompt_ids, cfg.max_new_tokens, cfg.temperature, draw=draw, end_ids=(tok.eos_id,)
         )
     tokens = list(result.tokens)
     return {"prompt_tokens": prompt_ids, "tokens": tokens, "text": tok.decode(tokens)}

@@ -68,7 +68,7 @@ def attach_steering(model: Any, path: str | Path, scale: float) -> dict[str, str
     if not math.isfinite(scale):
         raise ConfigError(f"--steer-scale must be a finite number, got {scale}")
     art = read_steering(path)
-    hidden, layers = model.spec.hidden_size, model.num_layers
+    hidden, layers = model.hidden_size, model.num_layers
     if art.vector.shape[0] != hidden:
         raise ModelError(
             f"{path}: steering vector has {art.vector.shape[0]} dimensions, the model's hidden "

@@ -1,4 +1,5 @@
-"""KV-cached token generation on a TwinLlama, greedy or with caller-supplied uniform draws.
+"""KV-cached token generation on a `CausalLM` (transformers' model and cache), greedy or with
+caller-supplied uniform draws.
 
 - temperature 0: greedy; argmax of the logits, ties go to the lowest token id.
 - temperature > 0: `u = draw(position)` (a float in [0, 1) from the caller, e.g.
@@ -8,18 +9,20 @@
 
 `GenerationResult.logprobs` holds, per generated token, its float64 log-probability under the
 temperature-scaled distribution (`log_softmax(logits.double() / T)`; at temperature 0 under the
-unscaled one) — GRPO's "old" logprob. Generation stops after emitting `eos_id`.
+unscaled one) — GRPO's "old" logprob. Generation stops after emitting any of `end_ids` (a checkpoint
+may declare several: its eos and the chat template's end-of-turn token).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
-from twinrun.model.llama import KVCache, TwinLlama
+from twinrun.model.build import CausalLM
 
 
 @dataclass
@@ -55,19 +58,16 @@ class Prefix:
     operations as prefilling each time, so the same bits, done once."""
 
     prompt_ids: list[int]
-    cache: KVCache
+    cache: Any  # transformers' DynamicCache
     logits: torch.Tensor
 
-    def fork(self) -> KVCache:
-        """A cache to extend: updates rebind (torch.cat), so sharing the tensors is safe."""
-        cache = KVCache(len(self.cache.keys))
-        cache.keys, cache.values = list(self.cache.keys), list(self.cache.values)
-        cache.mask = self.cache.mask
-        return cache
+    def fork(self) -> Any:
+        """An independent copy of the prefill's cache, to extend with one completion."""
+        return CausalLM.fork_cache(self.cache)
 
 
 def prefill(
-    model: TwinLlama, prompt_ids: list[int], steer: tuple[int, torch.Tensor] | None = None
+    model: CausalLM, prompt_ids: list[int], steer: tuple[int, torch.Tensor] | None = None
 ) -> Prefix:
     if not prompt_ids:
         raise ValueError("generation needs a non-empty prompt")
@@ -80,12 +80,12 @@ def prefill(
 
 
 def generate(
-    model: TwinLlama,
+    model: CausalLM,
     prompt_ids: list[int],
     max_new_tokens: int,
     temperature: float,
     draw: Callable[[int], float] | None = None,
-    eos_id: int | None = None,
+    end_ids: Collection[int] = (),
     steer: tuple[int, torch.Tensor] | None = None,
     prefix: Prefix | None = None,
 ) -> GenerationResult:
@@ -108,6 +108,7 @@ def generate(
     elif prefix.prompt_ids != list(prompt_ids):
         raise ValueError("the prefix was made for another prompt")
     cache, logits = prefix.fork(), prefix.logits
+    stop = frozenset(end_ids)
     with torch.no_grad():
         for position in range(max_new_tokens):
             if temperature == 0:
@@ -120,7 +121,7 @@ def generate(
                 token, logprob = sample_index(logits, temperature, u)
             result.tokens.append(token)
             result.logprobs.append(logprob)
-            if token == eos_id or position == max_new_tokens - 1:
+            if token in stop or position == max_new_tokens - 1:
                 break
             step = torch.tensor([[token]], dtype=torch.long, device=device)
             logits = model(step, kv_cache=cache, steer=steer)[0, -1]
@@ -128,12 +129,12 @@ def generate(
 
 
 def generate_tokens(
-    model: TwinLlama,
+    model: CausalLM,
     prompt_ids: list[int],
     max_new_tokens: int,
     temperature: float,
     draw: Callable[[int], float] | None = None,
-    eos_id: int | None = None,
+    end_ids: Collection[int] = (),
 ) -> list[int]:
     """The generated tokens only (see `generate` for the logprobs)."""
-    return generate(model, prompt_ids, max_new_tokens, temperature, draw, eos_id).tokens
+    return generate(model, prompt_ids, max_new_tokens, temperature, draw, end_ids).tokens

@@ -1,4 +1,4 @@
-"""Batch-invariant mode for `TwinLlama` (`--batch-invariant`): a row's numbers do not depend on
+"""Batch-invariant mode for `CausalLM` (`--batch-invariant`): a row's numbers do not depend on
 the batch it rode in.
 
 How. A forward without a KV cache runs every row on its own, cut to its real length: the very
@@ -40,7 +40,7 @@ from torch import nn
 from twinrun.objectives.sft import BATCH_INVARIANT_TAG
 
 if TYPE_CHECKING:
-    from twinrun.model.llama import LlamaOutput, TwinLlama
+    from twinrun.model.build import CausalLM, ModelOutput
 
 Trainable = list[tuple[nn.Module, str, nn.Parameter]]
 
@@ -159,14 +159,14 @@ def swapped(trainable: Trainable, aliases: tuple[torch.Tensor, ...]) -> Iterator
 
 
 def run_rows(
-    model: TwinLlama,
+    model: CausalLM,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None,
     hidden_layer: int | None,
     steer: tuple[int, torch.Tensor] | None,
-) -> LlamaOutput:
+) -> ModelOutput:
     """Every row alone at its real length (`model.run_batch`), results right-padded with 0."""
-    from twinrun.model.llama import LlamaOutput
+    from twinrun.model.build import ModelOutput
 
     b, t = input_ids.shape
     lengths = real_lengths(attention_mask, b, t)
@@ -184,7 +184,7 @@ def run_rows(
         logits.append(F.pad(out.logits, (0, 0, 0, t - length)))
         if out.hidden is not None:
             hidden.append(F.pad(out.hidden, (0, 0, 0, t - length)))
-    result = LlamaOutput(torch.cat(logits), torch.cat(hidden) if hidden else None)
+    result = ModelOutput(torch.cat(logits), torch.cat(hidden) if hidden else None)
     setattr(result.logits, BATCH_INVARIANT_TAG, True)
     return result
 

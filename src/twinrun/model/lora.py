@@ -1,4 +1,4 @@
-"""LoRA in PEFT's numerics and file format, on twinrun's own Llama.
+"""LoRA in PEFT's numerics and file format, on any transformers causal LM.
 
 `LoRALinear` computes what PEFT's `lora.Linear` computes (dropout 0):
 `result = base_layer(x); result = result + lora_B(lora_A(x.to(A.dtype))) * scaling`, cast back
@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from twinrun.core.errors import ModelError
+from twinrun.model.targets import ALL_LINEAR, DEFAULT_TARGETS, default_targets
 
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."
@@ -94,23 +94,46 @@ def lora_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return out
 
 
+def resolve_targets(model: Any, model_type: str, spec: str | Iterable[str] | None) -> list[str]:
+    """The module names LoRA wraps, sorted: the architecture's default (None), every Linear
+    but the output layer (`all-linear`, as PEFT's rule), or the names given."""
+    if spec is None:
+        names: Iterable[str] = default_targets(model_type)
+    elif spec == ALL_LINEAR:
+        names = {n.rsplit(".", 1)[-1] for n, _ in _linear_modules(model)}
+    elif isinstance(spec, str):
+        names = [n.strip() for n in spec.split(",") if n.strip()]
+    else:
+        names = spec
+    return sorted(set(names))
+
+
+def _linear_modules(model: Any) -> list[tuple[str, nn.Linear]]:
+    """Every nn.Linear of the model except the output layer (lm_head)."""
+    output = None
+    hf = getattr(model, "hf", model)
+    if hasattr(hf, "get_output_embeddings"):
+        output = hf.get_output_embeddings()
+    return [
+        (n, m)
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear) and m is not output and n != "lm_head"
+    ]
+
+
 def _targets(model: nn.Module, targets: Iterable[str]) -> list[tuple[str, nn.Linear]]:
     wanted = {targets} if isinstance(targets, str) else set(targets)
     if not wanted:
         raise ModelError("no LoRA target modules given", "name e.g. q_proj, v_proj")
     if lora_modules(model):
         raise ModelError("the model already has LoRA layers", "start from a fresh base model")
-    found = [
-        (n, m)
-        for n, m in model.named_modules()
-        if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in wanted and n != "lm_head"
-    ]
+    found = [(n, m) for n, m in _linear_modules(model) if n.rsplit(".", 1)[-1] in wanted]
     seen = {n.rsplit(".", 1)[-1] for n, _ in found}
     if missing := sorted(wanted - seen):
         raise ModelError(
             f"LoRA target modules not found in the model: {missing}",
-            "targets are Linear module names such as q_proj, k_proj, v_proj, o_proj, "
-            "gate_proj, up_proj, down_proj",
+            "--lora-targets takes Linear module names of this model (e.g. q_proj,v_proj) "
+            "or all-linear",
         )
     return found
 
@@ -201,6 +224,11 @@ def adapter_config(
         "use_dora": False,
         "use_rslora": False,
     }
+
+
+def adapter_targets(model: Any) -> list[str]:
+    """The module names (last name component, sorted) the model's LoRA layers wrap."""
+    return _model_lora_shape(model)[2]
 
 
 def _model_lora_shape(model: nn.Module) -> tuple[int, float, list[str]]:

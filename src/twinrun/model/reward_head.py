@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -31,15 +32,15 @@ def new_reward_head(hidden_size: int, seed: int) -> torch.nn.Linear:
 
 
 def scores(
-    model: torch.nn.Module, head: torch.nn.Linear, ids: torch.Tensor, attn: torch.Tensor
+    model: Any, head: torch.nn.Linear, ids: torch.Tensor, attn: torch.Tensor
 ) -> torch.Tensor:
     """[B] float32 scores: head(final_norm(hidden at the last layer))[last real token]."""
-    out = model.run(ids, attn, hidden_layer=model.num_layers)
     if getattr(model, "batch_invariant", False):  # each row alone: twinrun.model.invariant
         from twinrun.model.invariant import last_token_scores
 
-        return last_token_scores(model.model.norm, head, out.hidden, attn)
-    hidden = model.model.norm(out.hidden)
+        out = model.run(ids, attn, hidden_layer=model.num_layers)
+        return last_token_scores(model.final_norm(), head, out.hidden, attn)
+    hidden = model.last_hidden(ids, attn)
     return head(pool_last(hidden, attn).float()).squeeze(-1)
 
 

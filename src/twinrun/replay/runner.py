@@ -107,8 +107,8 @@ def replay(run: TomlRun) -> dict[str, Any]:
     cfg.objective = objective
     from twinrun.core.determinism import establish, runtime_versions
     from twinrun.core.rng import seed_torch
-    from twinrun.model.llama import load_base_model
-    from twinrun.model.lora import load_adapter, lora_parameters
+    from twinrun.model.build import build_model
+    from twinrun.model.lora import lora_parameters, read_adapter_config
     from twinrun.model.tokens import load_tokenizer
     from twinrun.train.faults import parse_faults
     from twinrun.train.loop import Loop, make_optimizer
@@ -119,8 +119,7 @@ def replay(run: TomlRun) -> dict[str, Any]:
     provenance["torch_seed"] = seed_torch(cfg.seed)  # type: ignore[arg-type]
     model_dir = Path(cfg.model)  # type: ignore[arg-type]
     tok = load_tokenizer(model_dir)
-    model = load_base_model(model_dir, precision=cfg.precision, device=cfg.device)  # type: ignore[arg-type]
-    adapter = load_adapter(model, cfg.init_adapter)  # type: ignore[arg-type]
+    adapter = read_adapter_config(cfg.init_adapter)  # type: ignore[arg-type]
     if adapter["r"] != cfg.lora_rank or float(adapter["lora_alpha"]) != cfg.lora_alpha:
         raise ConfigError(
             f"adapter {cfg.init_adapter} is rank {adapter['r']} alpha "
@@ -128,9 +127,14 @@ def replay(run: TomlRun) -> dict[str, Any]:
             f"{cfg.lora_alpha}",
             "make [model] lora_* match the adapter",
         )
-    model.gradient_checkpointing = cfg.gradient_checkpointing
-    model.batch_invariant = cfg.batch_invariant
-    model.train(cfg.gradient_checkpointing)  # the model checkpoints only in training mode
+    model = build_model(
+        model_dir,
+        precision=cfg.precision,  # type: ignore[arg-type]
+        device=cfg.device,
+        adapter=cfg.init_adapter,
+        batch_invariant=cfg.batch_invariant,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+    )
     params = lora_parameters(model)
     head = build_head(v, model) if objective == "reward" else None
     if head is not None:
@@ -218,7 +222,7 @@ def build_head(v: Verified, model: Any) -> Any:
 
     pin = v.manifest["initial_state"]["reward_head"]
     cfg = v.run.cfg
-    head = new_reward_head(model.spec.hidden_size, cfg.seed)  # type: ignore[arg-type]
+    head = new_reward_head(model.hidden_size, cfg.seed)  # type: ignore[arg-type]
     if pin is None or pin.get("from") != "seed":
         if "reward_head" not in v.state_bytes:
             raise ContractError("the capture pins no reward head", "re-capture the step")
@@ -230,15 +234,9 @@ def build_head(v: Verified, model: Any) -> Any:
 def save_final(folder: Path, model: Any, head: Any, cfg: Any) -> str:
     from twinrun.model.lora import save_adapter
     from twinrun.model.reward_head import save_reward_head
-    from twinrun.train.session import LORA_TARGETS
 
     save_adapter(
-        model,
-        folder,
-        base_model_path=str(cfg.model),
-        rank=cfg.lora_rank,
-        alpha=cfg.lora_alpha,
-        targets=LORA_TARGETS,
+        model, folder, base_model_path=str(cfg.model), rank=cfg.lora_rank, alpha=cfg.lora_alpha
     )
     if head is not None:
         save_reward_head(head, folder)

@@ -19,12 +19,19 @@ TRAINER_STATE = "trainer_state.json"
 STATE_FORMAT = "twinrun.trainer-state.v1"
 
 
-def init_adapter(out: str | Path, model: str, seed: int, rank: int, alpha: float) -> Path:
-    """Write the initial adapter and trainer_state.json into the new directory `out`."""
+def init_adapter(
+    out: str | Path,
+    model: str,
+    seed: int,
+    rank: int,
+    alpha: float,
+    targets: str | tuple[str, ...] | None = None,
+) -> Path:
+    """Write the initial adapter and trainer_state.json into the new directory `out` (`targets`:
+    None for the architecture's default LoRA targets, "all-linear", or module names)."""
     from twinrun.core.digest import sha256_dir, sha256_file
-    from twinrun.model.llama import load_base_model
-    from twinrun.model.lora import apply_lora, save_adapter
-    from twinrun.train.session import LORA_TARGETS
+    from twinrun.model.build import FreshLora, build_model
+    from twinrun.model.lora import save_adapter
 
     problems = []
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
@@ -38,11 +45,10 @@ def init_adapter(out: str | Path, model: str, seed: int, rank: int, alpha: float
     path = Path(out)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ConfigError(f"{path} exists and is not empty", "choose a new directory")
-    base = load_base_model(model, precision="f32", device="cpu")
-    apply_lora(base, rank, alpha, seed, targets=LORA_TARGETS)
-    save_adapter(
-        base, path, base_model_path=str(model), rank=rank, alpha=alpha, targets=LORA_TARGETS
+    base = build_model(
+        model, precision="f32", device="cpu", lora=FreshLora(rank, alpha, seed, targets)
     )
+    save_adapter(base, path, base_model_path=str(model), rank=rank, alpha=alpha)
     atomic_write_json(
         path / TRAINER_STATE,
         {

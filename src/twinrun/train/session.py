@@ -19,8 +19,6 @@ from twinrun.data.examples import SourcedRow, load_rows
 from twinrun.train.faults import Faults, parse_faults
 from twinrun.train.outputs import begin_output_dir, check_output_dir, sidecar
 
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
-
 
 @dataclass
 class Session:
@@ -44,18 +42,19 @@ class Session:
         cfg = self.cfg
         save_adapter(
             self.model, folder, base_model_path=str(cfg.model), rank=cfg.lora_rank,
-            alpha=cfg.lora_alpha, targets=LORA_TARGETS,
+            alpha=cfg.lora_alpha,
         )  # fmt: skip
 
     def autocast(self) -> Any:
-        """bf16 runs the base model in bfloat16 under autocast; f32 casts nothing."""
-        import contextlib
+        """The model's precision policy (it already applies it inside every forward)."""
+        return self.model.autocast()
 
-        import torch
+    @property
+    def lora_targets(self) -> list[str]:
+        """The module names the run's LoRA layers wrap, as resolved for this model."""
+        from twinrun.model.lora import adapter_targets
 
-        if self.cfg.precision == "bf16":
-            return torch.autocast(device_type=self.cfg.device.split(":")[0], dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return adapter_targets(self.model)
 
 
 def open_session(
@@ -88,17 +87,22 @@ def open_session(
     from twinrun.core.rng import seed_torch
 
     provenance["torch_seed"] = seed_torch(cfg.seed)  # type: ignore[arg-type]
-    from twinrun.model.llama import load_base_model
-    from twinrun.model.lora import apply_lora, lora_parameters
+    from twinrun.model.build import FreshLora, build_model
+    from twinrun.model.lora import lora_parameters
 
-    model = load_base_model(model_dir, precision=cfg.precision, device=cfg.device)
+    model = build_model(
+        model_dir,
+        precision=cfg.precision,  # type: ignore[arg-type]
+        device=cfg.device,
+        adapter=cfg.init_adapter,
+        lora=None
+        if cfg.init_adapter is not None
+        else FreshLora(cfg.lora_rank, cfg.lora_alpha, cfg.seed),  # type: ignore[arg-type]
+        batch_invariant=cfg.batch_invariant,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+    )
     if cfg.init_adapter is not None:
-        start_from_adapter(model, cfg)
-    else:
-        apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.seed, targets=LORA_TARGETS)
-    model.gradient_checkpointing = cfg.gradient_checkpointing
-    model.train(cfg.gradient_checkpointing)  # the model checkpoints only in training mode
-    model.batch_invariant = cfg.batch_invariant
+        check_adapter_shape(model, cfg)
     params = lora_parameters(model)
     if not cfg.resume:
         begin_output_dir(out, cfg.overwrite)
@@ -117,13 +121,12 @@ def open_session(
     return session, encoded
 
 
-def start_from_adapter(model: Any, cfg: RunConfig) -> None:
-    """Start from an existing adapter (e.g. `twinrun init-adapter`) instead of a fresh LoRA init;
-    its shape must be the run's."""
+def check_adapter_shape(model: Any, cfg: RunConfig) -> None:
+    """A run that starts from an existing adapter (e.g. `twinrun init-adapter`) has its shape."""
     from twinrun.core.errors import ConfigError
-    from twinrun.model.lora import load_adapter
+    from twinrun.model.lora import read_adapter_config
 
-    adapter = load_adapter(model, cfg.init_adapter)
+    adapter = read_adapter_config(cfg.init_adapter)  # type: ignore[arg-type]
     if adapter.get("r") != cfg.lora_rank or float(adapter.get("lora_alpha")) != cfg.lora_alpha:
         raise ConfigError(
             f"adapter {cfg.init_adapter} has rank {adapter.get('r')} alpha "
@@ -145,7 +148,7 @@ def finish_session(
     atomic_write_jsonl(s.out / "metrics.jsonl", metrics)
     adapter_sha = sha256_file(s.out / "adapter_model.safetensors")
     record = sidecar(
-        train=shaping_numbers(s.cfg) | {"lora_targets": list(LORA_TARGETS)},
+        train=shaping_numbers(s.cfg) | {"lora_targets": s.lora_targets},
         model_sha256=s.model_sha256,
         data_sha256=s.data_sha256,
         adapter_sha256=adapter_sha,

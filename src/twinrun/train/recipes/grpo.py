@@ -148,7 +148,7 @@ def sample_completion(
             s.cfg.max_new_tokens,
             s.cfg.temperature,
             draw=draw,
-            eos_id=s.tok.eos_id,
+            end_ids=(s.tok.eos_id,),
             prefix=prefix,
         )
     return list(result.tokens), [float(x) for x in result.logprobs]
@@ -157,7 +157,7 @@ def sample_completion(
 def collect_rollouts(s: Session, state: GrpoState, step: int, examples: list[int]) -> list[Rollout]:
     cfg = s.cfg
     out: list[Rollout] = []
-    max_len = s.model.spec.max_position_embeddings
+    max_len = s.model.max_positions
     for slot, example in enumerate(examples):
         row = state.rows[example]
         observation = checked_prompt(

@@ -42,7 +42,7 @@ def train_pairs(cfg: RunConfig, objective: str) -> dict[str, Any]:
     if objective == "reward":
         from twinrun.model.reward_head import new_reward_head
 
-        head = new_reward_head(session.model.spec.hidden_size, cfg.seed).to(cfg.device)  # type: ignore[arg-type]
+        head = new_reward_head(session.model.hidden_size, cfg.seed).to(cfg.device)  # type: ignore[arg-type]
         session.params = [*session.params, ("reward_head.score.weight", head.weight)]
     plans = plan_steps(len(pairs), cfg.epochs, cfg.batch_size, cfg.accumulation, cfg.seed)  # type: ignore[arg-type]
     loop = make_loop(session, len(plans))
