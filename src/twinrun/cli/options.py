@@ -23,19 +23,23 @@ F = Callable[..., Any]
 
 
 class FiniteFloat(click.ParamType):
-    """A float that is finite: `inf`, `nan` and `1e309` (which overflows to inf) are refused."""
+    """A float that is finite: `inf`, `nan` and `1e309` (which overflows to inf) are refused, and
+    so is a value below `low` (or equal to it when `low_open`)."""
 
     name = "float"
 
+    def __init__(self, low: float | None = None, low_open: bool = False) -> None:
+        self.low, self.low_open = low, low_open
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, float) and math.isfinite(value):
-            return value
         try:
             number = float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             self.fail("not a number", param, ctx)
         if not math.isfinite(number):
             self.fail("must be a finite number", param, ctx)
+        if self.low is not None and (number <= self.low if self.low_open else number < self.low):
+            self.fail(f"must be {'>' if self.low_open else '>='} {self.low:g}", param, ctx)
         return number
 
 
