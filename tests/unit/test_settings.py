@@ -198,3 +198,13 @@ def test_values_inside_the_range_pass() -> None:
     assert s_(kind="float", low=0, low_open=True).problem(1e-300, "flag") is None
     assert s_(kind="int", low=0, high=2**63, high_open=True).problem(2**63 - 1, "flag") is None
     assert s_(kind="str", choices=("a",)).problem("a", "flag") is None
+
+
+def test_the_documented_table_is_the_generated_one() -> None:
+    from pathlib import Path
+
+    from twinrun.config.reference import BEGIN, END, settings_table
+
+    doc = (Path(__file__).parents[2] / "docs" / "training.md").read_text(encoding="utf-8")
+    start, end = doc.index(BEGIN), doc.index(END) + len(END)
+    assert doc[start:end] == settings_table()

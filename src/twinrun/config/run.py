@@ -217,10 +217,17 @@ class RunConfig:
     init_adapter: str | None = _s(
         "str", "--init-adapter", "resume.from", "Start from this adapter (init-adapter)."
     )
-    capture: bool = _s("bool", "", "optimizer_batch.capture", default=False)
-    capture_steps: list[int] | None = _s("list[int]", "", "optimizer_batch.capture_steps", low=0)
+    capture: bool = _s("bool", "", "optimizer_batch.capture", "Capture optimizer batches.",
+                        default=False)  # fmt: skip
+    capture_steps: list[int] | None = _s("list[int]", "", "optimizer_batch.capture_steps",
+        "Steps to capture (default: every step).", low=0,
+    )  # fmt: skip
     gradient_checkpointing: bool = _s(
-        "bool", "", "backend.options.gradient_checkpointing", default=False
+        "bool",
+        "",
+        "backend.options.gradient_checkpointing",
+        "Recompute activations in backward.",
+        default=False,
     )
     overwrite: bool = _s(
         "bool", "--overwrite", "", "Replace an existing run directory.",
@@ -228,11 +235,14 @@ class RunConfig:
     )  # fmt: skip
     quiet: bool = _s("bool", "--quiet", "", "No progress output.", default=False, shapes=False)
     # fixed optimizer numbers: recorded so the sidecar is the whole record
-    weight_decay: float = _s("float", "", "optimizer.weight_decay", default=0.0, low=0)
+    weight_decay: float = _s("float", "", "optimizer.weight_decay", "AdamW weight decay.",
+                             default=0.0, low=0)  # fmt: skip
     adam_betas: tuple[float, float] = _s(
-        "pair", "", "optimizer.betas", default=(0.9, 0.999), low=0, high=1, high_open=True
-    )
-    adam_eps: float = _s("float", "", "optimizer.eps", default=1e-8, low=0, low_open=True)
+        "pair", "", "optimizer.betas", "AdamW betas.",
+        default=(0.9, 0.999), low=0, high=1, high_open=True,
+    )  # fmt: skip
+    adam_eps: float = _s("float", "", "optimizer.eps", "AdamW epsilon.", default=1e-8,
+                        low=0, low_open=True)  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.inject is None:
