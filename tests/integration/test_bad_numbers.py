@@ -163,3 +163,45 @@ def test_toml_bad_numbers_name_the_key(
     assert f"{key} " in err and says in err, err
     assert "SECRET" not in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--lora-targets", "q_proj,,v_proj"], "--lora-targets must name at least one module"),
+        (["--lora-targets", "all-linear,q_proj"], "--lora-targets: all-linear stands alone"),
+        (["--lora-targets", "q_proj;rm -rf"], "--lora-targets must be module names"),
+        (["--lora-targets", "q_proj,q_proj"], "--lora-targets names a module twice"),
+        (["--attention", "flash"], "--attention must be eager or sdpa, got 'flash'"),
+        (["--max-length", "0"], "--max-length must be >= 1, got 0"),
+        (["--precision", "https://u:SECRET@h/"], "--precision must be f32 or bf16"),
+    ],
+)
+def test_model_settings_are_checked(
+    extra: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = valid_args("sft")
+    argv = ["tune", "sft", "--output", str(tmp_path / "o"), *extra]
+    assert run_cli(argv + [x for kv in args.items() if kv[0] not in extra for x in kv]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "SECRET" not in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_model_settings_in_toml(tmp_path: Path) -> None:
+    from twinrun.config.toml import load_toml, resolved_tree
+
+    doc = grpo_source(tmp_path / "m", tmp_path / "e.jsonl", "arithmetic", None, tmp_path / "o")
+    doc["optimizer_batch"]["capture"] = False
+    doc["model"] |= {"lora_targets": "all-linear", "attention": "sdpa"}
+    doc["training"]["max_length"] = 64
+    run = load_toml(write_toml(tmp_path / "c.toml", doc))
+    assert run.cfg.lora_targets == ["all-linear"] and run.cfg.attention == "sdpa"
+    assert run.cfg.max_length == 64
+    tree = resolved_tree(run)
+    assert tree["model"]["lora_targets"] == ["all-linear"] and tree["training"]["max_length"] == 64
+    doc["model"]["lora_targets"] = ["q_proj", "v_proj"]
+    del doc["model"]["attention"], doc["training"]["max_length"]
+    run = load_toml(write_toml(tmp_path / "c.toml", doc))
+    assert run.cfg.lora_targets == ["q_proj", "v_proj"] and run.cfg.attention == "eager"
+    assert run.cfg.max_length is None
