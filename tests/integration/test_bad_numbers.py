@@ -205,3 +205,16 @@ def test_model_settings_in_toml(tmp_path: Path) -> None:
     run = load_toml(write_toml(tmp_path / "c.toml", doc))
     assert run.cfg.lora_targets == ["q_proj", "v_proj"] and run.cfg.attention == "eager"
     assert run.cfg.max_length is None
+
+
+def test_a_wrong_type_is_named_not_echoed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = grpo_source(tmp_path / "m", tmp_path / "e.jsonl", "arithmetic", None, tmp_path / "o")
+    doc["environment"]["args"] = "https://u:SECRET@h/?token=SECRET"
+    doc["training"]["seed"] = "SECRET-seed"
+    assert run_cli(["run", str(write_toml(tmp_path / "c.toml", doc))]) == 2
+    err = capsys.readouterr().err
+    assert "environment.args must be a table (got a string)" in err
+    assert "training.seed must be an integer (got a string)" in err
+    assert "SECRET" not in err and not (tmp_path / "o").exists()

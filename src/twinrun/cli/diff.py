@@ -1,4 +1,4 @@
-"""`twinrun diff RUN_A RUN_B`: the first divergence between two runs (DESIGN §4).
+"""`twinrun diff RUN_A RUN_B`: the first divergence between two runs.
 
 When both runs have a step trace (`--trace-step`, trace.jsonl beside diag.jsonl) at the first
 divergent step, a `FIRST_MODULE:` line names the first module, in execution order, where the
