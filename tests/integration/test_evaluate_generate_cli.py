@@ -62,7 +62,7 @@ def test_evaluate_refuses_existing_report(
 def gen(model: Path, *extra: str) -> list[str]:
     return [
         "generate", "--model", str(model), "--prompt", "What is 2 + 3?", "--max-new-tokens", "6",
-        "--chat-template", "on", "--json", *extra,
+        "--chat-template", "on", "--precision", "f32", "--json", *extra,
     ]  # fmt: skip
 
 
@@ -91,6 +91,7 @@ def test_generate_needs_its_flags(capsys: pytest.CaptureFixture[str], toy_model_
     assert run_cli(["generate", "--model", str(toy_model_dir)]) == 2
     err = capsys.readouterr().err
     assert "--prompt" in err and "--temperature" in err and "--seed" in err
+    assert "--precision" in err  # no silent f32: it shapes the tokens
 
 
 def test_toy_model_cli_same_seed_same_bytes(

@@ -93,7 +93,7 @@ def generate(model: Path, *extra: str, capsys: pytest.CaptureFixture[str]) -> li
     args = [
         "generate", "--model", str(model), "--prompt", "What is 2 + 3?", "--max-new-tokens",
         "12", "--temperature", "0", "--chat-template", "on", "--seed", "1", "--threads", "1",
-        "--json", *extra,
+        "--precision", "f32", "--json", *extra,
     ]  # fmt: skip
     assert run_cli(args) == 0
     return json.loads(capsys.readouterr().out)["tokens"]
@@ -154,7 +154,8 @@ def test_bad_steering_files_are_clear_errors(
         capsys.readouterr()
         args = [
             "generate", "--model", str(toy_model_dir), "--prompt", "hi", "--max-new-tokens", "2",
-            "--temperature", "0", "--chat-template", "on", "--seed", "1", "--steer", str(path),
+            "--temperature", "0", "--chat-template", "on", "--seed", "1", "--precision", "f32",
+            "--steer", str(path),
             "--steer-scale", "1",
         ]  # fmt: skip
         assert run_cli(args) != 0

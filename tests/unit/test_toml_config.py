@@ -83,7 +83,7 @@ def test_all_problems_at_once(tmp_path: Path) -> None:
     doc["color"] = "blue"
     msg = error(tmp_path, doc)
     for part in ("5 problems", "missing training.seed", "missing grpo.clip_eps",
-                 "training.batch_size must be an integer, got 'four'",
+                 "training.batch_size must be an integer (got a string)",
                  "model.lora_rank must be an integer", "unknown key color"):  # fmt: skip
         assert part in msg, part
 

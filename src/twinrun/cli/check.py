@@ -13,6 +13,7 @@ import json
 
 import click
 
+from twinrun.cli.options import FiniteFloat
 from twinrun.harness import (
     DEFAULT_TOL,
     RunFailed,
@@ -28,7 +29,7 @@ from twinrun.harness import (
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @click.option(
-    "--tol", type=float, default=DEFAULT_TOL, show_default=True,
+    "--tol", type=FiniteFloat(low=0), default=DEFAULT_TOL, show_default=True,
     help="Largest |a-b| of any metric allowed between the two same-seed runs; the cross-seed "
     "loss divergence must exceed it.",
 )  # fmt: skip
@@ -42,7 +43,7 @@ from twinrun.harness import (
     "keep them; default: a temporary directory, removed afterwards.",
 )  # fmt: skip
 @click.option(
-    "--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+    "--timeout", type=FiniteFloat(low=0, low_open=True), default=None, metavar="SECONDS",
     help="Fail (exit 2) a run that takes longer than this.",
 )  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")

@@ -1,4 +1,4 @@
-"""`twinrun diff RUN_A RUN_B`: the first divergence between two runs (DESIGN §4).
+"""`twinrun diff RUN_A RUN_B`: the first divergence between two runs.
 
 When both runs have a step trace (`--trace-step`, trace.jsonl beside diag.jsonl) at the first
 divergent step, a `FIRST_MODULE:` line names the first module, in execution order, where the
@@ -17,9 +17,12 @@ import math
 
 import click
 
+from twinrun.cli.options import FiniteFloat
 from twinrun.diag.advice import advice_for, trace_advice
 from twinrun.diag.compare import CompareResult, compare, divergence_line, format_number
 from twinrun.diag.trace import TraceDivergence
+
+TOLERANCE = FiniteFloat(low=0)  # finite and >= 0: nan would make every comparison pass
 
 
 def _rel(x: float) -> str:
@@ -95,8 +98,8 @@ def _json(r: CompareResult, report: str | None) -> str:
 @click.command(name="diff")
 @click.argument("run_a", metavar="RUN_A")
 @click.argument("run_b", metavar="RUN_B")
-@click.option("--rel-tol", type=float, default=1e-5, show_default=True, help="Relative tolerance.")
-@click.option("--abs-tol", type=float, default=1e-7, show_default=True, help="Absolute tolerance.")
+@click.option("--rel-tol", type=TOLERANCE, default=1e-5, show_default=True, help="Relative tol.")
+@click.option("--abs-tol", type=TOLERANCE, default=1e-7, show_default=True, help="Absolute tol.")
 @click.option("--bitwise", is_flag=True, help="Compare digests (bitwise) instead of checksums.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @click.option(

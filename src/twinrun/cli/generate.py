@@ -1,5 +1,6 @@
 """`twinrun generate`: greedy at temperature 0 (ties to the lowest token id), otherwise sampling
-with token i drawn from `stream(seed, "sample", i)`."""
+with token i drawn from `stream(seed, "sample", i)`. The flags it shares with training (model,
+precision, seed, device, ...) are the run settings' own declarations."""
 
 from __future__ import annotations
 
@@ -8,21 +9,22 @@ from typing import Any
 
 import click
 
+from twinrun.cli.options import FINITE_FLOAT, shared_options
+
 
 @click.command()
-@click.option("--model", type=str, help="Local Hugging Face checkpoint directory.")
+@shared_options("model")
 @click.option("--adapter", type=str, default=None, help="A LoRA adapter directory to apply.")
 @click.option("--prompt", type=str, help="The prompt text.")
-@click.option("--max-new-tokens", type=int, help="How many tokens at most.")
-@click.option("--temperature", type=float, help="0 for greedy; > 0 samples.")
-@click.option("--chat-template", type=str, help="on | off.")
-@click.option("--seed", type=int, help="Seed for sampling draws.")
-@click.option("--precision", default="f32", show_default=True, help="f32 | bf16.")
+@shared_options(
+    "max_new_tokens", "temperature", "chat_template", "seed", "precision",
+    max_new_tokens={"help": "How many tokens at most."},
+    temperature={"help": "0 for greedy; > 0 samples."},
+    seed={"help": "Seed for sampling draws, in [0, 2**63)."},
+)  # fmt: skip
 @click.option("--steer", type=str, default=None, help="A steering artifact (twinrun extract).")
-@click.option("--steer-scale", type=float, default=None, help="Scale of the steering vector.")
-@click.option("--device", default="cpu", show_default=True, help="cpu | cuda:0.")
-@click.option("--threads", type=int, help="torch threads.")
-@click.option("--strict/--no-strict", default=True, show_default=True)
+@click.option("--steer-scale", type=FINITE_FLOAT, default=None, help="Steering vector scale.")
+@shared_options("device", "threads", "strict")
 @click.option("--json", "as_json", is_flag=True, help="Print {prompt_tokens, tokens, text}.")
 def generate(**opts: Any) -> None:
     """Generate a completion for one prompt."""

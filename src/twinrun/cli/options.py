@@ -1,17 +1,73 @@
-"""Shared click options. Training numbers have no defaults at the click level: a missing one is
-reported (with every other missing one) by config validation, in one error."""
+"""Click options generated from the run settings' declarations, and the click types for numbers.
+
+Training numbers have no defaults at the click level: a missing one is reported (with every other
+missing one) by config validation, in one error. Numbers are parsed as finite floats and plain
+integers here; ranges are checked by the declarations, so a flag and its TOML key get the same
+rule.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
 import click
 
+from twinrun.config.run import SETTINGS, RunConfig
+from twinrun.config.setting import Setting
+from twinrun.config.values import parse_env_args, parse_lora_targets
+
 F = Callable[..., Any]
 
 
-def _stack(*decorators: F) -> F:
+class FiniteFloat(click.ParamType):
+    """A float that is finite: `inf`, `nan` and `1e309` (which overflows to inf) are refused, and
+    so is a value below `low` (or equal to it when `low_open`)."""
+
+    name = "float"
+
+    def __init__(self, low: float | None = None, low_open: bool = False) -> None:
+        self.low, self.low_open = low, low_open
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            self.fail("not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail("must be a finite number", param, ctx)
+        if self.low is not None and (number <= self.low if self.low_open else number < self.low):
+            self.fail(f"must be {'>' if self.low_open else '>='} {self.low:g}", param, ctx)
+        return number
+
+
+FINITE_FLOAT = FiniteFloat()
+CLICK_TYPES: dict[str, Any] = {"int": click.INT, "float": FINITE_FLOAT, "str": click.STRING}
+
+
+def option(name: str, s: Setting) -> F:
+    """The click option for one declared setting; its parameter is the field name."""
+    kwargs: dict[str, Any] = {"help": s.help}
+    if s.kind == "bool":
+        if "/" not in s.flag:
+            kwargs["is_flag"] = True
+        kwargs["default"] = bool(s.default)
+        kwargs["show_default"] = "/" in s.flag
+    elif s.multiple:
+        kwargs["multiple"] = True
+    else:
+        kwargs["type"] = CLICK_TYPES.get(s.kind, click.STRING)
+        if s.default is not None:
+            kwargs["default"] = s.default
+            kwargs["show_default"] = True
+    if s.metavar:
+        kwargs["metavar"] = s.metavar
+    return click.option(s.flag, name, **kwargs)
+
+
+def _stack(decorators: list[F]) -> F:
     def apply(fn: F) -> F:
         for d in reversed(decorators):
             fn = d(fn)
@@ -20,60 +76,29 @@ def _stack(*decorators: F) -> F:
     return apply
 
 
-def common_train_options(fn: F) -> F:
+def run_options(objective: str) -> F:
+    """Every declared flag that applies to `objective`, in declaration order."""
     return _stack(
-        click.option("--model", type=str, help="Local Hugging Face checkpoint directory."),
-        click.option("--examples", type=str, help="Examples: JSONL or a JSON array."),
-        click.option("--output", type=str, help="Run directory to write."),
-        click.option("--seed", type=int, help="Seed in [0, 2**63): fixes the whole run."),
-        click.option("--batch-size", type=int, help="Rows per forward."),
-        click.option("--learning-rate", type=float, help="Peak learning rate (AdamW)."),
-        click.option("--warmup-steps", type=int, help="Linear warmup steps (then cosine to 0)."),
-        click.option("--lora-rank", type=int, help="LoRA rank r."),
-        click.option("--lora-alpha", type=float, help="LoRA alpha (scaling alpha / r)."),
-        click.option("--precision", type=str, help="f32 | bf16 (f32 casts nothing)."),
-        click.option("--chat-template", type=str, help="on | off."),
-        click.option("--diag", is_flag=True, help="Write diag.jsonl (per-step checksums)."),
-        click.option("--trace-step", type=int, help="Also record per-module checksums at step K."),
-        click.option("--inject", multiple=True, help="Plant a fault: FAULT@STEP (testing)."),
-        click.option("--threads", type=int, help="torch threads (recorded)."),
-        click.option("--device", default="cpu", show_default=True, help="cpu | cuda:0."),
-        click.option(
-            "--strict/--no-strict",
-            default=True,
-            show_default=True,
-            help="Strict deterministic mode.",
-        ),
-        click.option("--batch-invariant", is_flag=True, help="Row results independent of batch."),
-        click.option("--checkpoint-every", type=int, help="Write a checkpoint every N steps."),
-        click.option(
-            "--resume", is_flag=True, help="Continue --output from its newest checkpoint."
-        ),
-        click.option(
-            "--prefetch",
-            type=int,
-            default=0,
-            show_default=True,
-            help="Batches prepared ahead on a background thread.",
-        ),
-        click.option("--spike-factor", type=float, help="Rerun a step whose loss > F x median."),
-        click.option("--spike-window", type=int, help="Steps in the spike median."),
-        click.option("--init-adapter", type=str, help="Start from this adapter (init-adapter)."),
-        click.option("--overwrite", is_flag=True, help="Replace an existing run directory."),
-        click.option("--quiet", is_flag=True, help="No progress output."),
-    )(fn)
+        [option(n, s) for n, s in SETTINGS.items() if s.flag and objective in s.objectives]
+    )
 
 
-def epoch_options(fn: F) -> F:
-    return _stack(
-        click.option("--epochs", type=int, help="Passes over the examples."),
-        click.option("--accumulation", type=int, help="Forwards per optimizer step."),
-    )(fn)
+def shared_options(*names: str, **changes: dict[str, Any]) -> F:
+    """The run settings a non-training command shares (model, precision, device, ...), declared
+    once; `changes` adjusts one for the command, e.g. `output={"help": "Report JSON file."}`."""
+    decorators = []
+    for n in names:
+        s = dataclasses.replace(SETTINGS[n], **changes.get(n, {}))
+        decorators.append(option(n, s))
+    return _stack(decorators)
 
 
-def config_from_options(objective: str, opts: dict[str, Any]) -> Any:
-    from twinrun.config.run import RunConfig
-
+def config_from_options(objective: str, opts: dict[str, Any]) -> RunConfig:
+    """Click's values -> RunConfig: repeatable flags become lists, structured values parsed."""
     values = dict(opts)
     values["inject"] = list(values.get("inject") or [])
+    if "env_args" in values:
+        values["env_args"] = parse_env_args(values["env_args"])
+    if values.get("lora_targets") is not None:
+        values["lora_targets"] = parse_lora_targets(values["lora_targets"])
     return RunConfig(objective=objective, **values)

@@ -37,7 +37,7 @@ def optimizer_contract(
         "model.sha256": model_sha256,
         "model.lora_rank": cfg.lora_rank,
         "model.lora_alpha": None if cfg.lora_alpha is None else float(cfg.lora_alpha),
-        "model.lora_targets": list(LORA_TARGETS),
+        "model.lora_targets": list(LORA_TARGETS if cfg.lora_targets is None else cfg.lora_targets),
         "optimizer.name": "adamw",
         "optimizer.betas": [float(b) for b in cfg.adam_betas],
         "optimizer.eps": float(cfg.adam_eps),

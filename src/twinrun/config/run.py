@@ -1,248 +1,348 @@
-"""The run configuration: one dataclass whose fields each name their flag and their TOML key, so
-flags, a TOML config and the sidecar all map to the same tree.
+"""The run configuration: one dataclass whose fields each carry their `Setting` — flag, TOML key,
+kind, range, help, whether required, whether recorded, which objectives — so the flags, a TOML
+config, the checks and the sidecar all come from the same declarations.
 
 Every training number is required — none has a silent default — and a command missing several
-learns about all of them in one error.
+learns about all of them in one error. What is optional has a stated default that is recorded.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from twinrun.config.setting import (
+    INT_LIMIT,
+    OBJECTIVES,
+    Kind,
+    Setting,
+    Source,
+    declare,
+    settings_of,
+)
+from twinrun.config.values import targets_problems
 from twinrun.core.errors import ConfigError
 from twinrun.core.redact import redact, redact_env_args
 
-OBJECTIVES = ("sft", "dpo", "reward", "grpo")
 PRECISIONS = ("f32", "bf16")
+ATTENTIONS = ("eager", "sdpa")
+EPOCHS = ("sft", "dpo", "reward")
+GRPO = ("grpo",)
 
 
-def _f(flag: str, toml: str, required: bool = True, default: Any = None, doc: str = "") -> Any:
-    return field(
-        default=default, metadata={"flag": flag, "toml": toml, "required": required, "doc": doc}
-    )
+def _s(kind: Kind, flag: str, toml: str, help: str = "", **more: Any) -> Any:
+    return declare(Setting(kind=kind, flag=flag, toml=toml, help=help, **more))
 
 
 @dataclass(kw_only=True)
 class RunConfig:
     """Everything that shapes a training run. `None` means "not given"."""
 
-    objective: str = _f("", "training.trainer", doc="sft | dpo | reward | grpo")
-    model: str | None = _f("--model", "model.path", doc="local HF checkpoint directory")
-    examples: str | None = _f("--examples", "data.examples", doc="JSONL or JSON array")
-    output: str | None = _f("--output", "logging.dir", doc="run directory")
-    seed: int | None = _f("--seed", "training.seed")
-    epochs: int | None = _f("--epochs", "training.epochs", required=False)
-    batch_size: int | None = _f("--batch-size", "training.batch_size", doc="rows per forward")
-    accumulation: int | None = _f("--accumulation", "training.accumulation", required=False)
-    learning_rate: float | None = _f("--learning-rate", "training.learning_rate")
-    warmup_steps: int | None = _f("--warmup-steps", "training.warmup_steps")
-    lora_rank: int | None = _f("--lora-rank", "model.lora_rank")
-    lora_alpha: float | None = _f("--lora-alpha", "model.lora_alpha")
-    precision: str | None = _f("--precision", "training.precision", doc="f32 | bf16")
-    chat_template: str | None = _f("--chat-template", "model.chat_template", doc="on | off")
+    objective: str = _s("str", "", "training.trainer", "sft | dpo | reward | grpo")
+    model: str | None = _s(
+        "str", "--model", "model.path", "Local Hugging Face checkpoint directory.",
+        required=True, shapes=False,
+    )  # fmt: skip
+    examples: str | None = _s(
+        "str", "--examples", "data.examples", "Examples: JSONL or a JSON array.",
+        required=True, shapes=False,
+    )  # fmt: skip
+    output: str | None = _s(
+        "str", "--output", "logging.dir", "Run directory to write.", required=True, shapes=False
+    )
+    seed: int | None = _s(
+        "int", "--seed", "training.seed", "Seed in [0, 2**63): fixes the whole run.",
+        required=True, low=0, high=INT_LIMIT, high_open=True,
+    )  # fmt: skip
+    epochs: int | None = _s(
+        "int", "--epochs", "training.epochs", "Passes over the examples.",
+        required=True, objectives=EPOCHS, low=1,
+    )  # fmt: skip
+    batch_size: int | None = _s(
+        "int", "--batch-size", "training.batch_size", "Rows per forward.", required=True, low=1
+    )
+    accumulation: int | None = _s(
+        "int", "--accumulation", "training.accumulation", "Forwards per optimizer step.",
+        required=True, objectives=EPOCHS, low=1,
+    )  # fmt: skip
+    learning_rate: float | None = _s(
+        "float", "--learning-rate", "training.learning_rate", "Peak learning rate (AdamW).",
+        required=True, low=0, low_open=True,
+    )  # fmt: skip
+    warmup_steps: int | None = _s(
+        "int", "--warmup-steps", "training.warmup_steps",
+        "Linear warmup steps (then cosine to 0).", required=True, low=0,
+    )  # fmt: skip
+    lora_rank: int | None = _s(
+        "int", "--lora-rank", "model.lora_rank", "LoRA rank r.", required=True, low=1
+    )
+    lora_alpha: float | None = _s(
+        "float", "--lora-alpha", "model.lora_alpha", "LoRA alpha (scaling alpha / r).",
+        required=True, low=0, low_open=True,
+    )  # fmt: skip
+    precision: str | None = _s(
+        "str", "--precision", "training.precision", "f32 | bf16 (f32 casts nothing).",
+        required=True, choices=PRECISIONS,
+    )  # fmt: skip
+    chat_template: str | None = _s(
+        "str", "--chat-template", "model.chat_template", "on | off.",
+        required=True, choices=("on", "off"),
+    )  # fmt: skip
     # objective coefficients
-    beta: float | None = _f("--beta", "dpo.beta", required=False)
+    beta: float | None = _s(
+        "float", "--beta", "dpo.beta", "DPO temperature beta (> 0).",
+        required=True, objectives=("dpo",), low=0, low_open=True,
+    )  # fmt: skip
     # grpo (replaces epochs/accumulation)
-    steps: int | None = _f("--steps", "training.max_steps", required=False)
-    prompts_per_step: int | None = _f("--prompts-per-step", "grpo.prompts_per_step", False)
-    group_size: int | None = _f("--group-size", "grpo.group_size", required=False)
-    max_new_tokens: int | None = _f("--max-new-tokens", "grpo.max_new_tokens", required=False)
-    temperature: float | None = _f("--temperature", "grpo.temperature", required=False)
-    clip_eps: float | None = _f("--clip-eps", "grpo.clip_eps", required=False)
-    advantage_clip: float | None = _f("--advantage-clip", "grpo.advantage_clip", False)
-    token_cap: int | None = _f("--token-cap", "grpo.token_cap", required=False)
-    env: str | None = _f("--env", "environment.name", required=False)
-    env_args: dict[str, Any] | None = _f("--env-arg", "environment.args", required=False)
-    replay: str = _f("--replay", "replay.kind", required=False, default="none")
-    replay_capacity: int | None = _f("--replay-capacity", "replay.capacity", False)
-    replay_alpha: float | None = _f("--replay-alpha", "replay.alpha", required=False)
-    replay_beta: float | None = _f("--replay-beta", "replay.beta", required=False)
-    replay_fraction: float | None = _f("--replay-fraction", "replay.fraction", False)
+    steps: int | None = _s(
+        "int", "--steps", "training.max_steps", "Optimizer steps.",
+        required=True, objectives=GRPO, low=1,
+    )  # fmt: skip
+    prompts_per_step: int | None = _s(
+        "int", "--prompts-per-step", "grpo.prompts_per_step", "Prompts sampled per step.",
+        required=True, objectives=GRPO, low=1,
+    )  # fmt: skip
+    group_size: int | None = _s(
+        "int", "--group-size", "grpo.group_size", "Completions per prompt (>= 2).",
+        required=True, objectives=GRPO, low=2, reason="advantages are relative within a group",
+    )  # fmt: skip
+    max_new_tokens: int | None = _s(
+        "int", "--max-new-tokens", "grpo.max_new_tokens", "Completion length limit.",
+        required=True, objectives=GRPO, low=1,
+    )  # fmt: skip
+    temperature: float | None = _s(
+        "float", "--temperature", "grpo.temperature", "Sampling temperature (> 0).",
+        required=True, objectives=GRPO, low=0, low_open=True, reason="GRPO samples",
+    )  # fmt: skip
+    clip_eps: float | None = _s(
+        "float", "--clip-eps", "grpo.clip_eps", "PPO clip epsilon, in (0, 1).",
+        required=True, objectives=GRPO, low=0, low_open=True, high=1, high_open=True,
+    )  # fmt: skip
+    advantage_clip: float | None = _s(
+        "float", "--advantage-clip", "grpo.advantage_clip", "Clip advantages to +-this.",
+        required=True, objectives=GRPO, low=0, low_open=True,
+    )  # fmt: skip
+    token_cap: int | None = _s(
+        "int", "--token-cap", "grpo.token_cap", "Completion tokens per row in the loss, at most.",
+        required=True, objectives=GRPO, low=1,
+    )  # fmt: skip
+    env: str | None = _s(
+        "str", "--env", "environment.name", "arithmetic | clock | module.path:factory.",
+        required=True, objectives=GRPO,
+    )  # fmt: skip
+    env_args: dict[str, Any] | None = _s(
+        "table", "--env-arg", "environment.args", "KEY=VALUE for a plugin environment.",
+        objectives=GRPO, record_for_all=True, multiple=True,
+    )  # fmt: skip
+    replay: str = _s(
+        "str", "--replay", "replay.kind", "none | per.",
+        objectives=GRPO, record_for_all=True, default="none", choices=("none", "per"),
+    )  # fmt: skip
+    replay_capacity: int | None = _s(
+        "int", "--replay-capacity", "replay.capacity", "Prioritized replay: buffer size.",
+        objectives=GRPO, low=1,
+    )  # fmt: skip
+    replay_alpha: float | None = _s(
+        "float", "--replay-alpha", "replay.alpha", "Prioritized replay: priority exponent.",
+        objectives=GRPO, low=0,
+    )  # fmt: skip
+    replay_beta: float | None = _s(
+        "float", "--replay-beta", "replay.beta", "Prioritized replay: importance exponent.",
+        objectives=GRPO, low=0, high=1,
+    )  # fmt: skip
+    replay_fraction: float | None = _s(
+        "float", "--replay-fraction", "replay.fraction", "Replayed rows per fresh row.",
+        objectives=GRPO, low=0, low_open=True, high=1,
+    )  # fmt: skip
+    # what the model is built with: stated defaults, recorded resolved
+    lora_targets: list[str] | None = _s(
+        "targets", "--lora-targets", "model.lora_targets",
+        "Modules LoRA adapts: NAMES (comma-separated) or all-linear. "
+        "Default: the architecture's attention projections (recorded).",
+        metavar="NAMES|all-linear",
+    )  # fmt: skip
+    attention: str = _s(
+        "str", "--attention", "model.attention", "Attention implementation (recorded).",
+        default="eager", choices=ATTENTIONS,
+    )  # fmt: skip
+    max_length: int | None = _s(
+        "int", "--max-length", "training.max_length",
+        "Most tokens per row. Default: the model config's max_position_embeddings (recorded).",
+        low=1,
+    )  # fmt: skip
     # optional switches (defaults are stated, not silent: they are recorded in the sidecar)
-    diag: bool = _f("--diag", "logging.diag", required=False, default=False)
-    trace_step: int | None = _f("--trace-step", "logging.trace_step", required=False)
-    inject: list[str] = _f("--inject", "debug.inject", required=False, default=None)
-    threads: int | None = _f("--threads", "backend.options.threads", required=False)
-    device: str = _f("--device", "backend.devices", required=False, default="cpu")
-    strict: bool = _f(
-        "--strict/--no-strict", "backend.options.strict_deterministic", required=False, default=True
+    diag: bool = _s(
+        "bool", "--diag", "logging.diag", "Write diag.jsonl (per-step checksums).", default=False
     )
-    batch_invariant: bool = _f(
-        "--batch-invariant", "backend.options.batch_invariant", required=False, default=False
+    trace_step: int | None = _s(
+        "int", "--trace-step", "logging.trace_step",
+        "Also record per-module checksums at step K.", low=0,
+    )  # fmt: skip
+    inject: list[str] = _s(
+        "list[str]", "--inject", "debug.inject", "Plant a fault: FAULT@STEP (testing).",
+        default=[], multiple=True,
+    )  # fmt: skip
+    threads: int | None = _s(
+        "int", "--threads", "backend.options.threads", "torch threads (recorded).", low=1
     )
-    checkpoint_every: int | None = _f("--checkpoint-every", "training.save_every", False)
-    resume: bool = _f("--resume", "", required=False, default=False)
-    prefetch: int = _f("--prefetch", "data.prefetch", required=False, default=0)
-    spike_factor: float | None = _f("--spike-factor", "debug.spike_factor", required=False)
-    spike_window: int | None = _f("--spike-window", "debug.spike_window", required=False)
-    init_adapter: str | None = _f("--init-adapter", "resume.from", required=False)
-    capture: bool = _f("", "optimizer_batch.capture", required=False, default=False)
-    capture_steps: list[int] | None = _f("", "optimizer_batch.capture_steps", required=False)
-    gradient_checkpointing: bool = _f(
-        "", "backend.options.gradient_checkpointing", required=False, default=False
+    device: str = _s("str", "--device", "backend.devices", "cpu | cuda:0.", default="cpu")
+    strict: bool = _s(
+        "bool", "--strict/--no-strict", "backend.options.strict_deterministic",
+        "Strict deterministic mode.", default=True,
+    )  # fmt: skip
+    batch_invariant: bool = _s(
+        "bool", "--batch-invariant", "backend.options.batch_invariant",
+        "Row results independent of batch.", default=False,
+    )  # fmt: skip
+    checkpoint_every: int | None = _s(
+        "int", "--checkpoint-every", "training.save_every",
+        "Write a checkpoint every N steps (0: none).", low=0,
+    )  # fmt: skip
+    resume: bool = _s(
+        "bool", "--resume", "", "Continue --output from its newest checkpoint.",
+        default=False, shapes=False,
+    )  # fmt: skip
+    prefetch: int = _s(
+        "int", "--prefetch", "data.prefetch", "Batches prepared ahead on a background thread.",
+        default=0, low=0,
+    )  # fmt: skip
+    spike_factor: float | None = _s(
+        "float", "--spike-factor", "debug.spike_factor",
+        "Rerun a step whose loss > F x median.", low=1, low_open=True,
+    )  # fmt: skip
+    spike_window: int | None = _s(
+        "int", "--spike-window", "debug.spike_window", "Steps in the spike median.", low=1
     )
-    overwrite: bool = _f("--overwrite", "", required=False, default=False)
-    quiet: bool = _f("--quiet", "", required=False, default=False)
+    init_adapter: str | None = _s(
+        "str", "--init-adapter", "resume.from", "Start from this adapter (init-adapter)."
+    )
+    capture: bool = _s("bool", "", "optimizer_batch.capture", "Capture optimizer batches.",
+                        default=False)  # fmt: skip
+    capture_steps: list[int] | None = _s("list[int]", "", "optimizer_batch.capture_steps",
+        "Steps to capture (default: every step).", low=0,
+    )  # fmt: skip
+    gradient_checkpointing: bool = _s(
+        "bool",
+        "",
+        "backend.options.gradient_checkpointing",
+        "Recompute activations in backward.",
+        default=False,
+    )
+    overwrite: bool = _s(
+        "bool", "--overwrite", "", "Replace an existing run directory.",
+        default=False, shapes=False,
+    )  # fmt: skip
+    quiet: bool = _s("bool", "--quiet", "", "No progress output.", default=False, shapes=False)
     # fixed optimizer numbers: recorded so the sidecar is the whole record
-    weight_decay: float = field(default=0.0, metadata={"toml": "optimizer.weight_decay"})
-    adam_betas: tuple[float, float] = field(
-        default=(0.9, 0.999), metadata={"toml": "optimizer.betas"}
-    )
-    adam_eps: float = field(default=1e-8, metadata={"toml": "optimizer.eps"})
+    weight_decay: float = _s("float", "", "optimizer.weight_decay", "AdamW weight decay.",
+                             default=0.0, low=0)  # fmt: skip
+    adam_betas: tuple[float, float] = _s(
+        "pair", "", "optimizer.betas", "AdamW betas.",
+        default=(0.9, 0.999), low=0, high=1, high_open=True,
+    )  # fmt: skip
+    adam_eps: float = _s("float", "", "optimizer.eps", "AdamW epsilon.", default=1e-8,
+                        low=0, low_open=True)  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.inject is None:
             self.inject = []
 
 
-GRPO_FIELDS = (
-    "steps",
-    "prompts_per_step",
-    "group_size",
-    "max_new_tokens",
-    "temperature",
-    "clip_eps",
-    "advantage_clip",
-    "token_cap",
-    "env",
-)
+SETTINGS: dict[str, Setting] = settings_of(RunConfig)
 REPLAY_FIELDS = ("replay_capacity", "replay_alpha", "replay_beta", "replay_fraction")
-EPOCH_FIELDS = ("epochs", "accumulation")
-REQUIRED_BY_OBJECTIVE: dict[str, tuple[str, ...]] = {
-    "sft": EPOCH_FIELDS,
-    "dpo": (*EPOCH_FIELDS, "beta"),
-    "reward": EPOCH_FIELDS,
-    "grpo": GRPO_FIELDS,
-}
-NOT_FOR: dict[str, tuple[str, ...]] = {
-    "sft": ("beta", *GRPO_FIELDS),
-    "dpo": GRPO_FIELDS,
-    "reward": ("beta", *GRPO_FIELDS),
-    "grpo": ("beta", *EPOCH_FIELDS),
-}
 
 
-def fields_meta() -> dict[str, dict[str, Any]]:
-    return {f.name: dict(f.metadata) for f in dataclasses.fields(RunConfig)}
+def setting(name: str) -> Setting:
+    return SETTINGS[name]
 
 
-def validate(cfg: RunConfig) -> None:
-    """Every problem at once: missing numbers first, then bad values."""
-    meta = fields_meta()
-    by_objective = REQUIRED_BY_OBJECTIVE.get(cfg.objective, ())
+def required_fields(objective: str) -> list[str]:
+    """The fields a run of `objective` must be given (every one is a training number)."""
+    return [n for n, s in SETTINGS.items() if s.required and objective in s.objectives]
+
+
+def applies(name: str, objective: str) -> bool:
+    return objective in SETTINGS[name].objectives
+
+
+def validate(cfg: RunConfig, source: Source = "flag") -> None:
+    """Every problem at once: missing numbers first, then bad values; each named as the user gave
+    it (`source`: "flag" for the command line, "toml" for a TOML config)."""
+    if cfg.objective not in OBJECTIVES:
+        raise ConfigError(
+            f"unknown objective {cfg.objective!r}", f"use one of {', '.join(OBJECTIVES)}"
+        )
     missing = [
-        m["flag"]
-        for name, m in meta.items()
-        if (m.get("required") or name in by_objective)
-        and m.get("flag")
-        and getattr(cfg, name) is None
+        SETTINGS[n].name(source) for n in required_fields(cfg.objective) if getattr(cfg, n) is None
     ]
     if missing:
+        what = "flag" if source == "flag" else "key"
         raise ConfigError(
-            f"missing required {'flag' if len(missing) == 1 else 'flags'}: {' '.join(missing)}",
+            f"missing required {what if len(missing) == 1 else what + 's'}: {' '.join(missing)}",
             "every training number must be given (twinrun has no silent defaults)",
         )
-    problems: list[str] = []
-    for name in NOT_FOR.get(cfg.objective, ()):
-        if getattr(cfg, name) is not None:
-            problems.append(f"{meta[name]['flag']} does not apply to {cfg.objective}")
     if cfg.replay == "per":
-        missing = [meta[n]["flag"] for n in REPLAY_FIELDS if getattr(cfg, n) is None]
+        missing = [SETTINGS[n].name(source) for n in REPLAY_FIELDS if getattr(cfg, n) is None]
         if missing:
             raise ConfigError(
-                f"--replay per needs {' '.join(missing)}",
+                f"{SETTINGS['replay'].name(source)} per needs {' '.join(missing)}",
                 "every replay number must be given",
             )
-    assert cfg.seed is not None
-    if not 0 <= cfg.seed < 2**63:
-        problems.append(f"--seed must be in [0, 2**63), got {cfg.seed}")
-    positive = (
-        "epochs",
-        "batch_size",
-        "accumulation",
-        "lora_rank",
-        "steps",
-        "prompts_per_step",
-        "group_size",
-        "max_new_tokens",
-        "token_cap",
-        "replay_capacity",
-    )
-    for name in positive:
-        value = getattr(cfg, name)
-        if value is not None and value < 1:
-            problems.append(f"{meta[name]['flag']} must be >= 1, got {value}")
-    if cfg.objective == "grpo":
-        problems += grpo_problems(cfg)
-    if cfg.warmup_steps is not None and cfg.warmup_steps < 0:
-        problems.append(f"--warmup-steps must be >= 0, got {cfg.warmup_steps}")
-    if not (cfg.learning_rate or 0) > 0:
-        problems.append(f"--learning-rate must be > 0, got {cfg.learning_rate}")
-    if not (cfg.lora_alpha or 0) > 0:
-        problems.append(f"--lora-alpha must be > 0, got {cfg.lora_alpha}")
-    problems += common_problems(precision=cfg.precision, chat_template=cfg.chat_template)
-    if cfg.beta is not None and not cfg.beta > 0:
-        problems.append(f"--beta must be > 0, got {cfg.beta}")
-    if cfg.threads is not None and cfg.threads < 1:
-        problems.append(f"--threads must be >= 1, got {cfg.threads}")
-    if cfg.trace_step is not None and cfg.trace_step < 0:
-        problems.append(f"--trace-step must be >= 0, got {cfg.trace_step}")
-    if cfg.checkpoint_every is not None and cfg.checkpoint_every < 0:
-        problems.append(f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}")
-    if cfg.prefetch < 0:
-        problems.append(f"--prefetch must be >= 0, got {cfg.prefetch}")
-    if cfg.prefetch > 0 and cfg.objective == "grpo":
-        problems.append(
-            "--prefetch does not apply to grpo (its next batch is sampled from the updated policy)"
-        )
-    if (cfg.spike_factor is None) != (cfg.spike_window is None):
-        problems.append("--spike-factor and --spike-window go together")
-    if cfg.spike_factor is not None and not cfg.spike_factor > 1:
-        problems.append(f"--spike-factor must be > 1, got {cfg.spike_factor}")
-    if cfg.spike_window is not None and cfg.spike_window < 1:
-        problems.append(f"--spike-window must be >= 1, got {cfg.spike_window}")
+    problems = value_problems(cfg, source)
     if problems:
         raise ConfigError("; ".join(problems))
 
 
-def grpo_problems(cfg: RunConfig) -> list[str]:
-    problems = []
-    if cfg.group_size is not None and cfg.group_size < 2:
-        problems.append("--group-size must be >= 2 (advantages are relative within a group)")
-    if cfg.temperature is not None and not cfg.temperature > 0:
-        problems.append(f"--temperature must be > 0 (GRPO samples), got {cfg.temperature}")
-    if cfg.clip_eps is not None and not 0 < cfg.clip_eps < 1:
-        problems.append(f"--clip-eps must be in (0, 1), got {cfg.clip_eps}")
-    if cfg.advantage_clip is not None and not cfg.advantage_clip > 0:
-        problems.append(f"--advantage-clip must be > 0, got {cfg.advantage_clip}")
-    if cfg.replay not in ("none", "per"):
-        problems.append(f"--replay must be none or per, got {cfg.replay!r}")
-    if cfg.replay_fraction is not None and not 0 < cfg.replay_fraction <= 1:
-        problems.append(f"--replay-fraction must be in (0, 1], got {cfg.replay_fraction}")
-    if cfg.replay_alpha is not None and not cfg.replay_alpha >= 0:
-        problems.append(f"--replay-alpha must be >= 0, got {cfg.replay_alpha}")
-    if cfg.replay_beta is not None and not 0 <= cfg.replay_beta <= 1:
-        problems.append(f"--replay-beta must be in [0, 1], got {cfg.replay_beta}")
+def value_problems(cfg: RunConfig, source: Source = "flag") -> list[str]:
+    """Each given value against its declaration, then the rules that join two settings."""
+    problems: list[str] = []
+    for name, s in SETTINGS.items():
+        value = getattr(cfg, name)
+        if value is None or name == "objective":
+            continue
+        if cfg.objective not in s.objectives:
+            if value != s.default:
+                problems.append(f"{s.name(source)} does not apply to {cfg.objective}")
+            continue
+        if (p := s.problem(value, source)) is not None:
+            problems.append(p)
+    if cfg.lora_targets is not None:
+        problems += targets_problems(cfg.lora_targets, SETTINGS["lora_targets"].name(source))
+    n = {k: s.name(source) for k, s in SETTINGS.items()}
+    if cfg.prefetch and cfg.objective == "grpo":
+        problems.append(
+            f"{n['prefetch']} does not apply to grpo "
+            "(its next batch is sampled from the updated policy)"
+        )
+    if (cfg.spike_factor is None) != (cfg.spike_window is None):
+        problems.append(f"{n['spike_factor']} and {n['spike_window']} go together")
     return problems
 
 
-def shaping_numbers(cfg: RunConfig) -> dict[str, Any]:
-    """Every number that shaped the run, as recorded in the sidecar's `train` section."""
-    skip = {"model", "examples", "output", "overwrite", "quiet", "resume"}
-    not_for = set(NOT_FOR.get(cfg.objective, ()))
-    if cfg.replay != "per":
-        not_for |= set(REPLAY_FIELDS)
+def shaping_numbers(cfg: RunConfig, resolved: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Every setting that shaped the run, as recorded in the sidecar's `train` section.
+
+    `resolved` holds what the model builder decided for settings left at "from the model"
+    (`lora_targets`, `max_length`): those values are recorded instead of None."""
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(RunConfig):
-        if f.name in skip or f.name in not_for:
+    for name, s in SETTINGS.items():
+        if not s.shapes or not (cfg.objective in s.objectives or s.record_for_all):
             continue
-        value = getattr(cfg, f.name)
-        out[f.name] = list(value) if isinstance(value, tuple) else value
+        if name in REPLAY_FIELDS and cfg.replay != "per":
+            continue
+        value = getattr(cfg, name)
+        if resolved is not None and value is None and name in resolved:
+            value = resolved[name]
+        out[name] = list(value) if isinstance(value, tuple) else value
     if "env_args" in out:
         out["env_args"] = redact_env_args(out["env_args"])
     return redact(out)
+
+
+def fields_meta() -> dict[str, Setting]:
+    """Field name -> its declaration (kept for callers of the older name)."""
+    return dict(SETTINGS)
 
 
 def require_flags(flags: dict[str, Any], command: str) -> None:
@@ -260,13 +360,18 @@ def common_problems(
     batch_size: int | None = None,
     precision: str | None = "f32",
     chat_template: str | None = "on",
+    **more: Any,
 ) -> list[str]:
-    """The checks every command shares: batch size, precision, chat template."""
+    """The checks every command shares (batch size, precision, chat template, and any other run
+    setting passed by field name, e.g. `threads=`, `seed=`), from the run settings' declarations."""
+    values = {"batch_size": batch_size, "precision": precision, "chat_template": chat_template}
     problems = []
-    if batch_size is not None and batch_size < 1:
-        problems.append(f"--batch-size must be >= 1, got {batch_size}")
-    if precision not in PRECISIONS:
-        problems.append(f"--precision must be f32 or bf16, got {precision!r}")
-    if chat_template not in ("on", "off"):
-        problems.append(f"--chat-template must be on or off, got {chat_template!r}")
+    for name, value in (values | more).items():
+        if value is not None or name in ("precision", "chat_template"):
+            s = SETTINGS[name]
+            problem = s.problem(value, "flag") if value is not None else None
+            if value is None:
+                problem = f"{s.option} must be {' or '.join(s.choices)}"
+            if problem is not None:
+                problems.append(problem)
     return problems

@@ -1,24 +1,32 @@
-"""TOML run configs (DESIGN §5 "TOML run configs") mapped onto the one config tree.
+"""TOML run configs mapped onto the one config tree.
 
-Every `RunConfig` field names its TOML key (`training.learning_rate`, `backend.options.threads`,
+Every `RunConfig` field declares its TOML key (`training.learning_rate`, `backend.options.threads`,
 ...), so the flags, a TOML file and the sidecar are the same tree. The few keys that are not
 training numbers (`inference.engine`, the replay pins, the `[evidence]` tolerances) live in
 `RunExtras`. Loading rejects unknown keys (naming the nearest valid key), wrong types and missing
 keys, and reports every problem of a file in one error. `resolved_tree` is the resolved config,
-redacted (DESIGN §7), as it is recorded and hashed.
+redacted, as it is recorded and hashed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from twinrun.config.run import REQUIRED_BY_OBJECTIVE, RunConfig, fields_meta, validate
+from twinrun.config.run import RunConfig, required_fields, validate
+from twinrun.config.setting import (
+    KIND_WORDS,
+    Setting,
+    declare,
+    settings_of,
+    type_name,
+    type_ok,
+)
+from twinrun.config.values import parse_lora_targets
 from twinrun.core.errors import ConfigError, TwinrunError
 from twinrun.core.redact import REDACTED, redact
 
@@ -29,23 +37,24 @@ FREE_FORM = ("environment.args",)  # tables passed on as they are (and redacted 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
-def _x(toml: str, default: Any = None, doc: str = "") -> Any:
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"toml": toml, "doc": doc})
-    return field(default=default, metadata={"toml": toml, "doc": doc})
+def _x(kind: Any, toml: str, default: Any = None, help: str = "", **more: Any) -> Any:
+    return declare(Setting(kind=kind, toml=toml, default=default, help=help, **more))
 
 
 @dataclass(kw_only=True)
 class RunExtras:
     """TOML keys beyond the training numbers."""
 
-    engine: str = _x("inference.engine", "pytorch", "pytorch (the only engine)")
-    replay_path: str | None = _x("optimizer_batch.replay_path", doc="the source manifest")
-    expected_logical_sha256: str | None = _x("optimizer_batch.expected_logical_sha256")
-    expected_manifest_sha256: str | None = _x("optimizer_batch.expected_manifest_sha256")
-    allow_config_differences: list[str] = _x("optimizer_batch.allow_config_differences", [])
-    min_update_cosine: float | None = _x("evidence.min_update_cosine")
-    max_relative_delta_l2: float | None = _x("evidence.max_relative_delta_l2")
+    engine: str = _x("str", "inference.engine", "pytorch", "pytorch (the only engine)",
+                     choices=("pytorch",))  # fmt: skip
+    replay_path: str | None = _x("str", "optimizer_batch.replay_path", help="the source manifest")
+    expected_logical_sha256: str | None = _x("str", "optimizer_batch.expected_logical_sha256")
+    expected_manifest_sha256: str | None = _x("str", "optimizer_batch.expected_manifest_sha256")
+    allow_config_differences: list[str] = _x(
+        "list[str]", "optimizer_batch.allow_config_differences", []
+    )
+    min_update_cosine: float | None = _x("float", "evidence.min_update_cosine", low=-1, high=1)
+    max_relative_delta_l2: float | None = _x("float", "evidence.max_relative_delta_l2", low=0)
 
 
 @dataclass
@@ -60,61 +69,24 @@ class TomlRun:
     given: set[str]  # TOML keys present in the file
 
 
-def _kind(annotation: Any) -> str:
-    text = str(annotation).replace(" | None", "").replace("None | ", "")
-    kinds = {
-        "str": "str",
-        "int": "int",
-        "float": "float",
-        "bool": "bool",
-        "list[str]": "list[str]",
-        "list[int]": "list[int]",
-        "dict[str, Any]": "table",
-        "tuple[float, float]": "pair",
-    }
-    return kinds[text]
-
-
 def schema() -> dict[str, tuple[str, str, str]]:
     """TOML key -> (owner "cfg" | "extras", field name, kind)."""
-    out: dict[str, tuple[str, str, str]] = {"training.trainer": ("cfg", "objective", "str")}
+    out: dict[str, tuple[str, str, str]] = {}
     for owner, cls in (("cfg", RunConfig), ("extras", RunExtras)):
-        for f in dataclasses.fields(cls):
-            key = f.metadata.get("toml")
-            if key and key not in out:
-                out[key] = (owner, f.name, _kind(f.type))
+        for name, s in settings_of(cls).items():
+            if s.toml and s.toml not in out:
+                out[s.toml] = (owner, name, s.kind)
     return out
 
 
-def _type_ok(kind: str, value: Any) -> bool:
-    def number(v: Any) -> bool:
-        return isinstance(v, int | float) and not isinstance(v, bool)
-
-    def integer(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    return {
-        "str": lambda v: isinstance(v, str),
-        "int": integer,
-        "float": number,
-        "bool": lambda v: isinstance(v, bool),
-        "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
-        "list[int]": lambda v: isinstance(v, list) and all(integer(x) for x in v),
-        "table": lambda v: isinstance(v, dict),
-        "pair": lambda v: isinstance(v, list) and len(v) == 2 and all(number(x) for x in v),
-    }[kind](value)
-
-
-KIND_WORDS = {
-    "str": "a string",
-    "int": "an integer",
-    "float": "a number",
-    "bool": "true/false",
-    "list[str]": "a list of strings",
-    "list[int]": "a list of integers",
-    "table": "a table",
-    "pair": "a list of two numbers",
-}
+def settings() -> dict[str, Setting]:
+    """TOML key -> its declaration."""
+    out: dict[str, Setting] = {}
+    for cls in (RunConfig, RunExtras):
+        for s in settings_of(cls).values():
+            if s.toml:
+                out.setdefault(s.toml, s)
+    return out
 
 
 def _flatten(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -138,16 +110,6 @@ def nearest(key: str, valid: list[str]) -> str:
     return f" (did you mean {match[0]}?)" if match else ""
 
 
-def flag_to_key(message: str) -> str:
-    """Rewrite `--flag` names in a validation message as the TOML keys they map to."""
-    names = {
-        m["flag"].split("/")[0]: m["toml"]
-        for m in fields_meta().values()
-        if m.get("flag") and m.get("toml")
-    }
-    return re.sub(r"--[a-z][a-z-]*", lambda m: names.get(m[0], m[0]), message)
-
-
 def load_toml(path: str | Path, output: str | None = None) -> TomlRun:
     """Read and check a TOML config; every problem in one ConfigError."""
     p = Path(path)
@@ -168,13 +130,16 @@ def load_toml(path: str | Path, output: str | None = None) -> TomlRun:
             problems.append(f"unknown key {key}{nearest(key, sorted(keys))}")
             continue
         owner, name, kind = keys[key]
-        if not _type_ok(kind, value):
-            problems.append(f"{key} must be {KIND_WORDS[kind]}, got {value!r}"[:200])
+        if not type_ok(kind, value):
+            problems.append(f"{key} must be {KIND_WORDS[kind]} (got {type_name(value)})")
             continue
+        if kind == "targets":
+            value = parse_lora_targets(value)
         values[owner][name] = tuple(value) if kind == "pair" else value
     trainer = values["cfg"].get("objective")
     if trainer not in TRAINERS:
-        problems.append(f"training.trainer must be one of {', '.join(TRAINERS)}, got {trainer!r}")
+        shown = f", got {trainer!r}" if isinstance(trainer, str) and len(trainer) <= 16 else ""
+        problems.append(f"training.trainer must be one of {', '.join(TRAINERS)}{shown}")
     problems += _missing(trainer, set(flat), keys)
     if problems:
         raise ConfigError(f"{p}: {_count(problems)}: " + "; ".join(problems), _HINT)
@@ -193,7 +158,7 @@ def load_toml(path: str | Path, output: str | None = None) -> TomlRun:
     return run
 
 
-_HINT = "see DESIGN §5 'TOML run configs' for the keys and their meaning"
+_HINT = "docs/training.md lists every key and its meaning"
 
 
 def _count(problems: list[str]) -> str:
@@ -212,13 +177,8 @@ def _missing(trainer: Any, given: set[str], keys: dict[str, tuple[str, str, str]
             "optimizer_batch.expected_manifest_sha256",
         ]
     elif trainer in TRAINERS:
-        by_objective = REQUIRED_BY_OBJECTIVE.get(trainer, ())
-        meta = fields_meta()
-        need = [
-            m["toml"]
-            for name, m in meta.items()
-            if m.get("toml") and m.get("flag") and (m.get("required") or name in by_objective)
-        ]
+        known = settings_of(RunConfig)
+        need = [known[name].toml for name in required_fields(trainer) if known[name].flag]
     else:
         need = []
     return [f"missing {k}" for k in need if k not in given and k in keys]
@@ -230,17 +190,18 @@ def value_problems(run: TomlRun) -> list[str]:
     problems: list[str] = []
     if run.trainer != "optimizer_replay":
         try:
-            validate(cfg)
+            validate(cfg, source="toml")
         except TwinrunError as exc:
-            problems += [flag_to_key(m) for m in exc.message.split("; ")]
-    elif cfg.seed is not None and not 0 <= cfg.seed < 2**63:
-        problems.append(f"training.seed must be in [0, 2**63), got {cfg.seed}")
-    if x.engine not in ENGINES:
-        problems.append(f"inference.engine must be pytorch, got {x.engine!r}")
+            problems += exc.message.split("; ")
+    else:  # a replay takes its numbers from the source; what it gives must still be sound
+        problems += given_value_problems(run)
+    problems += extras_problems(x)
     if "," in cfg.device or cfg.device.strip() != cfg.device:
         problems.append(f"backend.devices must name exactly one device, got {cfg.device!r}")
-    if run.max_steps is not None and run.max_steps < 1:
-        problems.append(f"training.max_steps must be >= 1, got {run.max_steps}")
+    if run.max_steps is not None and (
+        p := settings()["training.max_steps"].problem(run.max_steps, "toml")
+    ):
+        problems.append(p)
     if cfg.capture_steps is not None and not cfg.capture:
         problems.append("optimizer_batch.capture_steps needs optimizer_batch.capture = true")
     if cfg.capture_steps is not None and (
@@ -261,10 +222,29 @@ def value_problems(run: TomlRun) -> list[str]:
             f"optimizer_batch.{(replay_keys or ['allow_config_differences'])[0]} "
             'only applies to trainer = "optimizer_replay"'
         )
-    if x.min_update_cosine is not None and not -1 <= x.min_update_cosine <= 1:
-        problems.append(f"evidence.min_update_cosine must be in [-1, 1], got {x.min_update_cosine}")
-    if x.max_relative_delta_l2 is not None and not x.max_relative_delta_l2 >= 0:
-        problems.append("evidence.max_relative_delta_l2 must be >= 0")
+    return problems
+
+
+def given_value_problems(run: TomlRun) -> list[str]:
+    """Each training number the file gives, against its declaration (no required keys)."""
+    known = settings()
+    problems = []
+    for key in sorted(run.given):
+        owner, name, _ = schema().get(key, ("", "", ""))
+        if owner != "cfg" or key == "training.trainer":
+            continue
+        value = getattr(run.cfg, name)
+        if value is not None and (p := known[key].problem(value, "toml")) is not None:
+            problems.append(p)
+    return problems
+
+
+def extras_problems(x: RunExtras) -> list[str]:
+    problems = []
+    for name, s in settings_of(RunExtras).items():
+        value = getattr(x, name)
+        if value is not None and (p := s.problem(value, "toml")) is not None:
+            problems.append(p)
     return problems
 
 

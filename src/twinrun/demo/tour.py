@@ -119,6 +119,7 @@ def run_demo(root: Path, threads: int | None = None) -> dict[str, str]:
             temperature=0.0,
             chat_template="on",
             seed=0,
+            precision="f32",
             threads=threads,
         )
     )

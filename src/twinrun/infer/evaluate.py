@@ -47,7 +47,10 @@ class EvalConfig:
         }
         require_flags(flags, "evaluate")
         problems = common_problems(
-            batch_size=self.batch_size, precision=self.precision, chat_template=self.chat_template
+            batch_size=self.batch_size,
+            precision=self.precision,
+            chat_template=self.chat_template,
+            threads=self.threads,
         )
         if problems:
             raise ConfigError("; ".join(problems))

@@ -73,7 +73,10 @@ class ExtractConfig:
         }
         require_flags(flags, "extract")
         problems = common_problems(
-            batch_size=self.batch_size, precision=self.precision, chat_template=self.chat_template
+            batch_size=self.batch_size,
+            precision=self.precision,
+            chat_template=self.chat_template,
+            threads=self.threads,
         )
         if self.layer is not None and self.layer < 0:
             problems.append(f"--layer must be >= 0, got {self.layer}")

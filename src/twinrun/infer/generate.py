@@ -19,7 +19,7 @@ class GenerateConfig:
     temperature: float | None = None
     chat_template: str | None = None
     seed: int | None = None
-    precision: str = "f32"
+    precision: str | None = None
     steer: str | None = None
     steer_scale: float | None = None
     device: str = "cpu"
@@ -34,17 +34,18 @@ class GenerateConfig:
             "--temperature": self.temperature,
             "--chat-template": self.chat_template,
             "--seed": self.seed,
+            "--precision": self.precision,
         }
         require_flags(flags, "generate")
-        problems = common_problems(chat_template=self.chat_template)
+        problems = common_problems(
+            precision=self.precision, chat_template=self.chat_template, threads=self.threads
+        )
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             problems.append(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature is not None and self.temperature < 0:
             problems.append(f"--temperature must be >= 0, got {self.temperature}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             problems.append(f"--seed must be in [0, 2**63), got {self.seed}")
-        if self.chat_template not in ("on", "off"):
-            problems.append(f"--chat-template must be on or off, got {self.chat_template!r}")
         if (self.steer is None) != (self.steer_scale is None):
             problems.append("--steer and --steer-scale go together")
         if problems:
