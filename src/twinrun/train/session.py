@@ -69,7 +69,7 @@ def open_session(
     faults = parse_faults(cfg.inject, cfg.objective)
     if cfg.resume:
         out = Path(cfg.output)  # type: ignore[arg-type]
-        from twinrun.train.driver import resume_point
+        from twinrun.train.checkpoint import resume_point
 
         resume_point(out)  # an error when there is nothing to resume
     else:
