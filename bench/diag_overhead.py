@@ -83,9 +83,9 @@ def child(times_path: str, cli_args: list[str]) -> int:
     steps: list[dict[str, float]] = []
     original = loop.Loop.run_step
 
-    def timed(self: Any, step: int, step_fn: Any) -> dict[str, Any]:
+    def timed(self: Any, step: int, *args: Any) -> dict[str, Any]:
         c0, t0 = time.thread_time(), time.perf_counter()
-        row = original(self, step, step_fn)
+        row = original(self, step, *args)
         steps.append(
             {
                 "step": step,

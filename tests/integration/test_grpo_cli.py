@@ -197,6 +197,7 @@ def test_completion_independent_of_batch(toy_model_dir: Path, arith: Path) -> No
         model=load_causal_lm(toy_model_dir),
         tok=load_tokenizer(toy_model_dir),
         faults=Faults(frozenset()),
+        max_length=2048,
     )
     state = GrpoState(rows=load_rows(arith), env=make_environment("arithmetic"),
                       env_name="arithmetic", replay=None)  # fmt: skip

@@ -160,7 +160,7 @@ def contract(tmp_path: Path, **over: Any) -> dict[str, Any]:
     cfg = load(tmp_path, source(tmp_path)).cfg
     for k, v in over.items():
         setattr(cfg, k, v)
-    return optimizer_contract(cfg, "grpo", "f" * 64)
+    return optimizer_contract(cfg, "grpo", "f" * 64, ["v_proj", "q_proj"])
 
 
 def test_contract_and_diff(tmp_path: Path) -> None:
@@ -177,10 +177,9 @@ def test_contract_and_diff(tmp_path: Path) -> None:
 
 
 def test_allowlist_rule(tmp_path: Path) -> None:
-    from twinrun.config.contract import LORA_TARGETS
-
     a = contract(tmp_path)
-    assert a["model.lora_targets"] == list(LORA_TARGETS)
+    assert a["model.lora_targets"] == ["q_proj", "v_proj"]  # the resolved targets, sorted
+    assert a["model.attention"] == "eager"
     gc = contract(tmp_path, gradient_checkpointing=True)
     key = V1_ALLOWED_DIFFERENCES[0]
     assert allowlist_problems(a, gc, [key]) == []

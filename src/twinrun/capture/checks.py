@@ -233,6 +233,22 @@ def seed_head_sha256(v: Verified) -> str:
     return sha256_bytes(head_bytes(new_reward_head(hidden, v.run.cfg.seed).weight))  # type: ignore[arg-type]
 
 
+def adapter_target_modules(adapter_dir: Path) -> list[str]:
+    """The modules the adapter a replay starts from wraps (its adapter_config.json)."""
+    import json
+
+    from twinrun.core.errors import ModelError
+
+    path = adapter_dir / "adapter_config.json"
+    try:
+        targets = json.loads(path.read_text(encoding="utf-8")).get("target_modules")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ModelError(f"cannot read {path}", "point [resume] from at an adapter") from exc
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+        raise ModelError(f"{path}: target_modules is not a list of names", "re-create it")
+    return sorted(targets)
+
+
 def contract(v: Verified) -> str:
     from twinrun.config.contract import allowlist_problems, contract_diff, optimizer_contract
     from twinrun.core.errors import ModelError
@@ -246,7 +262,10 @@ def contract(v: Verified) -> str:
     if not Path(cfg.model).is_dir():  # type: ignore[arg-type]
         raise ModelError(f"model directory {cfg.model} does not exist", "check [model] path")
     model_sha = v.hashes.dir(Path(cfg.model))  # type: ignore[arg-type]
-    replay = optimizer_contract(cfg, v.manifest["objective"], model_sha, v.run.extras.engine)
+    targets = adapter_target_modules(Path(cfg.init_adapter))  # type: ignore[arg-type]
+    replay = optimizer_contract(
+        cfg, v.manifest["objective"], model_sha, targets, v.run.extras.engine
+    )
     declared = list(v.run.extras.allow_config_differences)
     problems = allowlist_problems(source, replay, declared)
     if problems:

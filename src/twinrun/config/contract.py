@@ -21,12 +21,17 @@ from twinrun.config.run import RunConfig
 from twinrun.core.digest import canonical_json
 
 V1_ALLOWED_DIFFERENCES = ("backend.options.gradient_checkpointing",)
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def optimizer_contract(
-    cfg: RunConfig, objective: str, model_sha256: str, engine: str = "pytorch"
+    cfg: RunConfig,
+    objective: str,
+    model_sha256: str,
+    lora_targets: list[str],
+    engine: str = "pytorch",
 ) -> dict[str, Any]:
+    """The contract of a run whose LoRA layers wrap `lora_targets` (as resolved for the model:
+    the source's from its model, a replay's from the adapter it starts from)."""
     c: dict[str, Any] = {
         "training.objective": objective,
         "training.seed": cfg.seed,
@@ -37,7 +42,8 @@ def optimizer_contract(
         "model.sha256": model_sha256,
         "model.lora_rank": cfg.lora_rank,
         "model.lora_alpha": None if cfg.lora_alpha is None else float(cfg.lora_alpha),
-        "model.lora_targets": list(LORA_TARGETS if cfg.lora_targets is None else cfg.lora_targets),
+        "model.lora_targets": sorted(lora_targets),
+        "model.attention": cfg.attention,
         "optimizer.name": "adamw",
         "optimizer.betas": [float(b) for b in cfg.adam_betas],
         "optimizer.eps": float(cfg.adam_eps),

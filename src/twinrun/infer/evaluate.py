@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import common_problems, require_flags
+from twinrun.config.values import resolve_max_length
 from twinrun.core.errors import ConfigError, OutputError
 
 REPORT_FORMAT = "twinrun.infer.evaluate.v1"
@@ -72,7 +73,7 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
 
     cfg.validate()
     model_dir = Path(cfg.model)  # type: ignore[arg-type]
-    max_len = int(read_config(model_dir).get("max_position_embeddings", 2048))
+    max_len = resolve_max_length(None, read_config(model_dir))
     tok = load_tokenizer(model_dir)
     raw = load_rows(cfg.examples)  # type: ignore[arg-type]
     pairwise = all("chosen" in r.data for r in raw)
@@ -123,13 +124,7 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
         for batch_no, start in enumerate(range(0, len(rows), bs)):
             batch = rows[start : start + bs]
             ids, attn, mask = (t.to(cfg.device) for t in pad_rows(batch, tok.pad_id))
-            ctx = (
-                torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16)
-                if cfg.precision == "bf16"
-                else _null()
-            )
-            with ctx:
-                logits = model(ids, attn)
+            logits = model(ids, attn)
             sums, counts = completion_nll(logits, ids, mask, cfg.batch_invariant)
             for b in range(len(batch)):
                 n = int(counts[b])
@@ -224,9 +219,3 @@ def score_pairs(
                     "correct": bool(c[b] > r[b]),
                 })  # fmt: skip
     return out
-
-
-def _null() -> Any:
-    import contextlib
-
-    return contextlib.nullcontext()

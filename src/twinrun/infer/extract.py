@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import common_problems, require_flags
+from twinrun.config.values import resolve_max_length
 from twinrun.core.errors import ConfigError, DataError, OutputError
 
 HIDDEN_FORMAT = "twinrun.hidden.v1"
@@ -132,7 +133,6 @@ def encode_examples(tok: Any, raw: list[Any], chat: bool, max_len: int) -> list[
 
 def pooled_hidden(model: Any, rows: list[Any], pad_id: int, cfg: ExtractConfig) -> Any:
     """float32 [N, H]: each row's residual stream at `cfg.layer`, pooled, in input order."""
-    import contextlib
 
     import torch
 
@@ -145,11 +145,7 @@ def pooled_hidden(model: Any, rows: list[Any], pad_id: int, cfg: ExtractConfig) 
         for start in range(0, len(rows), bs):
             batch = rows[start : start + bs]
             ids, attn, _ = (t.to(cfg.device) for t in pad_rows(batch, pad_id))
-            ctx: Any = contextlib.nullcontext()
-            if cfg.precision == "bf16":
-                ctx = torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16)
-            with ctx:
-                hidden = model.run(ids, attn, hidden_layer=cfg.layer).hidden
+            hidden = model.run(ids, attn, hidden_layer=cfg.layer).hidden
             for b, row in enumerate(batch):
                 n = len(row.input_ids)
                 if cfg.pool == "last":
@@ -178,7 +174,7 @@ def run_extract(cfg: ExtractConfig) -> dict[str, Any]:
             f"got {cfg.layer}",
             "0 is the embeddings, L the output of decoder layer L-1",
         )
-    max_len = int(config.get("max_position_embeddings", 2048))
+    max_len = resolve_max_length(None, config)
     tok = load_tokenizer(model_dir)
     raw = load_rows(str(cfg.examples))
     chat = cfg.chat_template == "on"

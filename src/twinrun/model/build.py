@@ -363,7 +363,7 @@ class FreshLora:
     rank: int
     alpha: float
     seed: int
-    targets: str | tuple[str, ...] | None = None
+    targets: str | list[str] | tuple[str, ...] | None = None
 
 
 def build_model(

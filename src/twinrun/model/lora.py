@@ -99,7 +99,7 @@ def resolve_targets(model: Any, model_type: str, spec: str | Iterable[str] | Non
     but the output layer (`all-linear`, as PEFT's rule), or the names given."""
     if spec is None:
         names: Iterable[str] = default_targets(model_type)
-    elif spec == ALL_LINEAR:
+    elif spec == ALL_LINEAR or list(spec) == [ALL_LINEAR]:
         names = {n.rsplit(".", 1)[-1] for n, _ in _linear_modules(model)}
     elif isinstance(spec, str):
         names = [n.strip() for n in spec.split(",") if n.strip()]

@@ -47,6 +47,7 @@ class GRPOLossOut:
     """
 
     loss: torch.Tensor
+    row_losses: torch.Tensor  # [N]: each row's share of `loss` (its tokens' sum / denominator)
     clip_fraction: float
     ratio_mean: float
     clipped_tokens: int
@@ -99,6 +100,7 @@ def grpo_loss(
         per_token = per_token * row_weights.to(f64).unsqueeze(1)
     per_token = torch.where(active, per_token, zero)
     loss = per_token.sum() / denominator
+    row_losses = per_token.sum(dim=1) / denominator
 
     with torch.no_grad():
         is_clipped = ((ratio > 1.0 + clip_eps) & (adv > 0)) | ((ratio < 1.0 - clip_eps) & (adv < 0))
@@ -107,6 +109,7 @@ def grpo_loss(
         ratio_sum = float(torch.where(active, ratio, zero).sum().item())
     return GRPOLossOut(
         loss=loss,
+        row_losses=row_losses,
         clip_fraction=n_clipped / n_active if n_active else 0.0,
         ratio_mean=ratio_sum / n_active if n_active else 1.0,
         clipped_tokens=n_clipped,

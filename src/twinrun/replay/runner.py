@@ -4,19 +4,17 @@ After every check of `capture/checks.py` has passed (in order; the first failure
 replay before anything is written), the replay builds the model, loads the pinned adapter (and
 the AdamW state a step inside a run started from), restores the captured torch generator
 states, and runs the captured step once through the same `Loop.run_step` and the same
-objective update function the source ran — so on CPU the final adapter is the source's, bit for
-bit. It never opens the examples file, never builds the environment and never samples.
+objective forwards the source ran — so on CPU the final adapter is the source's, bit for bit. It
+never opens the examples file, never builds the environment and never samples. Its timings and
+digests come from hooks (nothing is patched).
 
 It writes `final/` (the adapter after the update), `metrics.jsonl` (one row, in the replay
-vocabulary of DESIGN §5), `resolved_config.json` (redacted) and `twinrun.json` (last).
+vocabulary of docs/capture.md), `resolved_config.json` (redacted) and `twinrun.json` (last).
 """
 
 from __future__ import annotations
 
-import contextlib
 import resource
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,74 +26,81 @@ from twinrun.capture.digests import effective_rows_sha256, logical_sha256, paddi
 from twinrun.capture.payload import BatchArrays
 from twinrun.capture.state import HEAD_PARAM, load_optimizer_state
 from twinrun.config.toml import TomlRun, resolved_tree
+from twinrun.core.determinism import establish, runtime_versions
 from twinrun.core.digest import sha256_file
 from twinrun.core.errors import ConfigError, ContractError
 from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.core.rng import float_bits, restore_torch_rng
 from twinrun.dispatch.toml_runs import FINAL, RESOLVED
+from twinrun.train.batch import OptimizerBatch
 from twinrun.train.hooks.capture import SKIPPED
+from twinrun.train.hooks.timing import TimingHook
+from twinrun.train.loop import Hook, Loop, StepContext, StepForwards, make_optimizer
+from twinrun.train.outputs import begin_output_dir
+from twinrun.train.schedule import lr_at
 
 
 @dataclass
 class ReplaySession:
-    """What the objectives' update functions use of a Session — and nothing that reads data."""
+    """What the objectives' forwards use of a Session — and nothing that reads data."""
 
     cfg: Any
     tok: Any
     model: Any
-    faults: Any
-
-    def autocast(self) -> Any:
-        if self.cfg.precision == "bf16":
-            return torch.autocast(device_type=self.cfg.device.split(":")[0], dtype=torch.bfloat16)
-        return contextlib.nullcontext()
 
 
-@contextlib.contextmanager
-def timed_backward(totals: dict[str, float]) -> Iterator[None]:
-    """Add the seconds spent in every `Tensor.backward` call to totals["backward_s"] (the
-    objectives interleave forwards and backwards, so the backward is timed where it runs)."""
-    original = torch.Tensor.backward
+@dataclass
+class ReplayRecipe:
+    """The captured step as a recipe: its batch is the captured OptimizerBatch, its forwards
+    the objective's own."""
 
-    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            totals["backward_s"] += time.perf_counter() - t0
+    s: ReplaySession
+    batch: OptimizerBatch
+    head: Any
 
-    torch.Tensor.backward = backward  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        torch.Tensor.backward = original  # type: ignore[method-assign]
+    def prepare(self, step: int) -> OptimizerBatch:
+        return self.batch
+
+    def forwards(self, step: int, batch: OptimizerBatch) -> StepForwards:
+        objective = self.s.cfg.objective
+        if objective == "grpo":
+            from twinrun.train.recipes.grpo import rollouts_from_batch, update_forwards
+
+            return (yield from update_forwards(self.s, rollouts_from_batch(batch), step))
+        if objective == "sft":
+            from twinrun.train.recipes.sft import rows_from_batch, sft_forwards
+
+            return (yield from sft_forwards(self.s, rows_from_batch(batch), step))
+        from twinrun.train.recipes.pairs import pair_forwards, pairs_from_batch
+
+        return (yield from pair_forwards(self.s, pairs_from_batch(batch), step, self.head))
 
 
-def update_fn(objective: str, s: ReplaySession, head: Any) -> Any:
-    """The objective's own update on a captured OptimizerBatch."""
-    if objective == "grpo":
-        from twinrun.train.recipes.grpo import rollouts_from_batch, update_on
+class ReplayDigestHook(Hook):
+    """At the boundary: the digests of what this replay actually trained on."""
 
-        return lambda batch: update_on(s, rollouts_from_batch(batch), batch.step)  # type: ignore[arg-type]
-    if objective == "sft":
-        from twinrun.data.examples import EncodedRow
-        from twinrun.train.recipes.sft import sft_update
+    def __init__(self, pad_id: int) -> None:
+        self.pad_id = pad_id
 
-        def sft(batch: Any) -> Any:
-            rows = [
-                EncodedRow(tuple(r), tuple(m))
-                for r, m in zip(batch.rows, batch.loss_masks, strict=True)
-            ]
-            forwards, start = [], 0
-            for n in batch.forward_sizes:
-                forwards.append(rows[start : start + n])
-                start += n
-            return sft_update(s, forwards, batch.step)  # type: ignore[arg-type]
+    def at_boundary(self, ctx: StepContext) -> None:
+        assert ctx.outcome is not None
+        used = BatchArrays.from_batch(ctx.outcome.batch)
+        ctx.outcome.metrics |= {
+            "optimizer/logical_batch_sha256": logical_sha256(used),
+            "optimizer/effective_rows_sha256": effective_rows_sha256(used, self.pad_id),
+            "padding_fraction": padding_fraction(used),
+        }
 
-        return sft
-    from twinrun.train.recipes.pairs import pair_update, pairs_from_batch
 
-    return lambda batch: pair_update(s, pairs_from_batch(batch), batch.step, head)  # type: ignore[arg-type]
+@dataclass
+class Built:
+    """The model, tokenizer, trainable parameters (and reward head) of a replay."""
+
+    tok: Any
+    model: Any
+    params: list[Any]
+    head: Any
+    provenance: dict[str, Any]
 
 
 def replay(run: TomlRun) -> dict[str, Any]:
@@ -103,18 +108,38 @@ def replay(run: TomlRun) -> dict[str, Any]:
     _, v = run_checks(run, stop=True)
     assert v.decoded is not None
     cfg, m = run.cfg, v.manifest
-    objective, step = m["objective"], m["step"]
-    cfg.objective = objective
-    from twinrun.core.determinism import establish, runtime_versions
+    cfg.objective = m["objective"]
+    built = build(v)
+    optimizer = make_optimizer(
+        built.params,
+        cfg.learning_rate,
+        cfg.adam_betas,
+        cfg.adam_eps,
+        cfg.weight_decay,  # type: ignore[arg-type]
+    )
+    if "optimizer" in v.state_bytes:  # the AdamW state a step inside a run started from
+        load_optimizer_state(
+            v.state_bytes["optimizer"], built.params, optimizer, str(cfg.init_adapter)
+        )
+    check_schedule(v)
+    out = Path(cfg.output)  # type: ignore[arg-type]
+    begin_output_dir(out, False)
+    row = replay_step(v, built, optimizer, out)
+    final_sha = save_final(out / FINAL, built.model, built.head, cfg)
+    row |= replay_metrics(v, row, final_sha, built.model)
+    atomic_write_jsonl(out / "metrics.jsonl", [row])
+    atomic_write_json(out / RESOLVED, resolved_tree(run))
+    return write_sidecar(v, out, row, built.provenance, runtime_versions(), final_sha)
+
+
+def build(v: Verified) -> Built:
+    """Strict mode, then the model with the pinned adapter (and the reward head)."""
     from twinrun.core.rng import seed_torch
     from twinrun.model.build import build_model
     from twinrun.model.lora import lora_parameters, read_adapter_config
     from twinrun.model.tokens import load_tokenizer
-    from twinrun.train.faults import parse_faults
-    from twinrun.train.loop import Loop, make_optimizer
-    from twinrun.train.outputs import begin_output_dir
-    from twinrun.train.schedule import lr_at
 
+    cfg = v.run.cfg
     provenance = establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
     provenance["torch_seed"] = seed_torch(cfg.seed)  # type: ignore[arg-type]
     model_dir = Path(cfg.model)  # type: ignore[arg-type]
@@ -136,81 +161,53 @@ def replay(run: TomlRun) -> dict[str, Any]:
         gradient_checkpointing=cfg.gradient_checkpointing,
     )
     params = lora_parameters(model)
-    head = build_head(v, model) if objective == "reward" else None
+    head = build_head(v, model) if cfg.objective == "reward" else None
     if head is not None:
         params = [*params, (HEAD_PARAM, head.weight)]
-    optimizer = make_optimizer(
-        params,
-        cfg.learning_rate,
-        cfg.adam_betas,
-        cfg.adam_eps,  # type: ignore[arg-type]
-        cfg.weight_decay,
-    )
-    if "optimizer" in v.state_bytes:  # the AdamW state a step inside a run started from
-        load_optimizer_state(v.state_bytes["optimizer"], params, optimizer, str(cfg.init_adapter))
-    total = m["schedule"]["total_steps"]
+    return Built(tok, model, params, head, provenance)
+
+
+def check_schedule(v: Verified) -> None:
+    """The learning rate of the captured step, recomputed, must be the source's bits."""
+    cfg, m = v.run.cfg, v.manifest
+    step, total = m["step"], m["schedule"]["total_steps"]
     lr = lr_at(step, cfg.learning_rate, cfg.warmup_steps, total)  # type: ignore[arg-type]
     if float_bits(lr) != m["schedule"].get("lr_bits", float_bits(float(m["schedule"]["lr"]))):
         raise ContractError(
             f"learning rate at step {step} is {lr}, the source's was {m['schedule']['lr']}",
             "the schedule numbers differ",
         )
-    out = Path(cfg.output)  # type: ignore[arg-type]
-    begin_output_dir(out, False)
 
-    session = ReplaySession(cfg, tok, model, parse_faults(cfg.inject, objective))
-    recorder = None
+
+def replay_step(v: Verified, built: Built, optimizer: Any, out: Path) -> dict[str, Any]:
+    """The captured step, once, through the training loop, from the captured generator states."""
+    assert v.decoded is not None
+    cfg, m = v.run.cfg, v.manifest
+    hooks: list[Hook] = [ReplayDigestHook(built.tok.pad_id)]
     if cfg.diag:
         from twinrun.diag.recorder import DiagRecorder
+        from twinrun.train.hooks.diag import DiagHook
 
-        recorder = DiagRecorder(out / "diag.jsonl")
+        hooks.append(DiagHook(DiagRecorder(out / "diag.jsonl")))
+    hooks.append(TimingHook())
     loop = Loop(
-        params=params,
+        params=built.params,
         optimizer=optimizer,
         base_lr=cfg.learning_rate,  # type: ignore[arg-type]
-        warmup_steps=cfg.warmup_steps,
-        total_steps=total,
-        recorder=recorder,
-    )  # type: ignore[arg-type]
-    totals = {"backward_s": 0.0, "optimizer_s": 0.0, "update_s": 0.0}
-    optimizer_step = optimizer.step
-
-    def timed_step() -> None:
-        t0 = time.perf_counter()
-        optimizer_step()
-        totals["optimizer_s"] = time.perf_counter() - t0
-
-    optimizer.step = timed_step  # type: ignore[method-assign]
-    batch = v.decoded.arrays.to_batch()
-    update = update_fn(objective, session, head)
-
-    def step_fn() -> Any:
-        t0 = time.perf_counter()
-        outcome = update(batch)
-        totals["update_s"] = time.perf_counter() - t0
-        return outcome
-
-    def before_update(_: int, outcome: Any) -> None:
-        used = BatchArrays.from_batch(outcome.batch)  # what this replay actually trained on
-        outcome.metrics |= {
-            "optimizer/logical_batch_sha256": logical_sha256(used),
-            "optimizer/effective_rows_sha256": effective_rows_sha256(used, tok.pad_id),
-            "padding_fraction": padding_fraction(used),
-        }
-
-    loop.before_update = before_update
+        warmup_steps=cfg.warmup_steps,  # type: ignore[arg-type]
+        total_steps=m["schedule"]["total_steps"],
+        hooks=hooks,
+    )
+    session = ReplaySession(cfg, built.tok, built.model)
+    recipe = ReplayRecipe(session, v.decoded.arrays.to_batch(), built.head)
     if cfg.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(cfg.device)
     restore_torch_rng(v.decoded.rng)
-    with timed_backward(totals):
-        row = loop.run_step(step, step_fn)
-    if recorder is not None:
-        recorder.close()
-    final_sha = save_final(out / FINAL, model, head, cfg)
-    row |= replay_metrics(v, row, totals, final_sha, model)
-    atomic_write_jsonl(out / "metrics.jsonl", [row])
-    atomic_write_json(out / RESOLVED, resolved_tree(run))
-    return write_sidecar(v, out, row, provenance, runtime_versions(), final_sha)
+    try:
+        return loop.run_step(m["step"], recipe, recipe.batch)
+    finally:
+        for hook in hooks:
+            hook.close()
 
 
 def build_head(v: Verified, model: Any) -> Any:
@@ -258,9 +255,7 @@ def peak_memory(device: str) -> tuple[int, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process_max_rss"
 
 
-def replay_metrics(
-    v: Verified, row: dict[str, Any], totals: dict[str, float], final_sha: str, model: Any
-) -> dict[str, Any]:
+def replay_metrics(v: Verified, row: dict[str, Any], final_sha: str, model: Any) -> dict[str, Any]:
     m, cfg = v.manifest, v.run.cfg
     peak, kind = peak_memory(cfg.device)
     return {
@@ -272,10 +267,6 @@ def replay_metrics(
         "optimizer_batch/declared_differences": list(v.run.extras.allow_config_differences),
         "optimizer_batch/observed_differences": v.observed,
         "backend/gradient_checkpointing": bool(model.gradient_checkpointing and model.training),
-        "local_train_wall_s": row["wall_s"],
-        "forward_s": max(0.0, totals["update_s"] - totals["backward_s"]),
-        "backward_s": totals["backward_s"],
-        "optimizer_s": totals["optimizer_s"],
         "peak_memory_bytes": peak,
         "peak_memory_kind": kind,
     }

@@ -58,8 +58,10 @@ def write_checkpoint(
     params: list[tuple[str, torch.nn.Parameter]],
     optimizer: AdamW,
     state: dict[str, Any],
+    rng_state: torch.Tensor | None = None,
 ) -> Path:
-    """Write checkpoint `steps_done` atomically; returns its directory."""
+    """Write checkpoint `steps_done` atomically; returns its directory. `rng_state`: the torch
+    CPU generator to record (default: as it is now)."""
     root = out / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir(out, steps_done)
@@ -70,7 +72,7 @@ def write_checkpoint(
         for i, s in opt["state"].items():
             for key, value in s.items():
                 tensors[f"optim.{i}.{key}"] = value.detach().cpu().contiguous().reshape(-1)
-        tensors["rng.torch_cpu"] = torch.get_rng_state()
+        tensors["rng.torch_cpu"] = torch.get_rng_state() if rng_state is None else rng_state
         save_file(tensors, str(tmp / STATE_TENSORS), metadata={"format": FORMAT})
         _crash_point("checkpoint-mid-write", steps_done)
         body = {
@@ -124,6 +126,17 @@ def newest_checkpoint(out: Path) -> Checkpoint | None:
     if state.get("format") != FORMAT:
         raise DataError(f"checkpoint {path} has format {state.get('format')!r}, not {FORMAT}")
     return Checkpoint(path, int(state["steps_done"]), state, tensors)
+
+
+def resume_point(out: Path) -> int:
+    """Steps done by the newest complete checkpoint of `out` (an error when there is none)."""
+    ckpt = newest_checkpoint(out)
+    if ckpt is None:
+        raise ConfigError(
+            f"--resume: {out} has no complete checkpoint",
+            "start the run without --resume (and with --checkpoint-every to make checkpoints)",
+        )
+    return ckpt.steps_done
 
 
 def check_same_run(recorded: dict[str, Any], current: dict[str, Any]) -> None:

@@ -1,42 +1,100 @@
-"""Drive a Loop over a run's steps: resume from the newest checkpoint, write checkpoints every
-N steps, close what the loop opened. Shared by every objective."""
+"""Build a run's step loop with its hooks, and drive it: resume from the newest checkpoint,
+run the steps, close what the hooks opened. Shared by every objective.
+
+`make_loop` is where a reader sees which hooks a run has and in which order they run at each
+point (train/loop.py says what the points are).
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from twinrun.config.run import shaping_numbers
-from twinrun.core.errors import ConfigError
 from twinrun.core.fileio import atomic_write_text
-from twinrun.train.checkpoint import check_same_run, newest_checkpoint, restore, write_checkpoint
-from twinrun.train.loop import Loop, StepOutcome
+from twinrun.core.progress import Progress
+from twinrun.train.checkpoint import check_same_run, newest_checkpoint, restore, resume_point
+from twinrun.train.hooks.checkpoint import Checkpointer, CheckpointHook, ObjectiveState
+from twinrun.train.hooks.faults import FaultHook
+from twinrun.train.hooks.nonfinite import NonFiniteHook
+from twinrun.train.hooks.spike import SpikeHook
+from twinrun.train.loop import Hook, Loop, Recipe, make_optimizer
 from twinrun.train.session import Session
 
 LOGS = ("diag.jsonl", "trace.jsonl")
 
-
-@dataclass
-class ObjectiveState:
-    """Objective state a checkpoint carries beyond parameters and optimizer (e.g. GRPO's
-    replay buffer): JSON-able get/set."""
-
-    get: Callable[[], dict[str, Any]]
-    set: Callable[[dict[str, Any]], None]
+__all__ = ["ObjectiveState", "drive", "make_loop", "spikes_of", "truncate_logs"]
 
 
-def resume_point(out: Path) -> int:
-    """Steps done by the newest complete checkpoint of `out` (an error when there is none)."""
-    ckpt = newest_checkpoint(out)
-    if ckpt is None:
-        raise ConfigError(
-            f"--resume: {out} has no complete checkpoint",
-            "start the run without --resume (and with --checkpoint-every to make checkpoints)",
-        )
-    return ckpt.steps_done
+def make_loop(
+    s: Session, recipe: Recipe, total_steps: int, objective: ObjectiveState | None = None
+) -> Loop:
+    """The loop of this run and its hooks, in the order they run at each point."""
+    cfg = s.cfg
+    progress = Progress(total_steps, f"{cfg.objective} step", quiet=cfg.quiet)
+    checkpointer = Checkpointer(s.out, s.shaping(), objective)
+    if cfg.resume:
+        truncate_logs(s.out, resume_point(s.out))
+    hooks: list[Hook] = [FaultHook(s.faults)]
+    if cfg.trace_step is not None:  # closes at the boundary before a spike rerun
+        from twinrun.train.hooks.trace import TraceHook
+
+        hooks.append(TraceHook(s.model, s.out / "trace.jsonl", cfg.trace_step))
+    if cfg.diag:
+        from twinrun.diag.recorder import DiagRecorder
+        from twinrun.train.hooks.diag import DiagHook
+
+        hooks.append(DiagHook(DiagRecorder(s.out / "diag.jsonl", append=cfg.resume)))
+    if cfg.spike_factor is not None and cfg.spike_window is not None:
+        hooks.append(SpikeHook(recipe, cfg.spike_factor, cfg.spike_window, progress))
+    hooks.append(NonFiniteHook(checkpointer))
+    if cfg.capture:  # at the boundary after the spike rerun and the finite check
+        from twinrun.train.hooks.capture import capture_hook
+
+        hooks.append(capture_hook(s, total_steps))
+    if cfg.checkpoint_every:
+        hooks.append(CheckpointHook(checkpointer, cfg.checkpoint_every))
+    optimizer = make_optimizer(
+        s.params, cfg.learning_rate, cfg.adam_betas, cfg.adam_eps, cfg.weight_decay
+    )
+    return Loop(
+        params=s.params,
+        optimizer=optimizer,
+        base_lr=cfg.learning_rate,
+        warmup_steps=cfg.warmup_steps,
+        total_steps=total_steps,
+        hooks=hooks,
+        progress=progress,
+    )
+
+
+def drive(s: Session, loop: Loop, recipe: Recipe, objective: ObjectiveState | None = None) -> None:
+    """Run the loop's steps (from the newest checkpoint with --resume), then close the hooks."""
+    cfg = s.cfg
+    start = 0
+    if cfg.resume:
+        ckpt = newest_checkpoint(s.out)
+        assert ckpt is not None  # checked when the session opened
+        check_same_run(ckpt.state["train"], s.shaping())
+        restore(ckpt, loop.params, loop.optimizer)
+        loop.metrics = list(ckpt.state["metrics"])
+        if objective is not None:
+            objective.set(ckpt.state.get("objective", {}))
+        start = ckpt.steps_done
+        if loop.progress is not None:
+            loop.progress.note(f"resuming {s.out} after step {start - 1} ({ckpt.path.name})")
+    try:
+        loop.run(recipe, start, cfg.prefetch)
+    finally:
+        if loop.progress is not None:
+            loop.progress.close()
+        for hook in loop.hooks:
+            hook.close()
+
+
+def spikes_of(loop: Loop) -> list[dict[str, Any]]:
+    """The spike reruns of the run (empty without --spike-factor)."""
+    return [spike for h in loop.hooks if isinstance(h, SpikeHook) for spike in h.spikes]
 
 
 def truncate_logs(out: Path, steps_done: int) -> None:
@@ -55,42 +113,3 @@ def truncate_logs(out: Path, steps_done: int) -> None:
             if row.get("phase", "train") != "train" or int(row.get("step", -1)) < steps_done:
                 kept.append(line)
         atomic_write_text(path, "".join(line + "\n" for line in kept))
-
-
-def drive(
-    s: Session,
-    loop: Loop,
-    total: int,
-    step_fn_for: Callable[[int], Callable[[], StepOutcome]],
-    objective_state: ObjectiveState | None = None,
-) -> None:
-    cfg = s.cfg
-    start = 0
-    shaping = shaping_numbers(cfg)
-    if cfg.resume:
-        ckpt = newest_checkpoint(s.out)
-        assert ckpt is not None  # checked when the session opened
-        check_same_run(ckpt.state["train"], shaping)
-        restore(ckpt, loop.params, loop.optimizer)
-        loop.metrics = list(ckpt.state["metrics"])
-        if objective_state is not None:
-            objective_state.set(ckpt.state.get("objective", {}))
-        start = ckpt.steps_done
-        if loop.progress is not None:
-            loop.progress.note(f"resuming {s.out} after step {start - 1} ({ckpt.path.name})")
-    every = cfg.checkpoint_every or 0
-    try:
-        for step in range(start, total):
-            loop.run_step(step, step_fn_for(step))
-            done = step + 1
-            if every and done % every == 0 and done < total:
-                write_checkpoint(s.out, done, loop.params, loop.optimizer, {
-                    "train": shaping,
-                    "metrics": loop.metrics,
-                    "objective": objective_state.get() if objective_state else {},
-                })  # fmt: skip
-    finally:
-        if loop.progress is not None:
-            loop.progress.close()
-        if loop.recorder is not None:
-            loop.recorder.close()

@@ -1,15 +1,22 @@
-"""Fault injection (DESIGN §6): `--inject FAULT@STEP` plants a known regression so the harness
-and `twinrun diff` can be shown to catch it at its own leaf and step.
+"""Fault injection: `--inject FAULT@STEP` plants a known regression so the harness and
+`twinrun diff` can be shown to catch it at its own leaf and step.
 
 - sampler: the step's example indices come from an unseeded draw  -> batch.sample_indices
 - rng: a stray draw shifts the torch CPU generator                  -> rng.state
 - reduction: the step's gradient is summed in a different order     -> grads.lora
 - observation: a wall-clock timestamp enters a GRPO observation     -> rollout.tokens
+
+`rng` and `reduction` act on the step (train/hooks/faults.py); `sampler` and `observation` act
+on the data a recipe draws (`unseeded_plans`, `Faults.once`). A planted fault fires once: a
+spike rerun of its step runs without it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import random
+from dataclasses import dataclass, field
+from typing import Any
 
 from twinrun.core.errors import ConfigError
 
@@ -25,10 +32,33 @@ FAULTS_BY_OBJECTIVE = {
 @dataclass
 class Faults:
     planted: frozenset[tuple[str, int]]
-    suspended: bool = False  # a spike rerun replays the step without the planted glitch
+    fired: set[tuple[str, int]] = field(default_factory=set)
 
     def at(self, fault: str, step: int) -> bool:
-        return not self.suspended and (fault, step) in self.planted
+        return (fault, step) in self.planted
+
+    def once(self, fault: str, step: int) -> bool:
+        """True the first time it is asked about a planted (fault, step), False after."""
+        if (fault, step) not in self.planted or (fault, step) in self.fired:
+            return False
+        self.fired.add((fault, step))
+        return True
+
+
+def unseeded_plans(faults: Faults, plans: list[Any], n: int) -> list[Any]:
+    """The `sampler` fault: at its steps the example indices (of every forward of a `StepPlan`,
+    or a list of indices) come from an unseeded draw over `n` examples."""
+    out = list(plans)
+    for step, plan in enumerate(plans):
+        if not faults.at("sampler", step):
+            continue
+        unseeded = random.SystemRandom()
+        if isinstance(plan, list):
+            out[step] = [unseeded.randrange(n) for _ in plan]
+        else:
+            draws = tuple(tuple(unseeded.randrange(n) for _ in fw) for fw in plan.forwards)
+            out[step] = dataclasses.replace(plan, forwards=draws)
+    return out
 
 
 def parse_faults(specs: list[str], objective: str) -> Faults:

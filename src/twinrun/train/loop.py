@@ -1,84 +1,169 @@
-"""The optimizer-step loop shared by every objective.
+"""The optimizer-step loop shared by every objective: it owns the step, everything else is a hook.
 
-An objective supplies `step_fn(plan) -> StepOutcome`: it runs the forwards and backwards of one
-optimizer step and reports its loss and its early diag leaves (sampled indices, tokens, logits,
-loss). The loop owns everything around that: the learning rate, zeroing and stepping AdamW, the
-gradient norm, metrics rows, the later diag leaves (gradients, Adam moments, parameters, lr, RNG
-state) and progress.
+A recipe (train/recipes/) supplies data and forwards, never behaviour around the step:
+- `prepare(step)` -> the step's batch (pure data; may run ahead on the prefetch thread);
+- `forwards(step, batch)` -> a generator that yields one `Forward` per forward (its loss, and the
+  tensors diagnostics may want) and returns the step's `StepOutcome` (loss, counts, data leaves,
+  metrics, the `OptimizerBatch`).
+
+The loop takes each step's batch exactly once, runs every forward's backward itself, keeps each
+forward's LoRA gradient apart and sums them in forward order (the bits autograd's `.grad +=` gives
+in that order from zero), steps AdamW and writes the metrics row. Hooks (train/hooks/) attach at
+named points, in the order they were registered:
+
+    before_step     nothing computed yet (generator states, planted stray draws, a trace opens)
+    backward        a hook may run a forward's backward itself (the planted reduction fault)
+    after_forward   a forward's gradient is computed (diag keeps its tokens and logits)
+    gather          the per-forward gradients, before they are summed (the place where a
+                    distributed run all-gathers every process's forwards into global order)
+    at_boundary     gradients summed, optimizer not stepped (trace closes, spike rerun,
+                    non-finite stop, capture)
+    after_update    AdamW stepped (diag writes its row)
+    after_step      the metrics row is complete (capture's final pins, checkpoints, timings)
+
+Nothing is replaced at run time: a hook is an object in `Loop.hooks`, called where it runs.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from twinrun.core.progress import Progress
+from twinrun.data.prefetch import Prefetcher
 from twinrun.train.adamw import AdamW
 from twinrun.train.schedule import lr_at
+
+Params = list[tuple[str, torch.nn.Parameter]]
+Grads = list[torch.Tensor | None]
+
+
+@dataclass
+class Forward:
+    """One forward of a step: `loss` is what its backward differentiates (already divided by the
+    step's denominator); `row_losses` the same loss per row (their sum is `loss` up to rounding);
+    `tokens` / `logits` the tensors of its model calls, for diagnostics (not detached)."""
+
+    loss: torch.Tensor
+    row_losses: torch.Tensor | None = None
+    tokens: list[torch.Tensor] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
 
 
 @dataclass
 class StepOutcome:
-    """What one step's forwards/backwards produced."""
+    """What one step's forwards produced."""
 
     loss: float
     tokens: int
     rows: int
-    leaves: dict[str, Any] = field(default_factory=dict)  # early diag leaves, dataflow order
+    leaves: dict[str, Any] = field(default_factory=dict)  # data leaves before the forwards
     metrics: dict[str, Any] = field(default_factory=dict)  # objective-specific metrics
-    batch: Any = None  # the OptimizerBatch (train/batch.py), for capture
-    on_commit: Callable[[], None] | None = None  # runs once the step's update is applied
+    batch: Any = None  # the OptimizerBatch (train/batch.py), for capture and replay
+    on_commit: Any = None  # a callable run once the step's update is applied
+
+
+StepForwards = Generator[Forward, None, StepOutcome]
+
+
+class Recipe(Protocol):
+    def prepare(self, step: int) -> Any: ...
+
+    def forwards(self, step: int, batch: Any) -> StepForwards: ...
+
+
+@dataclass
+class StepContext:
+    """One step as the hooks see it."""
+
+    loop: Loop
+    step: int
+    lr: float
+    rng_before: torch.Tensor  # the torch CPU generator before anything of the step ran
+    batch: Any = None
+    outcome: StepOutcome | None = None
+    grads: list[torch.Tensor] = field(default_factory=list)  # summed, one per parameter
+    attempt: int = 0  # 1 for the step's forwards, 2 for a spike rerun of them
+    rerunning: bool = False  # planted faults stay off in a rerun
+    timings: dict[str, float] = field(
+        default_factory=lambda: {"forward_s": 0.0, "backward_s": 0.0, "optimizer_s": 0.0}
+    )
+
+
+class Hook:
+    """A step hook: override the points it attaches to (each default does nothing)."""
+
+    def before_step(self, ctx: StepContext) -> None:
+        pass
+
+    def backward(self, ctx: StepContext, fw: Forward) -> bool:
+        """Run `fw`'s backward here and return True, or return False to leave it to the loop."""
+        return False
+
+    def after_forward(self, ctx: StepContext, fw: Forward) -> None:
+        pass
+
+    def gather(self, ctx: StepContext, per_forward: list[Grads]) -> list[Grads]:
+        return per_forward
+
+    def at_boundary(self, ctx: StepContext) -> None:
+        pass
+
+    def after_update(self, ctx: StepContext) -> None:
+        pass
+
+    def after_step(self, ctx: StepContext, row: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        """The run ended (finished or raised): release what the hook holds open."""
 
 
 @dataclass
 class Loop:
-    params: list[tuple[str, torch.nn.Parameter]]
+    params: Params
     optimizer: AdamW
     base_lr: float
     warmup_steps: int
     total_steps: int
-    recorder: Any = None  # a DiagRecorder when --diag
+    hooks: list[Hook] = field(default_factory=list)
     progress: Progress | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list)
-    trace_step: int | None = None  # --trace-step K: per-module checksums at step K
-    trace_model: Any = None
-    trace_path: Any = None
-    spike_factor: float | None = None  # --spike-factor F --spike-window W
-    spike_window: int | None = None
-    faults: Any = None  # suspended while a spike is rerun
-    spikes: list[dict[str, Any]] = field(default_factory=list)
-    # called at the optimizer boundary: gradients computed, optimizer not yet stepped
-    before_update: Callable[[int, StepOutcome], None] | None = None
 
-    def run_step(self, step: int, step_fn: Callable[[], StepOutcome]) -> dict[str, Any]:
+    def run(self, recipe: Recipe, start: int, prefetch: int = 0) -> None:
+        """Steps `start` .. total_steps - 1; each batch is taken from the prefetcher once."""
+        ahead = Prefetcher(recipe.prepare, range(start, self.total_steps), prefetch)
+        try:
+            for step in range(start, self.total_steps):
+                self.run_step(step, recipe, ahead.get(step))
+        finally:
+            ahead.close()
+
+    def run_step(self, step: int, recipe: Recipe, batch: Any) -> dict[str, Any]:
         t0 = time.perf_counter()
         lr = lr_at(step, self.base_lr, self.warmup_steps, self.total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.optimizer.zero_grad(set_to_none=False)
-        rng_before = torch.get_rng_state()
-        if self.trace_step == step:
-            from twinrun.diag.trace import StepTrace
-
-            with StepTrace(self.trace_model, self.trace_path, step):
-                outcome = step_fn()
-        else:
-            outcome = step_fn()
-        spike = self.spike_median(outcome.loss)
-        if spike is not None:
-            outcome = self.rerun_spike(step, step_fn, outcome, rng_before, spike)
-        if self.before_update is not None:
-            self.before_update(step, outcome)
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in self.params]
-        grad_norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+        ctx = StepContext(self, step, lr, torch.get_rng_state(), batch)
+        for hook in self.hooks:
+            hook.before_step(ctx)
+        self.compute(ctx, recipe)
+        for hook in self.hooks:
+            hook.at_boundary(ctx)
+        outcome = ctx.outcome
+        assert outcome is not None
+        grad_norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in ctx.grads])))
+        t1 = time.perf_counter()
         self.optimizer.step()
+        ctx.timings["optimizer_s"] = time.perf_counter() - t1
         if outcome.on_commit is not None:
             outcome.on_commit()
+        for hook in self.hooks:
+            hook.after_update(ctx)
         row = {
             "step": step,
             "loss": outcome.loss,
@@ -87,87 +172,61 @@ class Loop:
             "tokens": outcome.tokens,
             "rows": outcome.rows,
             **outcome.metrics,
+            "wall_s": time.perf_counter() - t0,  # the diag row's cost included
         }
-        if self.recorder is not None:
-            self.recorder.record(step, {**outcome.leaves, **self.late_leaves(grads, lr)})
-        row["wall_s"] = time.perf_counter() - t0  # the diag row's cost included
         self.metrics.append(row)
+        for hook in self.hooks:
+            hook.after_step(ctx, row)
         if self.progress is not None:
             self.progress.update(step + 1, f"loss {outcome.loss:.4f} lr {lr:.2e}")
         return row
 
-    def spike_median(self, loss: float) -> float | None:
-        """The median of the last W losses when `loss` exceeds F times it (else None)."""
-        if self.spike_factor is None or self.spike_window is None:
-            return None
-        window = [m["loss"] for m in self.metrics[-self.spike_window :]]
-        if len(window) < self.spike_window:
-            return None
-        median = statistics.median(window)
-        return median if loss > self.spike_factor * median else None
+    def compute(self, ctx: StepContext, recipe: Recipe) -> None:
+        """The step's forwards and backwards: each forward's gradient apart, then summed in
+        forward order into `.grad` (also what a spike rerun calls again, on the same batch)."""
+        ctx.attempt += 1
+        for _, p in self.params:
+            p.grad = None
+        per_forward: list[Grads] = []
+        steps = recipe.forwards(ctx.step, ctx.batch)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                fw = next(steps)
+            except StopIteration as done:
+                ctx.outcome = done.value
+                break
+            finally:
+                ctx.timings["forward_s"] += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            per_forward.append(self.backward(ctx, fw))
+            ctx.timings["backward_s"] += time.perf_counter() - t1
+            for hook in self.hooks:
+                hook.after_forward(ctx, fw)
+        for hook in self.hooks:
+            per_forward = hook.gather(ctx, per_forward)
+        ctx.grads = sum_in_forward_order(self.params, per_forward)
+        for (_, p), g in zip(self.params, ctx.grads, strict=True):
+            p.grad = g
 
-    def rerun_spike(
-        self,
-        step: int,
-        step_fn: Callable[[], StepOutcome],
-        first: StepOutcome,
-        rng_before: torch.Tensor,
-        median: float,
-    ) -> StepOutcome:
-        """Rerun a spiking step from its pre-step state (gradients zeroed, generator restored,
-        planted faults off). `intrinsic`: the rerun reproduces the loss, gradients and generator
-        state bit for bit — the data did it. `transient`: it does not — nondeterminism did.
-        Training continues with the rerun's gradients."""
+    def backward(self, ctx: StepContext, fw: Forward) -> Grads:
+        """One forward's gradient per parameter (None where it does not reach a parameter)."""
+        if not any(hook.backward(ctx, fw) for hook in self.hooks):
+            fw.loss.backward()
+        grads = [p.grad for _, p in self.params]
+        for _, p in self.params:
+            p.grad = None
+        return grads
 
-        def fingerprint(outcome: StepOutcome) -> tuple[Any, ...]:
-            grads = [
-                p.grad.detach().clone() if p.grad is not None else None for _, p in self.params
-            ]
-            return outcome.loss, grads, torch.get_rng_state()
 
-        loss_a, grads_a, rng_a = fingerprint(first)
-        self.optimizer.zero_grad(set_to_none=False)
-        torch.set_rng_state(rng_before)
-        if self.faults is not None:
-            self.faults.suspended = True
-        try:
-            second = step_fn()
-        finally:
-            if self.faults is not None:
-                self.faults.suspended = False
-        loss_b, grads_b, rng_b = fingerprint(second)
-        same = (
-            loss_a == loss_b
-            and torch.equal(rng_a, rng_b)
-            and all(
-                (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
-                for a, b in zip(grads_a, grads_b, strict=True)
-            )
-        )
-        record = {
-            "step": step, "kind": "intrinsic" if same else "transient", "loss": loss_a,
-            "rerun_loss": loss_b, "median": median, "factor": self.spike_factor,
-        }  # fmt: skip
-        self.spikes.append(record)
-        second.metrics["spike"] = record["kind"]
-        if self.progress is not None:
-            self.progress.note(
-                f"step {step}: loss {loss_a:.4f} > {self.spike_factor} x median {median:.4f}; "
-                f"rerun -> {loss_b:.4f}: {record['kind']}"
-            )
-        return second
-
-    def late_leaves(self, grads: list[torch.Tensor], lr: float) -> dict[str, Any]:
-        """The leaves after the backward: gradients, Adam moments, parameters, lr, RNG state."""
-        states = [self.optimizer.state.get(p, {}) for _, p in self.params]
-        return {
-            "grads.lora": [g.detach() for g in grads],
-            "adam.exp_avg": [s["exp_avg"] for s in states if "exp_avg" in s],
-            "adam.exp_avg_sq": [s["exp_avg_sq"] for s in states if "exp_avg_sq" in s],
-            "params.lora": [p.detach() for _, p in self.params],
-            "lr": torch.tensor([lr], dtype=torch.float64),
-            "rng.state": rng_state_leaf(),
-        }
+def sum_in_forward_order(params: Params, per_forward: list[Grads]) -> list[torch.Tensor]:
+    """zeros, + forward 0, + forward 1, ...: the bits `.grad +=` gives in that order."""
+    total = [torch.zeros_like(p) for _, p in params]
+    for grads in per_forward:
+        for acc, g in zip(total, grads, strict=True):
+            if g is not None:
+                acc += g
+    return total
 
 
 def rng_state_leaf() -> list[torch.Tensor]:
@@ -179,7 +238,7 @@ def rng_state_leaf() -> list[torch.Tensor]:
 
 
 def make_optimizer(
-    params: list[tuple[str, torch.nn.Parameter]],
+    params: Params,
     lr: float,
     betas: tuple[float, float],
     eps: float,

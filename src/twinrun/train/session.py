@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import RunConfig, shaping_numbers, validate
+from twinrun.config.values import resolve_max_length
 from twinrun.core.digest import sha256_dir, sha256_file
 from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.core.progress import Progress
@@ -32,6 +33,7 @@ class Session:
     model_sha256: str
     data_sha256: str
     faults: Faults
+    max_length: int  # tokens per row at most: --max-length, else the model's positions
     progress: Progress | None = None
     started: float = field(default_factory=time.perf_counter)
 
@@ -45,9 +47,11 @@ class Session:
             alpha=cfg.lora_alpha,
         )  # fmt: skip
 
-    def autocast(self) -> Any:
-        """The model's precision policy (it already applies it inside every forward)."""
-        return self.model.autocast()
+    def shaping(self) -> dict[str, Any]:
+        """Every number that shaped the run, with the values twinrun resolved recorded."""
+        return shaping_numbers(
+            self.cfg, resolved={"lora_targets": self.lora_targets, "max_length": self.max_length}
+        )
 
     @property
     def lora_targets(self) -> list[str]:
@@ -68,7 +72,7 @@ def open_session(
     faults = parse_faults(cfg.inject, cfg.objective)
     if cfg.resume:
         out = Path(cfg.output)  # type: ignore[arg-type]
-        from twinrun.train.driver import resume_point
+        from twinrun.train.checkpoint import resume_point
 
         resume_point(out)  # an error when there is nothing to resume
     else:
@@ -79,7 +83,8 @@ def open_session(
     model_config = read_config(model_dir)  # ModelError when missing / not a checkpoint
     tok = load_tokenizer(model_dir)
     rows = load_rows(cfg.examples)  # type: ignore[arg-type]
-    encoded = encode(tok, rows, int(model_config.get("max_position_embeddings", 2048)))
+    max_length = resolve_max_length(cfg.max_length, model_config)
+    encoded = encode(tok, rows, max_length)
 
     from twinrun.core.determinism import establish, runtime_versions
 
@@ -94,10 +99,11 @@ def open_session(
         model_dir,
         precision=cfg.precision,  # type: ignore[arg-type]
         device=cfg.device,
+        attention=cfg.attention,
         adapter=cfg.init_adapter,
         lora=None
         if cfg.init_adapter is not None
-        else FreshLora(cfg.lora_rank, cfg.lora_alpha, cfg.seed),  # type: ignore[arg-type]
+        else FreshLora(cfg.lora_rank, cfg.lora_alpha, cfg.seed, cfg.lora_targets),  # type: ignore[arg-type]
         batch_invariant=cfg.batch_invariant,
         gradient_checkpointing=cfg.gradient_checkpointing,
     )
@@ -117,6 +123,7 @@ def open_session(
         model_sha256=sha256_dir(model_dir),
         data_sha256=sha256_file(cfg.examples),  # type: ignore[arg-type]
         faults=faults,
+        max_length=max_length,
     )
     return session, encoded
 
@@ -148,7 +155,7 @@ def finish_session(
     atomic_write_jsonl(s.out / "metrics.jsonl", metrics)
     adapter_sha = sha256_file(s.out / "adapter_model.safetensors")
     record = sidecar(
-        train=shaping_numbers(s.cfg) | {"lora_targets": s.lora_targets},
+        train=s.shaping(),
         model_sha256=s.model_sha256,
         data_sha256=s.data_sha256,
         adapter_sha256=adapter_sha,

@@ -1,6 +1,6 @@
-"""Capture inside a running trainer, at the optimizer boundary (DESIGN §5).
+"""Optimizer-batch capture inside a running trainer, a hook at the optimizer boundary.
 
-`attach_capture(session, loop)` wraps the loop of any objective. At a captured step K:
+`capture_hook(session, total_steps)` serves any objective. At a captured step K:
 
 1. before the step's forwards, the torch generator states are taken (what replay restores);
 2. at the optimizer boundary — after advantage normalisation, clipping and the token cap, the
@@ -30,6 +30,7 @@ from twinrun.core.digest import sha256_bytes, sha256_file, sha256_json
 from twinrun.core.errors import ConfigError, ContractError
 from twinrun.core.fileio import atomic_write_json
 from twinrun.core.rng import capture_torch_rng, float_bits
+from twinrun.train.loop import Hook, StepContext
 
 SKIPPED = ("dataset", "environment", "rollout", "sampling")
 
@@ -43,12 +44,25 @@ def resolved_config(cfg: Any) -> dict[str, Any]:
 
 
 @dataclass
-class CaptureHook:
+class CaptureHook(Hook):
     s: Any  # the Session
-    loop: Any  # the Loop
     steps: set[int]
     within_run: bool  # capture_steps: pin the AdamW state and adapter the step starts from
     rng_before: dict[int, dict[str, Any]] = field(default_factory=dict)
+    loop: Any = None  # the Loop of the step being captured
+
+    def before_step(self, ctx: StepContext) -> None:
+        if ctx.step in self.steps:
+            self.rng_before[ctx.step] = capture_torch_rng()
+
+    def at_boundary(self, ctx: StepContext) -> None:
+        if ctx.step in self.steps:
+            self.loop = ctx.loop
+            self.capture(ctx.step, ctx.outcome)
+
+    def after_step(self, ctx: StepContext, row: dict[str, Any]) -> None:
+        if ctx.step in self.steps:
+            self.after(ctx.step, row)
 
     def files(self, step: int) -> list[Path]:
         out = self.s.out
@@ -73,7 +87,7 @@ class CaptureHook:
         from twinrun.config.contract import optimizer_contract
         from twinrun.core.determinism import runtime_versions
 
-        contract = optimizer_contract(cfg, cfg.objective, s.model_sha256)
+        contract = optimizer_contract(cfg, cfg.objective, s.model_sha256, s.lora_targets)
         tree = resolved_config(cfg)
         manifest = {
             "format": mf.FORMAT,
@@ -170,34 +184,14 @@ class CaptureHook:
         row["local_train_wall_s"] = row.get("wall_s")
 
 
-def attach_capture(s: Any, loop: Any) -> CaptureHook:
+def capture_hook(s: Any, total_steps: int) -> CaptureHook:
     """Capture the configured steps of this run (`capture_steps`, or step 0 for a v1 capture)."""
     cfg = s.cfg
     steps = set(cfg.capture_steps or [0])
-    late = sorted(k for k in steps if k >= loop.total_steps)
+    late = sorted(k for k in steps if k >= total_steps)
     if late:
         raise ConfigError(
-            f"optimizer_batch.capture_steps {late} are past the run's {loop.total_steps} steps",
+            f"optimizer_batch.capture_steps {late} are past the run's {total_steps} steps",
             "capture steps that the run performs",
         )
-    hook = CaptureHook(s, loop, steps, within_run=cfg.capture_steps is not None)
-    previous = loop.before_update
-    run_step = loop.run_step
-
-    def before_update(step: int, outcome: Any) -> None:
-        if previous is not None:
-            previous(step, outcome)
-        if step in hook.steps:
-            hook.capture(step, outcome)
-
-    def run_step_capturing(step: int, step_fn: Any) -> dict[str, Any]:
-        if step in hook.steps:
-            hook.rng_before[step] = capture_torch_rng()
-        row = run_step(step, step_fn)
-        if step in hook.steps:
-            hook.after(step, row)
-        return row
-
-    loop.before_update = before_update
-    loop.run_step = run_step_capturing
-    return hook
+    return CaptureHook(s, steps, within_run=cfg.capture_steps is not None)

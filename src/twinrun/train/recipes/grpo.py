@@ -40,9 +40,9 @@ from twinrun.rl.environments import (
 )
 from twinrun.rl.prioritized import PrioritizedReplay
 from twinrun.train.batch import OptimizerBatch
-from twinrun.train.driver import ObjectiveState, drive
-from twinrun.train.loop import StepOutcome
-from twinrun.train.recipes.sft import make_loop
+from twinrun.train.driver import ObjectiveState, drive, make_loop, spikes_of
+from twinrun.train.faults import unseeded_plans
+from twinrun.train.loop import Forward, StepForwards, StepOutcome
 from twinrun.train.session import Session, finish_session, open_session
 
 
@@ -101,22 +101,73 @@ def train_grpo(cfg: RunConfig) -> dict[str, Any]:
     if cfg.replay == "per":
         replay = PrioritizedReplay(cfg.replay_capacity, cfg.replay_alpha, cfg.replay_beta)
     state = GrpoState(rows=rows, env=env, env_name=name, replay=replay)
-    loop = make_loop(session, cfg.steps)
-    drive(
-        session,
-        loop,
-        cfg.steps,
-        lambda step: lambda: grpo_step(session, state, step),
-        ObjectiveState(state.replay_state, state.set_replay_state),
-    )  # type: ignore[arg-type]
+    p, seed = cfg.prompts_per_step, cfg.seed
+    assert p is not None and seed is not None and cfg.steps is not None
+    plans = [[state.example_at(seed, step * p + i) for i in range(p)] for step in range(cfg.steps)]
+    recipe = GrpoRecipe(session, state, unseeded_plans(session.faults, plans, len(rows)))
+    objective = ObjectiveState(state.replay_state, state.set_replay_state)
+    loop = make_loop(session, recipe, cfg.steps, objective)
+    drive(session, loop, recipe, objective)
     last = loop.metrics[-1]
     summary = {
         "final_loss": last["loss"],
-        "spikes": loop.spikes,
+        "spikes": spikes_of(loop),
         "steps": cfg.steps,
         "final_reward_mean": last["reward_mean"],
     }
     return finish_session(session, loop.metrics, summary)
+
+
+@dataclass
+class GrpoRecipe:
+    s: Session
+    state: GrpoState
+    plans: list[list[int]]  # the example indices of each step
+
+    def prepare(self, step: int) -> list[int]:
+        return self.plans[step]
+
+    def forwards(self, step: int, examples: list[int]) -> StepForwards:
+        """Rollouts from the current policy, their advantages, replayed rollouts, then the
+        update's forwards."""
+        s, state, cfg = self.s, self.state, self.s.cfg
+        t0 = time.perf_counter()
+        fresh = collect_rollouts(s, state, step, examples)
+        rewards = torch.tensor([r.reward for r in fresh], dtype=torch.float64).view(
+            len(examples), cfg.group_size
+        )
+        advantages, zero_frac = compute_advantages(rewards, cfg.advantage_clip)
+        for r, adv in zip(fresh, advantages.reshape(-1).tolist(), strict=True):
+            r.advantage = adv
+        replayed, slots = replay_draws(s, state, step)
+        rollout_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        update = yield from update_forwards(s, fresh + replayed, step)
+        leaves: dict[str, Any] = {"batch.sample_indices": torch.tensor(examples, dtype=torch.int64)}
+        if state.replay is not None:
+            leaves["replay.sample_indices"] = torch.tensor(slots, dtype=torch.int64)
+        leaves |= {
+            "rollout.tokens": [torch.tensor(r.tokens, dtype=torch.int64) for r in fresh],
+            "rollout.rewards": rewards,
+            "rollout.advantages": advantages,
+            "rollout.old_logprobs": torch.tensor(
+                [x for r in fresh for x in r.old_logprobs], dtype=torch.float64
+            ),
+        }
+        update.leaves = leaves
+        update.metrics = {
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std(unbiased=False)),
+            "zero_advantage_group_fraction": zero_frac,
+            "active_tokens": update.tokens,
+            "clip_fraction": update.metrics["clip_fraction"],
+            "replayed_rows": len(replayed),
+            "rollout_s": rollout_s,
+            "update_s": time.perf_counter() - t1,
+        }
+        if state.replay is not None:
+            update.on_commit = lambda: remember(state, fresh)
+        return update
 
 
 def prompt_ids_for(s: Session, observation: str) -> list[int]:
@@ -157,13 +208,14 @@ def sample_completion(
 def collect_rollouts(s: Session, state: GrpoState, step: int, examples: list[int]) -> list[Rollout]:
     cfg = s.cfg
     out: list[Rollout] = []
-    max_len = s.model.max_positions
+    max_len = s.max_length
+    stamped = s.faults.once("observation", step)  # the planted fault, not in a spike rerun
     for slot, example in enumerate(examples):
         row = state.rows[example]
         observation = checked_prompt(
             state.env, state.env_name, dict(row.data), stream(cfg.seed, "env", step, slot)
         )
-        if s.faults.at("observation", step):
+        if stamped:
             observation = observation_fault(observation)
         ids = prompt_ids_for(s, observation)
         check_length(EncodedRow(tuple(ids), ()), row.where, max_len - cfg.max_new_tokens)
@@ -175,69 +227,6 @@ def collect_rollouts(s: Session, state: GrpoState, step: int, examples: list[int
             )
             out.append(Rollout(example, k, step, ids, completion, logprobs, reward))
     return out
-
-
-def step_examples(s: Session, state: GrpoState, step: int) -> list[int]:
-    p = s.cfg.prompts_per_step
-    assert p is not None and s.cfg.seed is not None
-    if s.faults.at("sampler", step):
-        unseeded = random.SystemRandom()
-        return [unseeded.randrange(len(state.rows)) for _ in range(p)]
-    return [state.example_at(s.cfg.seed, step * p + i) for i in range(p)]
-
-
-def grpo_step(s: Session, state: GrpoState, step: int) -> StepOutcome:
-    cfg = s.cfg
-    t0 = time.perf_counter()
-    if s.faults.at("rng", step):
-        torch.rand(1)  # the planted stray draw
-    examples = step_examples(s, state, step)
-    fresh = collect_rollouts(s, state, step, examples)
-    rewards = torch.tensor([r.reward for r in fresh], dtype=torch.float64).view(
-        len(examples), cfg.group_size
-    )
-    advantages, zero_frac = compute_advantages(rewards, cfg.advantage_clip)
-    for r, a in zip(fresh, advantages.reshape(-1).tolist(), strict=True):
-        r.advantage = a
-    replayed, slots = replay_draws(s, state, step)
-    rollout_s = time.perf_counter() - t0
-
-    t1 = time.perf_counter()
-    batch = fresh + replayed
-    update = update_on(s, batch, step)
-    update_s = time.perf_counter() - t1
-
-    leaves: dict[str, Any] = {}
-    if cfg.diag:
-        leaves = {"batch.sample_indices": torch.tensor(examples, dtype=torch.int64)}
-        if state.replay is not None:
-            leaves["replay.sample_indices"] = torch.tensor(slots, dtype=torch.int64)
-        leaves |= {
-            "rollout.tokens": [torch.tensor(r.tokens, dtype=torch.int64) for r in fresh],
-            "rollout.rewards": rewards,
-            "rollout.advantages": advantages,
-            "rollout.old_logprobs": torch.tensor(
-                [x for r in fresh for x in r.old_logprobs], dtype=torch.float64
-            ),
-        } | update.leaves
-    return StepOutcome(
-        loss=update.loss,
-        tokens=update.tokens,
-        rows=len(batch),
-        leaves=leaves,
-        metrics={
-            "reward_mean": float(rewards.mean()),
-            "reward_std": float(rewards.std(unbiased=False)),
-            "zero_advantage_group_fraction": zero_frac,
-            "active_tokens": update.tokens,
-            "clip_fraction": update.metrics["clip_fraction"],
-            "replayed_rows": len(replayed),
-            "rollout_s": rollout_s,
-            "update_s": update_s,
-        },
-        batch=update.batch,
-        on_commit=(lambda: remember(state, fresh)) if state.replay is not None else None,
-    )
 
 
 def remember(state: GrpoState, fresh: list[Rollout]) -> None:
@@ -255,7 +244,7 @@ def replay_draws(s: Session, state: GrpoState, step: int) -> tuple[list[Rollout]
     m = max(1, round(cfg.replay_fraction * cfg.prompts_per_step * cfg.group_size))  # type: ignore[operator]
     seed = cfg.seed
     assert seed is not None
-    if s.faults.at("sampler", step):
+    if s.faults.once("sampler", step):  # the planted fault: an unseeded draw
         unseeded = random.SystemRandom()
         draws = buf.sample(m, lambda i: unseeded.random())
     else:
@@ -266,12 +255,22 @@ def replay_draws(s: Session, state: GrpoState, step: int) -> tuple[list[Rollout]
     return replayed, [slot for slot, _, _ in draws]
 
 
-def update_on(s: Session, batch: list[Rollout], step: int) -> StepOutcome:
-    """The PPO-clip update on `batch`, in forwards of `batch_size` rows; backward per forward."""
-    cfg = s.cfg
-    device = cfg.device
-    n = len(batch)
-    width = max(len(r.tokens) for r in batch)
+@dataclass
+class UpdateRows:
+    """A GRPO optimizer batch as tensors: right-padded ids and attention, float64 old logprobs
+    of each predicted token, the token-capped mask, advantages and importance weights."""
+
+    ids: torch.Tensor  # [N, W]
+    attn: torch.Tensor  # [N, W]
+    old: torch.Tensor  # [N, W-1], aligned with the predicted tokens
+    kept: torch.Tensor  # [N, W-1] bool
+    denominator: int
+    advantages: torch.Tensor  # [N] float64
+    weights: torch.Tensor  # [N] float64
+
+
+def update_rows(s: Any, batch: list[Rollout]) -> UpdateRows:
+    n, width = len(batch), max(len(r.tokens) for r in batch)
     ids = torch.full((n, width), s.tok.pad_id, dtype=torch.long)
     attn = torch.zeros((n, width), dtype=torch.long)
     comp = torch.zeros((n, width), dtype=torch.bool)
@@ -282,94 +281,71 @@ def update_on(s: Session, batch: list[Rollout], step: int) -> StepOutcome:
         attn[i, :t] = 1
         comp[i, p:t] = True
         old[i, p:t] = torch.tensor(r.old_logprobs, dtype=torch.float64)
-    kept, _, denominator = apply_token_cap(comp[:, 1:], cfg.token_cap)  # type: ignore[arg-type]
-    old = old[:, 1:]
-    adv = torch.tensor([r.advantage for r in batch], dtype=torch.float64)
-    weights = torch.tensor([r.weight for r in batch], dtype=torch.float64)
-    reorder = s.faults.at("reduction", step)
+    kept, _, denominator = apply_token_cap(comp[:, 1:], s.cfg.token_cap)
+    return UpdateRows(
+        ids, attn, old[:, 1:], kept, denominator,
+        torch.tensor([r.advantage for r in batch], dtype=torch.float64),
+        torch.tensor([r.weight for r in batch], dtype=torch.float64),
+    )  # fmt: skip
+
+
+def update_forwards(s: Any, batch: list[Rollout], step: int) -> StepForwards:
+    """The PPO-clip update on `batch`, in forwards of `batch_size` rows (replay runs this)."""
+    cfg, device = s.cfg, s.cfg.device
+    u = update_rows(s, batch)
+    n, bs = len(batch), cfg.batch_size
+    assert bs is not None and cfg.temperature is not None
     loss_sum = 0.0
     clipped = active = 0
-    tokens, logits_parts = [], []
-    bs = cfg.batch_size
-    assert bs is not None and cfg.temperature is not None
     for start in range(0, n, bs):
         sl = slice(start, min(n, start + bs))
-        w = int(attn[sl].sum(dim=1).max())
-        f_ids, f_attn = ids[sl, :w].to(device), attn[sl, :w].to(device)
-        with s.autocast():
-            logits = s.model(f_ids, f_attn)
+        w = int(u.attn[sl].sum(dim=1).max())
+        f_ids, f_attn = u.ids[sl, :w].to(device), u.attn[sl, :w].to(device)
+        logits = s.model(f_ids, f_attn)
         logp = torch.log_softmax(logits[:, :-1].double() / cfg.temperature, dim=-1)
         logp = logp.gather(-1, f_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
         out = grpo_loss(
-            logp,
-            old[sl, : w - 1].to(device),
-            adv[sl].to(device),
-            kept[sl, : w - 1].to(device),
-            denominator,
-            cfg.clip_eps,
-            weights[sl].to(device),  # type: ignore[arg-type]
-        )
-        if reorder:  # the planted reduction fault: the forward's loss split in two, reversed
-            half = (sl.stop - sl.start + 1) // 2
-            parts = [
-                grpo_loss(
-                    logp[a:b],
-                    old[sl][a:b, : w - 1],
-                    adv[sl][a:b],
-                    kept[sl][a:b, : w - 1],
-                    denominator,
-                    cfg.clip_eps,
-                    weights[sl][a:b],
-                ).loss  # type: ignore[arg-type]
-                for a, b in ((half, sl.stop - sl.start), (0, half))
-                if b > a
-            ]
-            for i, part in enumerate(parts):
-                part.backward(retain_graph=i < len(parts) - 1)
-        else:
-            out.loss.backward()
+            logp, u.old[sl, : w - 1].to(device), u.advantages[sl].to(device),
+            u.kept[sl, : w - 1].to(device), u.denominator, cfg.clip_eps,
+            u.weights[sl].to(device),
+        )  # fmt: skip
+        yield Forward(out.loss, out.row_losses, [f_ids], [logits])
         loss_sum += float(out.loss.detach())
         clipped += out.clipped_tokens
         active += out.active_tokens
-        if cfg.diag:
-            tokens.append(f_ids.cpu())
-            logits_parts.append(logits.detach().float().cpu())
-    leaves: dict[str, Any] = {}
-    if cfg.diag:
-        leaves = {
-            "batch.tokens": tokens,
-            "forward.logits": logits_parts,
-            "loss": torch.tensor([loss_sum], dtype=torch.float64),
-        }
+    return StepOutcome(
+        loss=loss_sum,
+        tokens=u.denominator,
+        rows=n,
+        metrics={"clip_fraction": clipped / active if active else 0.0},
+        batch=optimizer_batch(batch, u, step, bs),
+    )
+
+
+def optimizer_batch(batch: list[Rollout], u: UpdateRows, step: int, bs: int) -> OptimizerBatch:
+    """What the update trained on, as capture writes it."""
+    n, width = u.ids.shape
     full_old = torch.zeros((n, width), dtype=torch.float64)
-    full_old[:, 1:] = old
-    kept_rows = [[0, *kept[i, : len(r.tokens) - 1].long().tolist()] for i, r in enumerate(batch)]
-    optimizer_batch = OptimizerBatch(
+    full_old[:, 1:] = u.old
+    kept_rows = [[0, *u.kept[i, : len(r.tokens) - 1].long().tolist()] for i, r in enumerate(batch)]
+    return OptimizerBatch(
         objective="grpo",
         step=step,
         rows=[r.tokens for r in batch],
         loss_masks=kept_rows,
         forward_sizes=[min(bs, n - a) for a in range(0, n, bs)],
-        denominator=denominator,
+        denominator=u.denominator,
         floats={
             "old_logprobs": [full_old[i, : len(r.tokens)].tolist() for i, r in enumerate(batch)],
-            "advantages": adv.tolist(),
-            "weights": weights.tolist(),
+            "advantages": u.advantages.tolist(),
+            "weights": u.weights.tolist(),
         },
         ints={"prompt_lengths": [len(r.prompt_ids) for r in batch]},
-    )
-    return StepOutcome(
-        loss=loss_sum,
-        tokens=denominator,
-        rows=n,
-        leaves=leaves,
-        metrics={"clip_fraction": clipped / active if active else 0.0},
-        batch=optimizer_batch,
     )
 
 
 def rollouts_from_batch(batch: OptimizerBatch) -> list[Rollout]:
-    """The rows of a captured GRPO batch as rollouts `update_on` can train on again."""
+    """The rows of a captured GRPO batch as rollouts `update_forwards` can train on again."""
     out = []
     for i, row in enumerate(batch.rows):
         p = batch.ints["prompt_lengths"][i]

@@ -14,6 +14,7 @@ groups (each a chosen forward and a rejected forward) per optimizer step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,15 +22,25 @@ import torch
 from twinrun.config.run import RunConfig
 from twinrun.data.batching import StepPlan, pad_rows, plan_steps
 from twinrun.data.pairs import EncodedPair, encode_pairs
-from twinrun.data.prefetch import Prefetcher
 from twinrun.model.lora import lora_disabled
 from twinrun.objectives.dpo import dpo_loss, sequence_logprob
 from twinrun.objectives.reward import bradley_terry_loss
 from twinrun.train.batch import OptimizerBatch
-from twinrun.train.driver import drive
-from twinrun.train.loop import StepOutcome
-from twinrun.train.recipes.sft import make_loop, step_forwards
+from twinrun.train.driver import drive, make_loop, spikes_of
+from twinrun.train.faults import unseeded_plans
+from twinrun.train.loop import Forward, StepForwards, StepOutcome
 from twinrun.train.session import Session, finish_session, open_session
+
+
+@dataclass
+class PairBatch:
+    """One step's data: pair indices per group, the pairs, and each group's padded chosen and
+    rejected sides (chosen first)."""
+
+    indices: tuple[tuple[int, ...], ...]
+    epoch: int
+    groups: list[list[EncodedPair]]
+    sides: list[Any]
 
 
 def train_pairs(cfg: RunConfig, objective: str) -> dict[str, Any]:
@@ -45,32 +56,15 @@ def train_pairs(cfg: RunConfig, objective: str) -> dict[str, Any]:
         head = new_reward_head(session.model.hidden_size, cfg.seed).to(cfg.device)  # type: ignore[arg-type]
         session.params = [*session.params, ("reward_head.score.weight", head.weight)]
     plans = plan_steps(len(pairs), cfg.epochs, cfg.batch_size, cfg.accumulation, cfg.seed)  # type: ignore[arg-type]
-    loop = make_loop(session, len(plans))
-
-    def prepare(step: int) -> tuple[Any, list[list[EncodedPair]], list[Any]]:
-        forwards = step_forwards(session, len(pairs), plans[step])
-        groups = [[pairs[i] for i in fw] for fw in forwards]
-        pad = session.tok.pad_id
-        sides = [pad_rows([p.chosen if k == 0 else p.rejected for p in g], pad)
-                 for g in groups for k in (0, 1)]  # fmt: skip
-        return forwards, groups, sides
-
-    ahead = Prefetcher(prepare, range(len(plans)), cfg.prefetch)
-    try:
-        drive(
-            session,
-            loop,
-            len(plans),
-            lambda step: lambda: pair_step(session, plans[step], ahead.get(step), head),
-        )
-    finally:
-        ahead.close()
+    recipe = PairRecipe(session, pairs, unseeded_plans(session.faults, plans, len(pairs)), head)
+    loop = make_loop(session, recipe, len(plans))
+    drive(session, loop, recipe)
     last = loop.metrics[-1]
     summary = {
         "final_loss": last["loss"],
         "steps": len(plans),
         "final_accuracy": last["accuracy"],
-        "spikes": loop.spikes,
+        "spikes": spikes_of(loop),
     }
     extra = None
     if head is not None:
@@ -81,56 +75,63 @@ def train_pairs(cfg: RunConfig, objective: str) -> dict[str, Any]:
     return finish_session(session, loop.metrics, summary, extra)
 
 
+def pad_sides(groups: list[list[EncodedPair]], pad_id: int) -> list[Any]:
+    """Each group's chosen rows padded, then its rejected rows."""
+    return [pad_rows([p.chosen if k == 0 else p.rejected for p in g], pad_id)
+            for g in groups for k in (0, 1)]  # fmt: skip
+
+
+@dataclass
+class PairRecipe:
+    s: Session | Any  # a Session, or what replay gives (cfg, tok, model)
+    pairs: list[EncodedPair]
+    plans: list[StepPlan]
+    head: torch.nn.Module | None
+
+    def prepare(self, step: int) -> PairBatch:
+        plan = self.plans[step]
+        groups = [[self.pairs[i] for i in fw] for fw in plan.forwards]
+        return PairBatch(plan.forwards, plan.epoch, groups, pad_sides(groups, self.s.tok.pad_id))
+
+    def forwards(self, step: int, batch: PairBatch) -> StepForwards:
+        outcome = yield from pair_forwards(self.s, batch.groups, step, self.head, batch.sides)
+        indices = torch.tensor([i for fw in batch.indices for i in fw])
+        outcome.leaves = {"batch.sample_indices": indices, **outcome.leaves}
+        outcome.metrics = {"epoch": batch.epoch, **outcome.metrics}
+        return outcome
+
+
 def side_forward(
-    s: Session, padded: Any, head: torch.nn.Module | None
+    s: Any, padded: Any, head: torch.nn.Module | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One forward over one side of the pairs: (values [B], ids, logits, reference values)."""
     ids, attn, mask = (t.to(s.cfg.device) for t in padded)
     invariant = s.cfg.batch_invariant
-    with s.autocast():
-        if head is not None:
-            from twinrun.model.reward_head import scores
+    if head is not None:
+        from twinrun.model.reward_head import scores
 
-            return scores(s.model, head, ids, attn), ids, torch.empty(0), None
-        logits = s.model(ids, attn)
-        with torch.no_grad(), lora_disabled(s.model):
-            ref = sequence_logprob(s.model(ids, attn), ids, mask, batch_invariant=invariant)
+        values = scores(s.model, head, ids, attn)
+        return values, ids, values, None
+    logits = s.model(ids, attn)
+    with torch.no_grad(), lora_disabled(s.model):
+        ref = sequence_logprob(s.model(ids, attn), ids, mask, batch_invariant=invariant)
     return sequence_logprob(logits, ids, mask, batch_invariant=invariant), ids, logits, ref
 
 
-def pair_step(
-    s: Session, plan: StepPlan, prepared: Any, head: torch.nn.Module | None
-) -> StepOutcome:
-    forwards, groups, sides = prepared
-    if s.faults.at("rng", plan.step):
-        torch.rand(1)  # the planted stray draw
-    outcome = pair_update(s, groups, plan.step, head, sides)
-    if s.cfg.diag:
-        indices = torch.tensor([i for fw in forwards for i in fw])
-        outcome.leaves = {"batch.sample_indices": indices, **outcome.leaves}
-    outcome.metrics = {"epoch": plan.epoch, **outcome.metrics}
-    return outcome
-
-
-def pair_update(
-    s: Session,
+def pair_forwards(
+    s: Any,
     groups: list[list[EncodedPair]],
     step: int,
     head: torch.nn.Module | None,
     sides: list[Any] | None = None,
-) -> StepOutcome:
-    """A chosen and a rejected forward per group, backwards, for one step (replay runs this);
-    `sides` are the padded chosen/rejected tensors per group (else padded here)."""
+) -> StepForwards:
+    """A chosen and a rejected forward per group, one loss per group, for one step (replay runs
+    this); `sides` are the padded chosen/rejected tensors per group (else padded here)."""
     if sides is None:
-        sides = [pad_rows([p.chosen if k == 0 else p.rejected for p in g], s.tok.pad_id)
-                 for g in groups for k in (0, 1)]  # fmt: skip
-    reorder = s.faults.at("reduction", step)
+        sides = pad_sides(groups, s.tok.pad_id)
     total = sum(len(fw) for fw in groups)
     loss_sum = torch.zeros((), dtype=torch.float64)
-    correct = 0.0
-    margin = 0.0
-    tokens: list[torch.Tensor] = []
-    logits_parts: list[torch.Tensor] = []
+    correct = margin = 0.0
     for g, fw in enumerate(groups):
         chosen, c_ids, c_logits, c_ref = side_forward(s, sides[2 * g], head)
         rejected, r_ids, r_logits, r_ref = side_forward(s, sides[2 * g + 1], head)
@@ -141,29 +142,15 @@ def pair_update(
             out = bradley_terry_loss(chosen, rejected)  # type: ignore[assignment]
             margin += float(out.margin) * len(fw)  # type: ignore[attr-defined]
         losses = out.losses
-        if reorder:  # the planted reduction fault: per-pair backwards, last pair first
-            for b in reversed(range(len(fw))):
-                (losses[b] / total).backward(retain_graph=True)
-        else:
-            (losses.sum() / total).backward()
+        yield Forward(losses.sum() / total, losses / total, [c_ids, r_ids], [c_logits, r_logits])
         loss_sum += losses.detach().double().sum().cpu()
         correct += float(out.accuracy) * len(fw)
-        if s.cfg.diag:
-            tokens += [c_ids.cpu(), r_ids.cpu()]
-            if head is None:
-                logits_parts += [c_logits.detach().float().cpu(), r_logits.detach().float().cpu()]
-            else:
-                logits_parts += [chosen.detach().float().cpu(), rejected.detach().float().cpu()]
     loss = loss_sum / total
-    leaves: dict[str, Any] = {}
-    if s.cfg.diag:
-        leaves = {"batch.tokens": tokens, "forward.logits": logits_parts, "loss": loss.reshape(1)}
     rows = [p.chosen if side == 0 else p.rejected for fw in groups for side in (0, 1) for p in fw]
     return StepOutcome(
         loss=float(loss),
         tokens=sum(r.targets for r in rows),
         rows=2 * total,
-        leaves=leaves,
         metrics={"pairs": total, "accuracy": correct / total, "reward_margin": margin / total},
         batch=OptimizerBatch(
             objective=s.cfg.objective,

@@ -1,0 +1,53 @@
+"""`--checkpoint-every N`: after every N-th step (not the last: the run's outputs follow it) a
+complete checkpoint of the run (train/checkpoint.py), objective state included."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from twinrun.train.checkpoint import checkpoint_dir, write_checkpoint
+from twinrun.train.loop import Hook, Loop, StepContext
+
+
+@dataclass
+class ObjectiveState:
+    """Objective state a checkpoint carries beyond parameters and optimizer (e.g. GRPO's
+    prioritized replay buffer): JSON-able get/set."""
+
+    get: Callable[[], dict[str, Any]]
+    set: Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Checkpointer:
+    """Writes the checkpoint of `steps_done` steps of this run."""
+
+    out: Path
+    shaping: dict[str, Any]
+    objective: ObjectiveState | None = None
+
+    def write(self, loop: Loop, steps_done: int, rng_state: torch.Tensor | None = None) -> Path:
+        return write_checkpoint(
+            self.out, steps_done, loop.params, loop.optimizer,
+            {"train": self.shaping, "metrics": loop.metrics,
+             "objective": self.objective.get() if self.objective else {}},
+            rng_state,
+        )  # fmt: skip
+
+    def exists(self, steps_done: int) -> bool:
+        return checkpoint_dir(self.out, steps_done).is_dir()
+
+
+class CheckpointHook(Hook):
+    def __init__(self, checkpointer: Checkpointer, every: int) -> None:
+        self.checkpointer, self.every = checkpointer, every
+
+    def after_step(self, ctx: StepContext, row: dict[str, Any]) -> None:
+        done = ctx.step + 1
+        if done % self.every == 0 and done < ctx.loop.total_steps:
+            self.checkpointer.write(ctx.loop, done)
