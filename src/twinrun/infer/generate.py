@@ -56,7 +56,6 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
 
     from twinrun.core.determinism import establish
     from twinrun.core.rng import stream
-    from twinrun.data.examples import prompt_text
     from twinrun.model.decoding import generate as generate_tokens
     from twinrun.model.llama import load_base_model
     from twinrun.model.loading import read_model_config as read_config
@@ -67,8 +66,8 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
     model_dir = Path(cfg.model)  # type: ignore[arg-type]
     read_config(model_dir)
     tok = load_tokenizer(model_dir)
-    text = prompt_text(tok, [{"role": "user", "content": cfg.prompt}], cfg.chat_template == "on")  # type: ignore[list-item]
-    prompt_ids = [tok.bos_id, *tok.encode(text)]
+    messages = [{"role": "user", "content": str(cfg.prompt)}]
+    prompt_ids = tok.prompt_ids(messages, cfg.chat_template == "on")
     establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
     model = load_base_model(model_dir, precision=cfg.precision, device=cfg.device)
     if cfg.adapter is not None:
