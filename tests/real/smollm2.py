@@ -97,7 +97,11 @@ def ensure_smollm2(out: Path | None = None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         convert(wheel, tmp)
-        if out.exists():  # an incomplete leftover (a complete one returned above)
+        os.chmod(tmp, 0o755)
+        if is_complete(out):  # another process finished first: keep its copy
+            shutil.rmtree(tmp)
+            return out
+        if out.exists():  # an incomplete leftover
             shutil.rmtree(out)
         os.replace(tmp, out)
     except BaseException:
