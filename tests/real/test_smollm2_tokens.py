@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.real.smollm2 import greedy_reference
+from tests.real.reference import completion_loss_reference, greedy_reference
 from twinrun.core.errors import DataError, ModelError
 from twinrun.data.examples import SourcedRow, encode_sft_rows, load_rows, sft_parts
 from twinrun.data.pairs import encode_pairs, pair_parts
@@ -188,3 +188,30 @@ def test_chat_on_without_a_template_is_one_line(tok: CheckpointTokenizer, tmp_pa
         encode_sft_rows(plain, rows, chat_template=True, max_length=8192)
     assert "\n" not in err.value.one_line()
     assert encode_sft_rows(plain, rows, chat_template=False, max_length=8192)  # off still works
+
+
+def test_completion_loss_reference_scores_the_greedy_answer(
+    smollm2_dir: Path, tok: CheckpointTokenizer
+) -> None:
+    import torch
+
+    from tests.real.reference import reference_model
+
+    # generate's own scores (greedy: raw logits) give the answer's log-probabilities one way ...
+    model = reference_model(smollm2_dir)
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([FRANCE_IDS]), attention_mask=torch.ones(1, len(FRANCE_IDS)),
+            max_new_tokens=20, do_sample=False, output_scores=True, return_dict_in_generate=True,
+        )  # fmt: skip
+    scored = zip(out.scores, PARIS_IDS, strict=True)
+    steps = [torch.log_softmax(s[0].double(), -1)[t] for s, t in scored]
+    want = -float(torch.stack(steps).mean())
+    # ... and one forward over the row as SFT encodes it gives them the other
+    ids, n = tok.prompt_completion_ids(FRANCE, "The capital of France is Paris.", True)
+    assert ids[n:] == [*PARIS_IDS, 198]  # the end of turn "<|im_end|>" then "\n"
+    mask = [0] * n + [1] * len(PARIS_IDS) + [0]
+    got = completion_loss_reference(smollm2_dir, ids, mask)
+    assert got == pytest.approx(want, rel=1e-4) and got < 0.5
+    wrong, m = tok.prompt_completion_ids(FRANCE, "The capital of France is Lyon.", True)
+    assert completion_loss_reference(smollm2_dir, wrong, [0] * m + [1] * (len(wrong) - m)) > got
