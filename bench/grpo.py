@@ -188,7 +188,7 @@ def measure_generation(
     from transformers import AutoModelForCausalLM
 
     from twinrun.core.rng import stream
-    from twinrun.data.examples import load_rows, prompt_text
+    from twinrun.data.examples import load_rows
     from twinrun.model.decoding import generate
     from twinrun.model.llama import load_base_model
     from twinrun.model.tokens import load_tokenizer
@@ -209,11 +209,7 @@ def measure_generation(
     gen_cfg.pad_token_id = tok.pad_id
 
     rows = load_rows(EXAMPLES)[:n_prompts]
-    prompts = [
-        [tok.bos_id, *tok.encode(prompt_text(tok, [{"role": "user", "content": r.data["prompt"]}],
-                                             True))]
-        for r in rows
-    ]  # fmt: skip
+    prompts = [tok.prompt_ids([{"role": "user", "content": r.data["prompt"]}], True) for r in rows]
 
     # Same model: compare the prompt logits of both implementations once.
     with torch.no_grad():

@@ -21,21 +21,21 @@ FILES = {
 }
 PINNED: dict[str, dict[str, str]] = {
     "sft": {
-        "adapter": "e88afb3c4bb738f99c6bce28d4a843d195a3cd1ed46cf33c09a65a4b2bdb6f08",
-        "diag": "7700e3f34a55fc1bb92018b208091d3d9fd6f9da4c99095dbe2916a0ff4c2c2f",
+        "adapter": "85ddfb6769e46d542f6a007be950f2c65c201f36193a0f43f5a80e9ee48e1894",
+        "diag": "bd569031dac56f2abe208c965d4f4a9f03bc2e0792f07a2c0df4f84e9a08e83d",
     },
     "dpo": {
-        "adapter": "b978b1e823db1d8bd62b3767d66e7085c8779c4e538243bccf69dabf0fa06723",
-        "diag": "aa1eafd429f4f1ef23582f9f969d1fb8debb68bea3b602afe55a32e32d2fcd9c",
+        "adapter": "921d22dc4ec5b2420ceb83228441ddf521e5e3dd3e47ae954abd6b7a143a90c5",
+        "diag": "94a0be08ef3a651ad6b2865c4504857711fe3700a2a0ef7139ffada6d9344be2",
     },
     "reward": {
-        "adapter": "3dfecf9421b3e4df7858bac5b6a1762b2669fe715e879c26d43bc3fdb8e84095",
-        "diag": "9f941cdfcbaff6e1ec92cc3667918b65c0497b481569473e0ba1c44149c22858",
-        "head": "79bd34522452ea3119ab5925d12696a52849f4ec073b42748cb8135f9e09758b",
+        "adapter": "6d2efc3593348e5af0d921db1dad327b852fc0b53bc4521caa980b60d31f8884",
+        "diag": "4fa8851871bd1c29e6dab577793dd6d960cc47bff20c6559b1acab61c505b974",
+        "head": "79ad729d083354c5f81d8e22222fe46a0f073724ade10ee97dcbbe01dc867d23",
     },
     "grpo": {
-        "adapter": "f2bf09ba61eed8c6b23180dc1ddf71f8b67c9f2aad3d50baa568df22bbd5a44c",
-        "diag": "a1b39bae1c38290ea3bcc293db0885fc90b5978024283d4743977dee4ff2b127",
+        "adapter": "e068b8f88461e5ef43cf128b3f80e27434f11a23cd0c9d32090c676d5faf8587",
+        "diag": "443346e95e23bfb7c4b49ba7619990533e17c5e707bef2523acb0d19d3df495d",
     },
 }
 

@@ -10,17 +10,13 @@ import pytest
 from twinrun.core.errors import DataError
 from twinrun.data.batching import pad_rows, plan_steps, steps_per_epoch
 from twinrun.data.examples import EncodedRow, encode_prompt_completion, load_rows, sft_parts
+from twinrun.model.tokens import CheckpointTokenizer
+from twinrun.model.toy import EOS_ID, toy_tokenizer
 
 
-class FakeTok:
-    bos_id, eos_id, pad_id = 256, 257, 258
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode())
-
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        body = "".join(f"<{m['role']}>{m['content']}" for m in messages)
-        return body + ("<assistant>" if add_generation_prompt else "")
+def FakeTok() -> CheckpointTokenizer:  # noqa: N802 - stands where a class stood
+    """The toy's real tokenizer (id b is byte b; <|bos|> 256, <|eos|> 257), in memory."""
+    return CheckpointTokenizer(toy_tokenizer(), (EOS_ID,))
 
 
 def write(tmp_path: Path, text: str, name: str = "ex.jsonl") -> Path:
@@ -86,7 +82,10 @@ def test_encoding_masks_completion_and_eos_only() -> None:
     assert enc.input_ids == (256, ord("h"), ord("i"), ord("o"), ord("k"), 257)
     assert enc.loss_mask == (0, 0, 0, 1, 1, 1)
     chat = encode_prompt_completion(tok, [{"role": "user", "content": "hi"}], "ok", True)
-    assert bytes(chat.input_ids[1:-3]).decode() == "<user>hi<assistant>"
+    # the template starts with <|bos|> and ends each turn with <|eos|>: BOS once, never twice
+    prompt = [256, *b"<|user|>\nhi", 257, *b"<|assistant|>\n"]
+    assert chat.input_ids == (*prompt, *b"ok", 257)
+    assert chat.loss_mask == (0,) * len(prompt) + (1, 1, 1)
 
 
 def test_plan_covers_each_example_once_per_epoch() -> None:

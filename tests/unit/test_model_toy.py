@@ -119,7 +119,7 @@ def test_agrees_with_autotokenizer(toy_model_dir: Path) -> None:
     assert (hf.bos_token_id, hf.eos_token_id, hf.pad_token_id) == (BOS_ID, EOS_ID, PAD_ID)
     for t in TEXTS:
         assert tok.encode(t) == hf.encode(t, add_special_tokens=False)
-        assert tok.encode(t) == hf(t)["input_ids"]
+        assert hf(t)["input_ids"] == [BOS_ID, *tok.encode(t)]  # its own rule: BOS once
     chat = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "2+2? ✓"},
@@ -128,7 +128,8 @@ def test_agrees_with_autotokenizer(toy_model_dir: Path) -> None:
     for gen in (False, True):
         want = hf.apply_chat_template(chat, tokenize=False, add_generation_prompt=gen)
         assert tok.render_chat(chat, add_generation_prompt=gen) == want
-    assert tok.render_chat(chat[1:2], True) == "<|user|>\n2+2? ✓<|eos|>\n<|assistant|>\n"
+    assert tok.render_chat(chat[1:2], True) == "<|bos|><|user|>\n2+2? ✓<|eos|><|assistant|>\n"
+    assert tok.end_ids == (EOS_ID,)
 
 
 def test_missing_template_and_files(tmp_path: Path, toy_model_dir: Path) -> None:
@@ -142,9 +143,11 @@ def test_missing_template_and_files(tmp_path: Path, toy_model_dir: Path) -> None
     assert tok.chat_template is None
     with pytest.raises(ModelError, match="chat template"):
         tok.render_chat([{"role": "user", "content": "x"}], True)
-    (plain / "tokenizer.json").unlink()
-    with pytest.raises(ModelError, match="tokenizer.json"):
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (plain / name).unlink()
+    with pytest.raises(ModelError, match="no tokenizer files in .*plain") as err:
         load_tokenizer(plain)
+    assert "\n" not in err.value.one_line()
 
 
 def test_tokenizer_module_does_not_import_transformers() -> None:

@@ -12,17 +12,13 @@ import pytest
 from twinrun.core.errors import DataError
 from twinrun.data.examples import encode_prompt_completion, load_rows
 from twinrun.data.pairs import EncodedPair, encode_pairs, pair_parts
+from twinrun.model.tokens import CheckpointTokenizer
+from twinrun.model.toy import EOS_ID, toy_tokenizer
 
 
-class FakeTok:
-    bos_id, eos_id, pad_id = 256, 257, 258
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode())
-
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        body = "".join(f"<{m['role']}>{m['content']}" for m in messages)
-        return body + ("<assistant>" if add_generation_prompt else "")
+def FakeTok() -> CheckpointTokenizer:  # noqa: N802 - stands where a class stood
+    """The toy's real tokenizer (id b is byte b; <|bos|> 256, <|eos|> 257), in memory."""
+    return CheckpointTokenizer(toy_tokenizer(), (EOS_ID,))
 
 
 def write_rows(tmp_path: Path, rows: list[Any]) -> Path:
@@ -109,11 +105,10 @@ def test_encoding_with_chat_template(tmp_path: Path) -> None:
     tok = FakeTok()
     rows = load_rows(write_rows(tmp_path, [{"messages": [USER], "chosen": "ok", "rejected": "no"}]))
     (pair,) = encode_pairs(tok, rows, chat_template=True, max_length=100)
-    for side, text in ((pair.chosen, "ok"), (pair.rejected, "no")):
-        assert side.input_ids[0] == 256 and side.input_ids[-1] == 257
-        assert bytes(side.input_ids[1:-3]).decode() == "<user>hi<assistant>"
-        assert bytes(side.input_ids[-3:-1]).decode() == text
-        assert side.loss_mask == (0,) * 20 + (1, 1, 1)
+    prompt = (256, *b"<|user|>\nhi", 257, *b"<|assistant|>\n")
+    for side, text in ((pair.chosen, b"ok"), (pair.rejected, b"no")):
+        assert side.input_ids == (*prompt, *text, 257)
+        assert side.loss_mask == (0,) * len(prompt) + (1, 1, 1)
     # both sides share the prompt tokens exactly
     assert pair.chosen.input_ids[:-3] == pair.rejected.input_ids[:-3]
 

@@ -1,5 +1,7 @@
 """Example files: JSONL (one object per line) or a JSON array, validated row by row with errors
-that name the file and line. Also the encoding of SFT rows into token ids plus a loss mask."""
+that name the file and line. Also the encoding of SFT rows into token ids plus a loss mask: the
+tokenizer's `prompt_completion_ids` (TRL's rules, `twinrun.model.tokens`) gives the ids and where
+the completion starts; the loss covers the completion."""
 
 from __future__ import annotations
 
@@ -12,13 +14,15 @@ from twinrun.core.errors import DataError
 
 
 class Tokenizer(Protocol):
-    bos_id: int
-    eos_id: int
+    """What encoding needs of a tokenizer (`twinrun.model.tokens.CheckpointTokenizer`)."""
+
     pad_id: int
 
-    def encode(self, text: str) -> list[int]: ...
+    def prompt_ids(self, messages: list[dict[str, str]], chat_template: bool) -> list[int]: ...
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str: ...
+    def prompt_completion_ids(
+        self, messages: list[dict[str, str]], completion: str, chat_template: bool
+    ) -> tuple[list[int], int]: ...
 
 
 @dataclass(frozen=True)
@@ -95,13 +99,6 @@ class EncodedRow:
         return sum(self.loss_mask)
 
 
-def prompt_text(tok: Tokenizer, messages: list[dict[str, str]], chat_template: bool) -> str:
-    """The text the model sees before its answer."""
-    if chat_template:
-        return tok.render_chat(messages, add_generation_prompt=True)
-    return "\n".join(m["content"] for m in messages)
-
-
 def sft_parts(row: SourcedRow) -> tuple[list[dict[str, str]], str]:
     """(prompt messages, completion) of an SFT row: {prompt, completion} or {messages}."""
     if "messages" in row.data:
@@ -134,13 +131,10 @@ def sft_parts(row: SourcedRow) -> tuple[list[dict[str, str]], str]:
 def encode_prompt_completion(
     tok: Tokenizer, messages: list[dict[str, str]], completion: str, chat_template: bool
 ) -> EncodedRow:
-    """`[bos] + prompt + completion + [eos]`; the loss covers the completion and the eos."""
-    prompt_ids = [tok.bos_id, *tok.encode(prompt_text(tok, messages, chat_template))]
-    completion_ids = [*tok.encode(completion), tok.eos_id]
-    return EncodedRow(
-        tuple(prompt_ids + completion_ids),
-        tuple([0] * len(prompt_ids) + [1] * len(completion_ids)),
-    )
+    """The row's ids as TRL tokenizes them; the loss covers the completion's tokens (with the
+    eos or the template's end of turn)."""
+    ids, n_prompt = tok.prompt_completion_ids(messages, completion, chat_template)
+    return EncodedRow(tuple(ids), tuple([0] * n_prompt + [1] * (len(ids) - n_prompt)))
 
 
 def encode_sft_rows(
@@ -156,6 +150,7 @@ def encode_sft_rows(
 
 
 def check_length(enc: EncodedRow, where: str, max_length: int) -> None:
+    """DataError naming the row when its tokens do not fit the model's positions."""
     if len(enc.input_ids) > max_length:
         raise DataError(
             f"{where}: {len(enc.input_ids)} tokens exceed the model's {max_length} positions",

@@ -7,8 +7,8 @@ A pair row is one of
 
 where `messages` is the prompt conversation only (its last message must not be the assistant's:
 the two answers are `chosen` and `rejected`). Each side is encoded exactly like an SFT row
-(data/examples.py): `[bos] + prompt + side + [eos]`, with the loss mask on the side's tokens and
-the eos. Both sides therefore share the same prompt tokens; a pair is two rows (DESIGN §1).
+(data/examples.py, TRL's rules): the prompt + that side, with the loss mask on the side's tokens
+(its eos or end of turn included). A pair is two rows.
 
 Every bad row raises DataError naming it (`path:line` or `path[index]`): missing fields,
 non-strings, an empty side (empty after strip), or chosen == rejected (the pair teaches nothing).

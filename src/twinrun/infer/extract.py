@@ -106,7 +106,6 @@ def encode_examples(tok: Any, raw: list[Any], chat: bool, max_len: int) -> list[
         EncodedRow,
         check_length,
         encode_prompt_completion,
-        prompt_text,
         require_str,
         sft_parts,
     )
@@ -118,7 +117,7 @@ def encode_examples(tok: Any, raw: list[Any], chat: bool, max_len: int) -> list[
             enc = encode_prompt_completion(tok, messages, completion, chat)
         elif "prompt" in row.data:
             msgs = [{"role": "user", "content": require_str(row, "prompt")}]
-            ids = (tok.bos_id, *tok.encode(prompt_text(tok, msgs, chat)))
+            ids = tuple(tok.prompt_ids(msgs, chat))
             enc = EncodedRow(ids, (0,) * len(ids))
         else:
             raise DataError(

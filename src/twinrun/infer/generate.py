@@ -57,7 +57,6 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
 
     from twinrun.core.determinism import establish
     from twinrun.core.rng import stream
-    from twinrun.data.examples import prompt_text
     from twinrun.model.build import build_model
     from twinrun.model.decoding import generate as generate_tokens
     from twinrun.model.loading import read_model_config as read_config
@@ -67,8 +66,8 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
     model_dir = Path(cfg.model)  # type: ignore[arg-type]
     read_config(model_dir)
     tok = load_tokenizer(model_dir)
-    text = prompt_text(tok, [{"role": "user", "content": cfg.prompt}], cfg.chat_template == "on")  # type: ignore[list-item]
-    prompt_ids = [tok.bos_id, *tok.encode(text)]
+    messages = [{"role": "user", "content": str(cfg.prompt)}]
+    prompt_ids = tok.prompt_ids(messages, cfg.chat_template == "on")
     establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
     model = build_model(model_dir, precision=cfg.precision, device=cfg.device, adapter=cfg.adapter)
     if cfg.steer is not None:
@@ -83,7 +82,7 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
 
     with torch.no_grad():
         result = generate_tokens(
-            model, prompt_ids, cfg.max_new_tokens, cfg.temperature, draw=draw, end_ids=(tok.eos_id,)
+            model, prompt_ids, cfg.max_new_tokens, cfg.temperature, draw=draw, end_ids=tok.end_ids
         )
     tokens = list(result.tokens)
     return {"prompt_tokens": prompt_ids, "tokens": tokens, "text": tok.decode(tokens)}

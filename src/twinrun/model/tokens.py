@@ -1,20 +1,151 @@
-"""Tokenizer loading without transformers (startup speed).
+"""A checkpoint's tokenizer, with the tokenization rules of TRL 1.x.
 
-`load_tokenizer(model_dir)` reads `tokenizer.json` with `tokenizers.Tokenizer.from_file`, the
-special tokens from `tokenizer_config.json` (falling back to `config.json` ids) and the chat
-template from `tokenizer_config.json` or `chat_template.jinja` (transformers 5 writes the latter).
-`encode` adds no special tokens; `render_chat` renders the template with jinja2 the way
-transformers' `apply_chat_template(tokenize=False)` does (sandboxed, trim_blocks, lstrip_blocks).
+`load_tokenizer(model_dir)` loads the tokenizer with transformers' `AutoTokenizer` (tokenizer.json,
+SentencePiece models, chat templates in tokenizer_config.json or chat_template.jinja) and returns
+a `CheckpointTokenizer`, which turns rows into token ids exactly as TRL's trainers do:
+
+- conversational rows (chat template on): the prompt ids are
+  `apply_chat_template(messages, add_generation_prompt=True)`; the full ids are the template of
+  the messages plus the assistant's completion; the completion is the tokens of the full ids after
+  their common prefix with the prompt ids (a warning, once, when the prompt ids are not a prefix
+  of the full ids: the template renders the prompt differently once an answer follows it);
+- plain rows (chat template off): the tokenizer's own special-token rule
+  (`tokenizer(text, add_special_tokens=True)`) on the prompt and on prompt + completion + the eos
+  token's text (not doubled when the completion already ends with it); the completion is again
+  what follows the common prefix.
+
+A template renders its own special tokens (a BOS included), so its text is tokenized with
+`add_special_tokens=False`, as transformers does: no BOS is ever added twice. `end_ids` are the
+ids generation stops at: every `eos_token_id` of generation_config.json (an int or a list, e.g. the
+template's end-of-turn token) and the tokenizer's eos.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 from twinrun.core.errors import ModelError
+
+# Any one of these makes a directory a tokenizer AutoTokenizer can load.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+class PromptPrefixWarning(UserWarning):
+    """The prompt's token ids are not a prefix of the prompt + completion ids."""
+
+
+class CheckpointTokenizer:
+    """A transformers tokenizer plus the checkpoint's special ids, end ids and TRL's rules."""
+
+    def __init__(self, hf: Any, end_ids: tuple[int, ...], source: str = "the model") -> None:
+        self.hf = hf
+        self.source = source
+        self.bos_id: int | None = hf.bos_token_id
+        self.eos_id: int | None = hf.eos_token_id
+        if self.eos_id is None and end_ids:
+            self.eos_id = end_ids[0]
+        if self.eos_id is None:
+            raise ModelError(
+                f"the tokenizer of {source} has no eos token",
+                "set eos_token in tokenizer_config.json or eos_token_id in generation_config.json",
+            )
+        # Padding is masked out; without a pad token rows are padded with eos, as TRL does.
+        self.pad_id: int = hf.pad_token_id if hf.pad_token_id is not None else self.eos_id
+        self.end_ids: tuple[int, ...] = tuple(dict.fromkeys([*end_ids, self.eos_id]))
+        self._warned_prefix = False
+
+    @property
+    def chat_template(self) -> str | None:
+        template = getattr(self.hf, "chat_template", None)
+        return template if isinstance(template, str) and template else None
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def require_chat_template(self) -> None:
+        """ModelError (one line) when the tokenizer has no chat template."""
+        if self.chat_template is None:
+            raise ModelError(
+                f"--chat-template on, but the tokenizer of {self.source} has no chat template",
+                "use --chat-template off, or a model whose tokenizer has a chat_template",
+            )
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` alone: no special tokens added (special-token text is recognised)."""
+        return list(self.hf(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        return str(self.hf.decode(list(ids), skip_special_tokens=skip_special))
+
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        """The chat template rendered to text (what `apply_chat_template(tokenize=False)` gives)."""
+        self.require_chat_template()
+        return str(
+            self.hf.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt, tokenize=False
+            )
+        )
+
+    def _chat_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+        self.require_chat_template()
+        ids = self.hf.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+        )
+        return [int(i) for i in ids]
+
+    def _plain_ids(self, text: str) -> list[int]:
+        return list(self.hf(text, add_special_tokens=True)["input_ids"])
+
+    @staticmethod
+    def plain_prompt(messages: list[dict[str, str]]) -> str:
+        """The prompt text of plain rows: the messages' contents, one per line."""
+        return "\n".join(m["content"] for m in messages)
+
+    def prompt_ids(self, messages: list[dict[str, str]], chat_template: bool) -> list[int]:
+        """The ids the model sees before its answer (what a generation starts from)."""
+        if chat_template:
+            return self._chat_ids(messages, add_generation_prompt=True)
+        return self._plain_ids(self.plain_prompt(messages))
+
+    def prompt_completion_ids(
+        self, messages: list[dict[str, str]], completion: str, chat_template: bool
+    ) -> tuple[list[int], int]:
+        """(full ids, number of prompt tokens): the completion is `full[n:]`, n the length of the
+        common prefix of the prompt ids and the full ids."""
+        prompt = self.prompt_ids(messages, chat_template)
+        if chat_template:
+            answer = {"role": "assistant", "content": completion}
+            full = self._chat_ids([*messages, answer], add_generation_prompt=False)
+        else:
+            eos_text = self.hf.eos_token or self.hf.convert_ids_to_tokens(self.eos_id)
+            if not completion.endswith(eos_text):
+                completion = completion + eos_text
+            full = self._plain_ids(self.plain_prompt(messages) + completion)
+        n = common_prefix_length(prompt, full)
+        if n != len(prompt) and not self._warned_prefix:
+            self._warned_prefix = True
+            warnings.warn(
+                "the prompt's token ids are not a prefix of the prompt + completion ids (the "
+                "tokenizer or chat template renders the prompt differently when an answer "
+                f"follows); the completion starts after the {n} tokens they share",
+                PromptPrefixWarning,
+                stacklevel=2,
+            )
+        return full, n
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -27,141 +158,43 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _token_text(value: Any) -> str | None:
-    """A special token from tokenizer_config.json: a string or an AddedToken dict."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
+def declared_end_ids(root: Path) -> tuple[int, ...]:
+    """`eos_token_id` of generation_config.json (else config.json): an int or a list of ints."""
+    for name in ("generation_config.json", "config.json"):
+        path = root / name
+        if not path.is_file():
+            continue
+        value = _read_json(path).get("eos_token_id")
+        values = value if isinstance(value, list) else [value]
+        ids = tuple(v for v in values if isinstance(v, int) and not isinstance(v, bool))
+        if ids:
+            return ids
+    return ()
 
 
-def _pick_template(value: Any) -> str | None:
-    """`chat_template` is a string, or a list of {"name", "template"} (take "default")."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
-        default = named.get("default")
-        return default if isinstance(default, str) else None
-    return None
-
-
-class ByteTokenizer:
-    """A thin wrapper over a `tokenizers.Tokenizer` plus special ids and a chat template."""
-
-    def __init__(
-        self,
-        tokenizer: Any,
-        bos_id: int | None,
-        eos_id: int | None,
-        pad_id: int | None,
-        chat_template: str | None,
-        special_tokens: dict[str, str] | None = None,
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.bos_id = bos_id
-        self.eos_id = eos_id
-        self.pad_id = pad_id
-        self.chat_template = chat_template
-        self.special_tokens = dict(special_tokens or {})
-        self._compiled: Any = None
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`; no special tokens are added (special-token text is recognised)."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
-
-    def decode(self, ids: list[int], skip_special: bool = True) -> str:
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special))
-
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        """The chat template rendered to text (what `apply_chat_template(tokenize=False)` gives)."""
-        if self.chat_template is None:
-            raise ModelError(
-                "the tokenizer has no chat template",
-                "use --chat-template off, or a model whose tokenizer_config.json has one",
-            )
-        if self._compiled is None:
-            self._compiled = _compile(self.chat_template)
-        return str(
-            self._compiled.render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                **self.special_tokens,
-            )
-        )
-
-
-def _compile(template: str) -> Any:
-    import jinja2
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(
-        x: Any,
-        ensure_ascii: bool = False,
-        indent: int | None = None,
-        separators: Any = None,
-        sort_keys: bool = False,
-    ) -> str:
-        return json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-        )
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-    )
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(template)
-    except jinja2.exceptions.TemplateError as exc:
-        raise ModelError(f"the chat template does not compile: {exc}", "fix the template") from exc
-
-
-def load_tokenizer(model_dir: str | os.PathLike[str]) -> ByteTokenizer:
-    """Load `tokenizer.json` (+ config) from a checkpoint directory. ModelError when missing."""
-    from tokenizers import Tokenizer
-
+def load_tokenizer(model_dir: str | os.PathLike[str]) -> CheckpointTokenizer:
+    """The tokenizer of a checkpoint directory; ModelError (one line) when it has none."""
     root = Path(model_dir)
-    path = root / "tokenizer.json"
-    if not path.is_file():
+    if not root.is_dir():
+        raise ModelError(f"model directory not found: {root}", "check the --model path")
+    if not any((root / name).is_file() for name in TOKENIZER_FILES):
         raise ModelError(
-            f"no tokenizer.json in {root}",
-            "point --model at a Hugging Face checkpoint with a fast tokenizer",
+            f"no tokenizer files in {root} (tokenizer.json, tokenizer.model or "
+            "tokenizer_config.json)",
+            "save the tokenizer with the model: tokenizer.save_pretrained(DIR)",
         )
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
     try:
-        tok = Tokenizer.from_file(str(path))
-    except Exception as exc:  # tokenizers raises its own Exception type
-        raise ModelError(f"cannot load {path}: {exc}", "check the tokenizer files") from exc
-    cfg_path = root / "tokenizer_config.json"
-    cfg = _read_json(cfg_path) if cfg_path.is_file() else {}
-    model_cfg_path = root / "config.json"
-    model_cfg = _read_json(model_cfg_path) if model_cfg_path.is_file() else {}
-
-    special: dict[str, str] = {}
-    ids: dict[str, int | None] = {}
-    for name in ("bos", "eos", "pad", "unk"):
-        text = _token_text(cfg.get(f"{name}_token"))
-        token_id = tok.token_to_id(text) if text is not None else None
-        if token_id is None:
-            fallback = model_cfg.get(f"{name}_token_id")
-            token_id = fallback if isinstance(fallback, int) else None
-            if token_id is not None and text is None:
-                text = tok.id_to_token(token_id)
-        ids[name] = token_id
-        if text is not None:
-            special[f"{name}_token"] = text
-
-    template = _pick_template(cfg.get("chat_template"))
-    jinja_path = root / "chat_template.jinja"
-    if template is None and jinja_path.is_file():
-        template = jinja_path.read_text(encoding="utf-8")
-    return ByteTokenizer(tok, ids["bos"], ids["eos"], ids["pad"], template, special)
+        hf = AutoTokenizer.from_pretrained(root, local_files_only=True)
+    except Exception as exc:  # transformers raises many types; one line is what users get
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(
+            f"cannot load the tokenizer in {root}: {first}", "check the tokenizer files"
+        ) from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return CheckpointTokenizer(hf, declared_end_ids(root), source=str(root))

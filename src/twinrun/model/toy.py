@@ -9,7 +9,9 @@ of HF's normal(0, 0.02) init), RMSNorm weights ones. The same seed gives the sam
 file; another seed gives another `model.safetensors`.
 
 Vocabulary (259): ids 0..255 are the byte values, then `<|bos|>` 256, `<|eos|>` 257,
-`<|pad|>` 258. Role markers such as `<|user|>` in the chat template are plain text (bytes).
+`<|pad|>` 258. The tokenizer behaves like a real one: its own rule (`add_special_tokens=True`)
+puts `<|bos|>` first, and the chat template starts with the BOS token and ends every turn with
+`<|eos|>` (the end of turn); role markers such as `<|user|>` are plain text (bytes).
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ INIT_STD = 0.02
 INIT_BOUND = INIT_STD * math.sqrt(3.0)  # uniform(-b, b) has variance b²/3 = std²
 
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|eos|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
 
@@ -58,9 +60,11 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 def build_byte_tokenizer() -> Any:
-    """A `tokenizers.Tokenizer` mapping byte value b to id b, plus bos/eos/pad special tokens."""
+    """A `tokenizers.Tokenizer` mapping byte value b to id b, plus bos/eos/pad special tokens;
+    its post-processor adds `<|bos|>` in front (when special tokens are asked for)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models
     from tokenizers.pre_tokenizers import ByteLevel
+    from tokenizers.processors import TemplateProcessing
 
     table = bytes_to_unicode()
     vocab = {table[b]: b for b in range(256)}
@@ -72,7 +76,29 @@ def build_byte_tokenizer() -> Any:
     )
     if tok.get_vocab_size() != VOCAB_SIZE or tok.token_to_id(PAD_TOKEN) != PAD_ID:
         raise RuntimeError("byte tokenizer construction gave an unexpected vocabulary")
+    tok.post_processor = TemplateProcessing(
+        single=f"{BOS_TOKEN} $A",
+        pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B",
+        special_tokens=[(BOS_TOKEN, BOS_ID)],
+    )
     return tok
+
+
+def toy_tokenizer() -> Any:
+    """The toy's transformers tokenizer (byte-level, BOS rule, chat template), in memory."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=build_byte_tokenizer(),
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        padding_side="right",
+        model_max_length=2048,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
 
 
 def toy_state_dict(seed: int, names_shapes: list[tuple[str, tuple[int, ...]]]) -> dict[str, Any]:
@@ -171,12 +197,7 @@ def _write_into(
     tmp: Path, seed: int, layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int
 ) -> None:
     import torch
-    from transformers import (
-        GenerationConfig,
-        LlamaConfig,
-        LlamaForCausalLM,
-        PreTrainedTokenizerFast,
-    )
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=VOCAB_SIZE,
@@ -209,14 +230,4 @@ def _write_into(
     with quiet_transformers():
         model.save_pretrained(tmp, safe_serialization=True)
 
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=build_byte_tokenizer(),
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
-        padding_side="right",
-        model_max_length=2048,
-        clean_up_tokenization_spaces=False,
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(tmp)
+    toy_tokenizer().save_pretrained(tmp)

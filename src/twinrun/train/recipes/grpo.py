@@ -27,7 +27,7 @@ import torch
 from twinrun.config.run import RunConfig, validate
 from twinrun.core.rng import stream
 from twinrun.data.batching import epoch_order
-from twinrun.data.examples import EncodedRow, SourcedRow, check_length, prompt_text
+from twinrun.data.examples import EncodedRow, SourcedRow, check_length
 from twinrun.model.decoding import Prefix, generate, prefill
 from twinrun.objectives.grpo import grpo_loss
 from twinrun.rl.advantages import apply_token_cap, compute_advantages
@@ -96,7 +96,7 @@ def train_grpo(cfg: RunConfig) -> dict[str, Any]:
     validate(cfg)
     name = cfg.env or ""
     env = make_environment(name, cfg.env_args or {})  # plugin errors before anything is written
-    session, rows = open_session(cfg, lambda tok, raw, max_len: raw)
+    session, rows = open_session(cfg, lambda tok, raw, max_len: usable_prompts(tok, raw, cfg))
     replay = None
     if cfg.replay == "per":
         replay = PrioritizedReplay(cfg.replay_capacity, cfg.replay_alpha, cfg.replay_beta)
@@ -170,11 +170,17 @@ class GrpoRecipe:
         return update
 
 
+def usable_prompts(tok: Any, rows: list[SourcedRow], cfg: RunConfig) -> list[SourcedRow]:
+    """The rows, once the tokenizer is known to encode prompts the way the run asks (prompts are
+    encoded step by step, so a missing chat template must fail before anything is written)."""
+    if cfg.chat_template == "on":
+        tok.require_chat_template()
+    return rows
+
+
 def prompt_ids_for(s: Session, observation: str) -> list[int]:
-    text = prompt_text(
-        s.tok, [{"role": "user", "content": observation}], s.cfg.chat_template == "on"
-    )
-    return [s.tok.bos_id, *s.tok.encode(text)]
+    messages = [{"role": "user", "content": observation}]
+    return s.tok.prompt_ids(messages, s.cfg.chat_template == "on")
 
 
 def sample_completion(
@@ -199,7 +205,7 @@ def sample_completion(
             s.cfg.max_new_tokens,
             s.cfg.temperature,
             draw=draw,
-            end_ids=(s.tok.eos_id,),
+            end_ids=s.tok.end_ids,
             prefix=prefix,
         )
     return list(result.tokens), [float(x) for x in result.logprobs]
