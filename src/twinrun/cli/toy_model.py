@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import click
 
 
@@ -13,6 +15,13 @@ import click
 @click.option("--intermediate", type=int, default=128, show_default=True)
 @click.option("--heads", type=int, default=4, show_default=True)
 @click.option("--kv-heads", type=int, default=2, show_default=True)
+@click.option(
+    "--init-std",
+    type=float,
+    default=0.02,
+    show_default=True,
+    help="Weight scale (0.02 is HF's; 0.2 gives a toy that LoRA can teach).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing directory.")
 def toy_model(
     directory: str,
@@ -22,6 +31,7 @@ def toy_model(
     intermediate: int,
     heads: int,
     kv_heads: int,
+    init_std: float,
     overwrite: bool,
 ) -> None:
     """Write a tiny Llama checkpoint (byte-level tokenizer with a chat template) to DIRECTORY."""
@@ -39,6 +49,8 @@ def toy_model(
     ):
         if v < 1:
             raise ConfigError(f"--{name} must be >= 1, got {v}")
+    if not (math.isfinite(init_std) and init_std > 0):
+        raise ConfigError("--init-std must be a positive finite number")
     if hidden % heads or heads % kv_heads:
         raise ConfigError("--hidden must divide by --heads, and --heads by --kv-heads")
     write_toy_checkpoint(
@@ -50,5 +62,6 @@ def toy_model(
         heads=heads,
         kv_heads=kv_heads,
         overwrite=overwrite,
+        init_std=init_std,
     )
     click.echo(f"toy model written to {directory}")

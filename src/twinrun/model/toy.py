@@ -4,9 +4,15 @@ twinrun's generator, with a byte-level tokenizer and a chat template.
 `write_toy_checkpoint(out_dir, seed)` writes `model.safetensors`, `config.json`,
 `generation_config.json` (via `LlamaForCausalLM.save_pretrained`) and the tokenizer files (via
 `PreTrainedTokenizerFast.save_pretrained`). Every weight tensor is drawn from
-`stream(seed, "toy_init", name)`: linear and embedding weights uniform in ±0.02·√3 (the variance
-of HF's normal(0, 0.02) init), RMSNorm weights ones. The same seed gives the same bytes in every
-file; another seed gives another `model.safetensors`.
+`stream(seed, "toy_init", name)`: linear and embedding weights uniform in ±s·√3 (the variance of
+a normal(0, s) init; `init_std` s is 0.02 by default, HF's `initializer_range`), RMSNorm weights
+ones.
+
+Why `init_std` is a choice: after the final RMSNorm the hidden state has unit RMS, so the logits'
+spread is about s·√hidden. At s = 0.02 and hidden 64 that is ±0.16 — a flat distribution LoRA on
+the decoder layers cannot sharpen (the loss stays near ln 259 ≈ 5.56). At s = 0.2 the toy can
+learn: `twinrun demo` trains it to answer its shipped questions. The same seed gives the same
+bytes in every file; another seed gives another `model.safetensors`.
 
 Vocabulary (259): ids 0..255 are the byte values, then `<|bos|>` 256, `<|eos|>` 257,
 `<|pad|>` 258. The tokenizer behaves like a real one: its own rule (`add_special_tokens=True`)
@@ -34,7 +40,6 @@ PAD_TOKEN = "<|pad|>"
 BOS_ID, EOS_ID, PAD_ID = 256, 257, 258
 VOCAB_SIZE = 259
 INIT_STD = 0.02
-INIT_BOUND = INIT_STD * math.sqrt(3.0)  # uniform(-b, b) has variance b²/3 = std²
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}"
@@ -101,8 +106,11 @@ def toy_tokenizer() -> Any:
     return fast
 
 
-def toy_state_dict(seed: int, names_shapes: list[tuple[str, tuple[int, ...]]]) -> dict[str, Any]:
-    """The toy weights: each tensor from `stream(seed, "toy_init", name)`; norms are ones."""
+def toy_state_dict(
+    seed: int, names_shapes: list[tuple[str, tuple[int, ...]]], init_std: float = INIT_STD
+) -> dict[str, Any]:
+    """The toy weights: each tensor from `stream(seed, "toy_init", name)`, uniform with standard
+    deviation `init_std`; norms are ones."""
     import torch
 
     from twinrun.core.rng import stream, torch_tensor
@@ -112,7 +120,8 @@ def toy_state_dict(seed: int, names_shapes: list[tuple[str, tuple[int, ...]]]) -
         if name.endswith("norm.weight"):
             out[name] = torch.ones(shape, dtype=torch.float32)
         else:
-            draw = stream(seed, "toy_init", name).uniform_fill(shape, INIT_BOUND)
+            bound = init_std * math.sqrt(3.0)  # uniform(-b, b) has variance b²/3 = std²
+            draw = stream(seed, "toy_init", name).uniform_fill(shape, bound)
             out[name] = torch_tensor(draw, torch.float32)
     return out
 
@@ -150,6 +159,7 @@ def write_toy_checkpoint(
     heads: int = 4,
     kv_heads: int = 2,
     overwrite: bool = False,
+    init_std: float = INIT_STD,
 ) -> None:
     """Write the toy Llama checkpoint + byte tokenizer to `out_dir` (appears atomically).
 
@@ -160,6 +170,8 @@ def write_toy_checkpoint(
     for label, value in (("layers", layers), ("hidden", hidden), ("intermediate", intermediate)):
         if value <= 0:
             raise ValueError(f"{label} must be positive, got {value}")
+    if not (math.isfinite(init_std) and init_std > 0):
+        raise ValueError(f"init_std must be a positive finite number, got {init_std}")
     if heads <= 0 or kv_heads <= 0 or hidden % heads or heads % kv_heads:
         raise ValueError(
             f"need hidden % heads == 0 and heads % kv_heads == 0 (hidden={hidden}, "
@@ -170,7 +182,7 @@ def write_toy_checkpoint(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
-        _write_into(tmp, seed, layers, hidden, intermediate, heads, kv_heads)
+        _write_into(tmp, seed, layers, hidden, intermediate, heads, kv_heads, init_std)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)
@@ -194,7 +206,14 @@ def write_toy_checkpoint(
 
 
 def _write_into(
-    tmp: Path, seed: int, layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int
+    tmp: Path,
+    seed: int,
+    layers: int,
+    hidden: int,
+    intermediate: int,
+    heads: int,
+    kv_heads: int,
+    init_std: float,
 ) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -208,7 +227,7 @@ def _write_into(
         num_key_value_heads=kv_heads,
         hidden_act="silu",
         max_position_embeddings=2048,
-        initializer_range=INIT_STD,
+        initializer_range=init_std,
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,
         rope_theta=10000.0,
@@ -223,7 +242,7 @@ def _write_into(
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     names_shapes = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
-    model.load_state_dict(toy_state_dict(seed, names_shapes), assign=True, strict=True)
+    model.load_state_dict(toy_state_dict(seed, names_shapes, init_std), assign=True, strict=True)
     model.generation_config = GenerationConfig(
         bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID
     )
