@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from twinrun.harness import RunResult
 
 from twinrun.core.errors import ConfigError, DataError
+from twinrun.core.redact import redact_argv
 
 DEFAULT_TOL = 1e-2
 DEFAULT_SEEDS = (0, 1)
@@ -352,7 +353,7 @@ class Verdict:
                     "label": r.run.label,
                     "seed": r.run.seed,
                     "out": str(r.run.out),
-                    "argv": list(r.run.argv),
+                    "argv": redact_argv(r.run.argv),
                     "returncode": r.returncode,
                     "wall_s": r.wall_s,
                 }
