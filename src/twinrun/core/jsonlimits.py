@@ -38,6 +38,7 @@ DEFAULT = Limits()
 EXAMPLES = Limits(max_bytes=8 * MiB, max_file_bytes=1024 * MiB)  # a row bigger than 8 MiB
 # of text is far past any context window; the limit keeps tokenization memory bounded
 SMALL = Limits(max_bytes=4 * MiB, max_file_bytes=4 * MiB)  # manifests, records, configs
+RECORDS = Limits(max_bytes=256 * MiB, max_file_bytes=256 * MiB)  # checkpoint state (metrics)
 DIAG = Limits(max_bytes=4 * MiB, max_file_bytes=4096 * MiB, allow_nonfinite=True)
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

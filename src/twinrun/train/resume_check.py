@@ -79,10 +79,8 @@ def check_resume(out: Path, inputs: dict[str, Any]) -> int:
     """Steps done by the checkpoint `--resume` will continue from; 0 when the run was killed
     before its first checkpoint (the caller starts it again). ConfigError, before anything is
     written, when there is nothing to resume or anything that shapes the bytes differs."""
-    from twinrun.train.checkpoint import newest_checkpoint
-
     recorded = read_inputs(out) if out.is_dir() else None
-    ckpt = newest_checkpoint(out) if out.is_dir() else None
+    ckpt = newest_checkpoint_state(out)
     if recorded is None:
         if ckpt is None:
             raise ConfigError(
@@ -95,7 +93,7 @@ def check_resume(out: Path, inputs: dict[str, Any]) -> int:
         )
     differ = differences(recorded, inputs)
     if ckpt is not None:  # the checkpoint's own record of the flags must agree too
-        as_ckpt = inputs | {"train": ckpt.state.get("train") or {}}
+        as_ckpt = inputs | {"train": ckpt.get("train") or {}}
         differ += [d for d in differences(as_ckpt, inputs) if d not in differ]
     if differ:
         raise ConfigError(
@@ -108,4 +106,22 @@ def check_resume(out: Path, inputs: dict[str, Any]) -> int:
             f"--resume: {out} holds a finished run (it has {FINISHED}) and no checkpoint",
             "nothing to resume; choose a new --output, or pass --overwrite instead of --resume",
         )
-    return 0 if ckpt is None else ckpt.steps_done
+    return 0 if ckpt is None else int(ckpt["steps_done"])
+
+
+def newest_checkpoint_state(out: Path) -> dict[str, Any] | None:
+    """`state.json` of the newest complete checkpoint, read without touching anything (the
+    loader, unlike this, also clears the leftovers of a killed checkpoint write)."""
+    from twinrun.core.jsonlimits import RECORDS, load_json_file
+    from twinrun.train.checkpoint import CHECKPOINTS, STATE_JSON
+
+    root = out / CHECKPOINTS
+    done = sorted(p for p in root.glob("step-*") if (p / STATE_JSON).is_file())
+    if not done:
+        return None
+    state = load_json_file(done[-1] / STATE_JSON, "checkpoint state", RECORDS)
+    if not isinstance(state, dict) or not isinstance(state.get("steps_done"), int):
+        raise DataError(
+            f"checkpoint {done[-1]} has no steps_done", "delete it to resume from the one before"
+        )
+    return state
