@@ -90,7 +90,7 @@ def test_manifest_not_parsed_before_its_pin(
     doc["optimizer_batch"]["replay_path"] = str(c.manifest)
     refused(tmp_path, doc, capsys, "manifest pin", "Expected sha256")  # the pin fails first
     doc["optimizer_batch"]["expected_manifest_sha256"] = sha(c.manifest)
-    refused(tmp_path, doc, capsys, "manifest pin", "manifest is not JSON")
+    refused(tmp_path, doc, capsys, "manifest pin", "manifest: not valid JSON")
 
 
 def test_payload_byte_flip(

@@ -72,8 +72,12 @@ def test_parse_validates_fields() -> None:
         mf.parse(mf.dumps(bad), "m")
     with pytest.raises(DataError, match="not a twinrun.optimizer-batch.v1 manifest"):
         mf.parse(json.dumps({"format": "x"}).encode(), "m")
-    with pytest.raises(DataError, match="not JSON"):
+    with pytest.raises(DataError, match="not UTF-8"):
         mf.parse(b"\xff{", "m")
+    for hostile, why in ((b"[" * 100_000, "nesting deeper"), (b"1" * 5000, "more than 40 digits"),
+                         (b'"\\ud800"', "surrogate"), (b"{,", "not valid JSON")):  # fmt: skip
+        with pytest.raises(DataError, match=why):
+            mf.parse(hostile, "m")
     late = good_manifest() | {"schedule": {"total_steps": 0, "lr": 0.1}}
     with pytest.raises(DataError, match="schedule.total_steps"):
         mf.parse(mf.dumps(late), "m")

@@ -21,6 +21,7 @@ from typing import Any
 
 from twinrun.capture.payload import FORMAT, OBJECTIVES
 from twinrun.core.errors import DataError
+from twinrun.core.jsonlimits import SMALL, parse_json
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 STATE_FILES = {
@@ -80,10 +81,7 @@ def member(folder: Path, name: Any, what: str) -> Path:
 def parse(data: bytes, where: str) -> dict[str, Any]:
     """Parse and validate manifest bytes (already checked against their pin)."""
     hint = "re-capture the step"
-    try:
-        m = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise DataError(f"{where}: manifest is not JSON ({exc})", hint) from exc
+    m = parse_json(data, f"{where}: manifest", SMALL)
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise DataError(f"{where}: not a {FORMAT} manifest", hint)
     problems = []

@@ -62,7 +62,8 @@ def say(line: str) -> None:
     """Print one error line to stderr, redacted, on one line."""
     from twinrun.core.redact import redact_string
 
-    click.echo(" ".join(redact_string(line).split()), err=True)
+    one = " ".join(part.strip() for part in redact_string(line).splitlines() if part.strip())
+    click.echo(one, err=True)
 
 
 def os_error_line(exc: OSError) -> str:
