@@ -19,7 +19,7 @@ _SECRET_KEY = re.compile(
     r"|.*_secret|.*_password|access_token|auth)$",
     re.IGNORECASE,
 )
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/@\s]+)@")
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*:/{1,2})(?P<userinfo>[^/@\s]+)@")
 _QUERY = re.compile(r"(?P<sep>[?&;])(?P<key>[^=&;#\s]+)=(?P<value>[^&;#\s]*)")
 
 

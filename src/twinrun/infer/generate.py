@@ -65,10 +65,19 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
 
     cfg.validate()
     model_dir = Path(cfg.model)  # type: ignore[arg-type]
-    read_config(model_dir)
+    model_config = read_config(model_dir)
     tok = load_tokenizer(model_dir)
     text = prompt_text(tok, [{"role": "user", "content": cfg.prompt}], cfg.chat_template == "on")  # type: ignore[list-item]
     prompt_ids = [tok.bos_id, *tok.encode(text)]
+    positions = int(model_config.get("max_position_embeddings", 2048))
+    if len(prompt_ids) + int(cfg.max_new_tokens or 0) > positions:
+        from twinrun.core.errors import ConfigError
+
+        raise ConfigError(
+            f"--max-new-tokens {cfg.max_new_tokens} after a prompt of {len(prompt_ids)} tokens "
+            f"runs past the model's {positions} positions",
+            f"use --max-new-tokens {max(positions - len(prompt_ids), 0)} or less",
+        )
     establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
     model = load_base_model(model_dir, precision=cfg.precision, device=cfg.device)
     if cfg.adapter is not None:
