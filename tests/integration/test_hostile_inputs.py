@@ -17,6 +17,7 @@ from tests.integration.conftest import sft_args
 from tests.integration.test_check_cli import fake
 from tests.integration.test_evaluate_generate_cli import gen
 from tests.integration.test_grpo_cli import grpo_args
+from tests.integration.test_resume import cli
 from twinrun.cli.main import run_cli
 from twinrun.demo.tour import shipped_examples
 
@@ -65,16 +66,17 @@ def test_output_under_a_file_or_on_a_symlink_loop(
 
 
 def test_full_disk_is_one_line_naming_the_path(
-    tmp_path: Path, toy_model_dir: Path, sft_examples: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, toy_model_dir: Path, sft_examples: Path
 ) -> None:
     with tiny_disk(tmp_path / "disk", "48k") as disk:
         out = disk / "run"
-        assert run_cli(sft_args(toy_model_dir, sft_examples, out, 1, "--diag")) == 2
-        line = one_line(capsys.readouterr().err)
+        res = cli(sft_args(toy_model_dir, sft_examples, out, 1, "--diag"))  # a real process
+        assert res.returncode == 2
+        line = one_line(res.stderr)
         assert "No space left on device" in line and str(out) in line
         assert not [p for p in disk.rglob("*") if p.name.endswith(".tmp")]  # nothing half-written
         assert not (out / "twinrun.json").exists()  # the run is not marked finished
-        assert not list(disk.glob(".*twinrun-lock"))
+        assert not list(disk.glob(".*twinrun-lock"))  # released when the process ended
 
 
 def test_init_adapter_on_a_full_disk_leaves_no_directory(

@@ -50,6 +50,13 @@ class Session:
             alpha=cfg.lora_alpha, targets=LORA_TARGETS,
         )  # fmt: skip
 
+    def close(self) -> None:
+        """Release the output directory's lock (finish_session does; call it when a run stops
+        early inside a longer-lived process — a CLI process releases it at exit anyway)."""
+        if self.lock is not None:
+            release(self.lock)
+            self.lock = None
+
     def autocast(self) -> Any:
         """bf16 runs the base model in bfloat16 under autocast; f32 casts nothing."""
         import contextlib
@@ -174,6 +181,5 @@ def finish_session(
         | (extra or {}),
     )
     atomic_write_json(s.out / "twinrun.json", record)
-    if s.lock is not None:
-        release(s.lock)
+    s.close()
     return record
