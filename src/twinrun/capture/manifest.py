@@ -24,11 +24,14 @@ from twinrun.core.errors import DataError
 from twinrun.core.jsonlimits import SMALL, parse_json
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
-STATE_FILES = {
+STATE_FILES = {  # every file of the initial state a replay reads, each pinned by SHA256
     "adapter": "adapter_model.safetensors",
+    "adapter_config": "adapter_config.json",  # rank, alpha, use_rslora, targets
+    "trainer_state": "trainer_state.json",
     "optimizer": "optimizer.safetensors",
     "reward_head": "reward_head.safetensors",
 }
+REQUIRED_STATE = ("adapter", "adapter_config", "trainer_state")
 
 
 def stem(step: int) -> str:
@@ -109,7 +112,7 @@ def parse(data: bytes, where: str) -> dict[str, Any]:
     else:
         for key in STATE_FILES:
             pin = initial.get(key)
-            if (key == "adapter" or pin is not None) and (
+            if (key in REQUIRED_STATE or pin is not None) and (
                 not isinstance(pin, dict) or not is_sha256(pin.get("sha256"))
             ):
                 problems.append(f"initial_state.{key}.sha256")
