@@ -4,7 +4,6 @@ runs a process."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import struct
@@ -36,18 +35,10 @@ def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise DataError(f"{path}: the run wrote no metrics.jsonl", "does the command honour {out}?")
+    from twinrun.core.jsonlimits import DIAG, iter_jsonl
+
     rows: list[dict[str, Any]] = []
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: cannot be read ({exc})") from exc
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: not valid JSON — {exc.msg}") from exc
+    for lineno, obj in iter_jsonl(path, "metrics file", DIAG):
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{lineno}: a metrics row must be a JSON object")
         rows.append(obj)
