@@ -61,7 +61,8 @@ def good_manifest() -> dict[str, object]:
         "schedule": {"total_steps": 1, "lr": 0.1}, "payload": {"file": "p", "sha256": h},
         "logical_batch_sha256": h, "effective_rows_sha256": h, "config": {"sha256": h},
         "optimizer_contract": {"sha256": h, "values": {}},
-        "initial_state": {"resume_step": -1, "adapter": {"sha256": h}},
+        "initial_state": {"resume_step": -1, "adapter": {"sha256": h},
+                          "adapter_config": {"sha256": h}, "trainer_state": {"sha256": h}},
     }  # fmt: skip
 
 
@@ -78,6 +79,10 @@ def test_parse_validates_fields() -> None:
                          (b'"\\ud800"', "surrogate"), (b"{,", "not valid JSON")):  # fmt: skip
         with pytest.raises(DataError, match=why):
             mf.parse(hostile, "m")
+    unpinned = good_manifest()
+    del unpinned["initial_state"]["adapter_config"]  # a replay reads it: it must be pinned
+    with pytest.raises(DataError, match="initial_state.adapter_config.sha256"):
+        mf.parse(mf.dumps(unpinned), "m")
     late = good_manifest() | {"schedule": {"total_steps": 0, "lr": 0.1}}
     with pytest.raises(DataError, match="schedule.total_steps"):
         mf.parse(mf.dumps(late), "m")

@@ -93,7 +93,7 @@ def read_model_config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         cfg = load_json_file(cfg_path, "model config", SMALL)
     except DataError as exc:
-        raise ModelError(exc.message, hint) from None
+        raise ModelError(f"cannot read {exc.message}", hint) from None
     if not isinstance(cfg, dict) or cfg.get("model_type") != "llama":
         got = cfg.get("model_type") if isinstance(cfg, dict) else None
         raise ModelError(
