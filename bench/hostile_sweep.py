@@ -149,13 +149,19 @@ def sweep_kills(work: Path, model: Path, rng: random.Random, kills: int) -> dict
             how, killed = f"after {delay:.2f} s", not (out / "twinrun.json").exists()
         tried += 1
         res = twinrun(*args, "--resume") if killed else twinrun(*args, "--overwrite")
+        started = out.is_dir() and any(out.iterdir())
+        if killed and not started and res.returncode == 2 and "no record" in res.stderr:
+            # killed while starting up, before its output existed: --resume rightly finds
+            # nothing to continue, and the plain command is what the user reruns
+            how += " (before its output existed)"
+            res = twinrun(*args)
         same = res.returncode == 0 and all(
             (ref / name).read_bytes() == (out / name).read_bytes()
             for name in ("adapter_model.safetensors", "adapter_config.json", "diag.jsonl")
         )
         survived += same
-        details.append({"kill": how, "killed": killed, "resume_exit": res.returncode,
-                        "bit_exact": same})  # fmt: skip
+        details.append({"kill": how, "killed": killed, "rerun_exit": res.returncode,
+                        "bit_exact": same, "stderr": res.stderr.strip()[-300:]})  # fmt: skip
     return {"crashes_tried": tried, "crashes_survived": survived, "crashes": details}
 
 

@@ -92,3 +92,11 @@ def test_names() -> None:
     assert mf.payload_name(3) == "optimizer_batch_step_000003.safetensors"
     assert mf.manifest_name(12) == "optimizer_batch_step_000012.manifest.json"
     assert mf.state_dir_name(1) == "optimizer_batch_step_000001.state"
+
+
+def test_parse_without_a_step_is_one_error() -> None:
+    """Found by the hostile sweep: a manifest without `step` compared None with an int."""
+    bad = good_manifest()
+    del bad["step"]
+    with pytest.raises(DataError, match="'step'"):
+        mf.parse(mf.dumps(bad), "m")

@@ -104,7 +104,9 @@ def parse(data: bytes, where: str) -> dict[str, Any]:
     schedule = m.get("schedule")
     if not isinstance(schedule, dict) or not isinstance(schedule.get("lr"), float | int):
         problems.append("schedule.lr")
-    elif not isinstance(schedule.get("total_steps"), int) or schedule["total_steps"] <= step:
+    elif not isinstance(schedule.get("total_steps"), int) or (
+        isinstance(step, int) and schedule["total_steps"] <= step
+    ):
         problems.append("schedule.total_steps")
     initial = m.get("initial_state")
     if not isinstance(initial, dict) or not isinstance(initial.get("resume_step"), int):
