@@ -90,7 +90,7 @@ def test_manifest_not_parsed_before_its_pin(
     doc["optimizer_batch"]["replay_path"] = str(c.manifest)
     refused(tmp_path, doc, capsys, "manifest pin", "Expected sha256")  # the pin fails first
     doc["optimizer_batch"]["expected_manifest_sha256"] = sha(c.manifest)
-    refused(tmp_path, doc, capsys, "manifest pin", "manifest is not JSON")
+    refused(tmp_path, doc, capsys, "manifest pin", "manifest: not valid JSON")
 
 
 def test_payload_byte_flip(
@@ -282,3 +282,65 @@ def test_explain_source_config(
     out = capsys.readouterr().out
     assert "pass  v1 capture preconditions" in out and "all checks pass" in out
     assert metrics(cap.out)[0]["step"] == 0
+
+
+@pytest.mark.parametrize(
+    ("member", "check"),
+    [
+        ("manifest", "manifest pin"),
+        ("optimizer_batch_step_000000.safetensors", "payload sha256"),
+        ("init/adapter_model.safetensors", "initial adapter sha256"),
+        ("init/adapter_config.json", "initial adapter sha256"),
+        ("init/trainer_state.json", "initial adapter sha256"),
+    ],
+)
+def test_byte_flip_of_every_file_a_replay_reads(
+    cap: Capture, tmp_path: Path, capsys: pytest.CaptureFixture[str], member: str, check: str
+) -> None:
+    """adapter_config.json (use_rslora, rank, alpha) and trainer_state.json are read by the replay
+    and so are pinned like the adapter weights: a flipped byte is refused by explain and run."""
+    c = copied(cap, tmp_path)
+    init = tmp_path / "init"
+    shutil.copytree(Path(cap.source["resume"]["from"]), init)
+    doc = c.replay_config(tmp_path / "r")
+    doc["resume"]["from"] = str(init)
+    target = c.manifest if member == "manifest" else (
+        tmp_path / member if member.startswith("init/") else c.out / member
+    )  # fmt: skip
+    data = bytearray(target.read_bytes())
+    i = data.index(b"8") if target.suffix == ".json" else len(data) // 2  # alpha 8 / step -1
+    data[i] ^= 0x01
+    target.write_bytes(bytes(data))
+    refused(tmp_path, doc, capsys, check, "Expected sha256")
+
+
+def test_manifest_pins_every_initial_state_file(cap: Capture) -> None:
+    initial = json.loads(cap.manifest.read_text())["initial_state"]
+    init = Path(cap.source["resume"]["from"])
+    for key, name in (("adapter", "adapter_model.safetensors"),
+                      ("adapter_config", "adapter_config.json"),
+                      ("trainer_state", "trainer_state.json")):  # fmt: skip
+        assert initial[key] == {"file": name, "sha256": sha(init / name)}
+
+
+@pytest.mark.parametrize("problem", ["max_steps", "missing_examples", "bad_row"])
+def test_explain_refuses_source_configs_that_run_refuses(
+    cap: Capture, tmp_path: Path, capsys: pytest.CaptureFixture[str], problem: str
+) -> None:
+    doc = json.loads(json.dumps(cap.source))
+    doc["logging"]["dir"] = str(tmp_path / "new")
+    if problem == "max_steps":
+        doc["training"]["max_steps"] = 3
+    elif problem == "missing_examples":
+        doc["data"]["examples"] = str(tmp_path / "gone.jsonl")
+    else:
+        ex = tmp_path / "bad.jsonl"
+        ex.write_text('{"prompt": "1+1=", "answer": "two"}\n')
+        doc["data"]["examples"] = str(ex)
+        doc["environment"] = {"name": "arithmetic"}
+    write_toml(tmp_path / "s.toml", doc)
+    capsys.readouterr()
+    assert run_cli(["explain", str(tmp_path / "s.toml")]) != 0
+    assert "fail" in capsys.readouterr().out
+    assert run_cli(["run", str(tmp_path / "s.toml")]) == 2
+    assert not (tmp_path / "new").exists()

@@ -61,7 +61,8 @@ def good_manifest() -> dict[str, object]:
         "schedule": {"total_steps": 1, "lr": 0.1}, "payload": {"file": "p", "sha256": h},
         "logical_batch_sha256": h, "effective_rows_sha256": h, "config": {"sha256": h},
         "optimizer_contract": {"sha256": h, "values": {}},
-        "initial_state": {"resume_step": -1, "adapter": {"sha256": h}},
+        "initial_state": {"resume_step": -1, "adapter": {"sha256": h},
+                          "adapter_config": {"sha256": h}, "trainer_state": {"sha256": h}},
     }  # fmt: skip
 
 
@@ -72,8 +73,16 @@ def test_parse_validates_fields() -> None:
         mf.parse(mf.dumps(bad), "m")
     with pytest.raises(DataError, match="not a twinrun.optimizer-batch.v1 manifest"):
         mf.parse(json.dumps({"format": "x"}).encode(), "m")
-    with pytest.raises(DataError, match="not JSON"):
+    with pytest.raises(DataError, match="not UTF-8"):
         mf.parse(b"\xff{", "m")
+    for hostile, why in ((b"[" * 100_000, "nesting deeper"), (b"1" * 5000, "more than 40 digits"),
+                         (b'"\\ud800"', "surrogate"), (b"{,", "not valid JSON")):  # fmt: skip
+        with pytest.raises(DataError, match=why):
+            mf.parse(hostile, "m")
+    unpinned = good_manifest()
+    del unpinned["initial_state"]["adapter_config"]  # a replay reads it: it must be pinned
+    with pytest.raises(DataError, match="initial_state.adapter_config.sha256"):
+        mf.parse(mf.dumps(unpinned), "m")
     late = good_manifest() | {"schedule": {"total_steps": 0, "lr": 0.1}}
     with pytest.raises(DataError, match="schedule.total_steps"):
         mf.parse(mf.dumps(late), "m")
@@ -83,3 +92,11 @@ def test_names() -> None:
     assert mf.payload_name(3) == "optimizer_batch_step_000003.safetensors"
     assert mf.manifest_name(12) == "optimizer_batch_step_000012.manifest.json"
     assert mf.state_dir_name(1) == "optimizer_batch_step_000001.state"
+
+
+def test_parse_without_a_step_is_one_error() -> None:
+    """Found by the hostile sweep: a manifest without `step` compared None with an int."""
+    bad = good_manifest()
+    del bad["step"]
+    with pytest.raises(DataError, match="'step'"):
+        mf.parse(mf.dumps(bad), "m")

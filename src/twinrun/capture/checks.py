@@ -29,7 +29,14 @@ from twinrun.capture.digests import logical_sha256
 from twinrun.capture.payload import Decoded, decode
 from twinrun.config.toml import TomlRun
 from twinrun.core.digest import sha256_bytes, sha256_dir, sha256_file, sha256_json
-from twinrun.core.errors import ContractError, DataError, IntegrityError, OutputError, TwinrunError
+from twinrun.core.errors import (
+    ConfigError,
+    ContractError,
+    DataError,
+    IntegrityError,
+    OutputError,
+    TwinrunError,
+)
 
 NAMES = (
     "fresh output paths",
@@ -118,7 +125,10 @@ class Hashes:
 
 
 def fresh_output(v: Verified) -> str:
+    from twinrun.core.paths import output_path
+
     out = Path(v.run.cfg.output)  # type: ignore[arg-type]
+    output_path(out, "replay output")  # under a file, on a symlink loop: one line
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise OutputError(
             f"replay output {out} exists and is not empty",
@@ -197,13 +207,6 @@ def initial_adapter(v: Verified) -> str:
 
     folder = Path(v.run.cfg.init_adapter)  # type: ignore[arg-type]
     initial = v.manifest["initial_state"]
-    state = read_trainer_state(folder)
-    if state["step"] != initial["resume_step"]:
-        raise ContractError(
-            f"{folder}: trainer_state step {state['step']}, the capture starts from step "
-            f"{initial['resume_step']}",
-            "point [resume] from at the state the capture was taken from",
-        )
     for key, name in mf.STATE_FILES.items():
         pin = initial.get(key)
         if pin is None:
@@ -221,7 +224,35 @@ def initial_adapter(v: Verified) -> str:
             raise IntegrityError(
                 pin["sha256"], got, where, "the replay does not start from the captured state"
             )
+    state = read_trainer_state(folder)  # only now: its bytes are the pinned ones
+    if state["step"] != initial["resume_step"]:
+        raise ContractError(
+            f"{folder}: trainer_state step {state['step']}, the capture starts from step "
+            f"{initial['resume_step']}",
+            "point [resume] from at the state the capture was taken from",
+        )
+    adapter_shape(v, folder)
     return f"sha256 {initial['adapter']['sha256']}"
+
+
+def adapter_shape(v: Verified, folder: Path) -> None:
+    """The pinned adapter_config.json must describe the adapter the config asks for (the replay
+    refuses it otherwise, so explain must too)."""
+    from twinrun.core.jsonlimits import SMALL, parse_json
+
+    cfg = v.run.cfg
+    adapter = parse_json(
+        v.state_bytes["adapter_config"], str(folder / "adapter_config.json"), SMALL
+    )
+    if not isinstance(adapter, dict):
+        raise DataError(f"{folder / 'adapter_config.json'} is not a JSON object")
+    rank, alpha = adapter.get("r"), adapter.get("lora_alpha")
+    if rank != cfg.lora_rank or not isinstance(alpha, int | float) or alpha != cfg.lora_alpha:
+        raise ConfigError(
+            f"adapter {folder} is rank {rank} alpha {alpha}, the config says "
+            f"{cfg.lora_rank}/{cfg.lora_alpha}",
+            "make [model] lora_* match the adapter",
+        )
 
 
 def seed_head_sha256(v: Verified) -> str:
@@ -275,7 +306,24 @@ def contract(v: Verified) -> str:
         )
     v.source_contract, v.replay_contract = source, replay
     v.observed = contract_diff(source, replay)
+    schedule(v)
     return f"differences: {', '.join(v.observed) or 'none'}"
+
+
+def schedule(v: Verified) -> None:
+    """The learning rate of the captured step, recomputed from the replay config, must be the
+    source's to the bit."""
+    from twinrun.core.rng import float_bits
+    from twinrun.train.schedule import lr_at
+
+    cfg, m = v.run.cfg, v.manifest
+    step, recorded = m["step"], m["schedule"]
+    lr = lr_at(step, cfg.learning_rate, cfg.warmup_steps, recorded["total_steps"])  # type: ignore[arg-type]
+    if float_bits(lr) != recorded.get("lr_bits", float_bits(float(recorded["lr"]))):
+        raise ContractError(
+            f"learning rate at step {step} is {lr}, the source's was {recorded['lr']}",
+            "the schedule numbers differ",
+        )
 
 
 STEPS = (

@@ -21,13 +21,17 @@ from typing import Any
 
 from twinrun.capture.payload import FORMAT, OBJECTIVES
 from twinrun.core.errors import DataError
+from twinrun.core.jsonlimits import SMALL, parse_json
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
-STATE_FILES = {
+STATE_FILES = {  # every file of the initial state a replay reads, each pinned by SHA256
     "adapter": "adapter_model.safetensors",
+    "adapter_config": "adapter_config.json",  # rank, alpha, use_rslora, targets
+    "trainer_state": "trainer_state.json",
     "optimizer": "optimizer.safetensors",
     "reward_head": "reward_head.safetensors",
 }
+REQUIRED_STATE = ("adapter", "adapter_config", "trainer_state")
 
 
 def stem(step: int) -> str:
@@ -80,10 +84,7 @@ def member(folder: Path, name: Any, what: str) -> Path:
 def parse(data: bytes, where: str) -> dict[str, Any]:
     """Parse and validate manifest bytes (already checked against their pin)."""
     hint = "re-capture the step"
-    try:
-        m = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise DataError(f"{where}: manifest is not JSON ({exc})", hint) from exc
+    m = parse_json(data, f"{where}: manifest", SMALL)
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise DataError(f"{where}: not a {FORMAT} manifest", hint)
     problems = []
@@ -103,7 +104,9 @@ def parse(data: bytes, where: str) -> dict[str, Any]:
     schedule = m.get("schedule")
     if not isinstance(schedule, dict) or not isinstance(schedule.get("lr"), float | int):
         problems.append("schedule.lr")
-    elif not isinstance(schedule.get("total_steps"), int) or schedule["total_steps"] <= step:
+    elif not isinstance(schedule.get("total_steps"), int) or (
+        isinstance(step, int) and schedule["total_steps"] <= step
+    ):
         problems.append("schedule.total_steps")
     initial = m.get("initial_state")
     if not isinstance(initial, dict) or not isinstance(initial.get("resume_step"), int):
@@ -111,7 +114,7 @@ def parse(data: bytes, where: str) -> dict[str, Any]:
     else:
         for key in STATE_FILES:
             pin = initial.get(key)
-            if (key == "adapter" or pin is not None) and (
+            if (key in REQUIRED_STATE or pin is not None) and (
                 not isinstance(pin, dict) or not is_sha256(pin.get("sha256"))
             ):
                 problems.append(f"initial_state.{key}.sha256")

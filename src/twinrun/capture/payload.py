@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from twinrun.core.errors import DataError
+from twinrun.core.jsonlimits import SMALL, parse_json
 from twinrun.train.batch import OptimizerBatch
 
 FORMAT = "twinrun.optimizer-batch.v1"
@@ -169,10 +170,7 @@ def unpack_meta(data: bytes) -> dict[str, Any]:
     from twinrun.capture.tensorfile import header
 
     raw = (header(data)[0].get("__metadata__") or {}).get(META_KEY)
-    try:
-        meta = json.loads(raw) if isinstance(raw, str) else None
-    except ValueError:
-        meta = None
+    meta = parse_json(raw, "payload metadata", SMALL) if isinstance(raw, str) else None
     if not isinstance(meta, dict):
         raise DataError(f"metadata has no '{META_KEY}' JSON object")
     return meta

@@ -11,7 +11,6 @@ Files are still written by the safetensors library; tests check both agree.
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from twinrun.core.errors import DataError
+from twinrun.core.jsonlimits import Limits, parse_json
 
 DTYPES = {"I64": np.dtype("<i8"), "F64": np.dtype("<f8"), "U8": np.dtype("u1"),
           "F32": np.dtype("<f4")}  # fmt: skip
@@ -32,10 +32,8 @@ def header(data: bytes) -> tuple[dict[str, Any], int]:
     (n,) = struct.unpack("<Q", data[:8])
     if n > min(len(data) - 8, MAX_HEADER):
         raise DataError("safetensors header length runs past the end of the file")
-    try:
-        parsed = json.loads(data[8 : 8 + n])
-    except ValueError as exc:
-        raise DataError(f"safetensors header is not JSON ({exc})") from exc
+    header_limits = Limits(max_bytes=MAX_HEADER, max_file_bytes=MAX_HEADER)
+    parsed = parse_json(data[8 : 8 + n], "safetensors header", header_limits)
     if not isinstance(parsed, dict):
         raise DataError("safetensors header is not a JSON object")
     return parsed, 8 + n

@@ -1,9 +1,11 @@
 """Entry point: a click group whose commands are imported only when called, so `twinrun --help`
 answers without importing torch. Known errors print one line and exit non-zero; a traceback only
-with TWINRUN_DEBUG=1."""
+with TWINRUN_DEBUG=1. Every line printed here goes through redaction first: an error never shows
+URL userinfo or a secret-named query value, whatever raised it."""
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import sys
@@ -56,6 +58,26 @@ def debug_enabled() -> bool:
     return os.environ.get("TWINRUN_DEBUG", "") not in ("", "0")
 
 
+def say(line: str) -> None:
+    """Print one error line to stderr, redacted, on one line."""
+    from twinrun.core.redact import redact_string
+
+    one = " ".join(part.strip() for part in redact_string(line).splitlines() if part.strip())
+    click.echo(one, err=True)
+
+
+def os_error_line(exc: OSError) -> str:
+    """An OS error that escaped a command: what failed, on which path."""
+    where = exc.filename if exc.filename is not None else "an output or input path"
+    reason = exc.strerror or type(exc).__name__
+    hint = (
+        "free some space and rerun"
+        if exc.errno == errno.ENOSPC
+        else "check that the path exists, is the right kind and is readable/writable"
+    )
+    return f"twinrun: error: {where}: {reason} — {hint}"
+
+
 def run_cli(args: list[str] | None = None) -> int:
     """Run the CLI and return the exit code (used by tests in-process and by `main`)."""
     from twinrun.core.errors import TwinrunError
@@ -65,16 +87,16 @@ def run_cli(args: list[str] | None = None) -> int:
     except TwinrunError as exc:
         if debug_enabled():
             raise
-        click.echo(f"twinrun: error: {exc.one_line()}", err=True)
+        say(f"twinrun: error: {exc.one_line()}")
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx is not None else "twinrun"
-        click.echo(f"twinrun: error: {exc.format_message()} — see '{where} --help'", err=True)
+        say(f"twinrun: error: {exc.format_message()} — see '{where} --help'")
         return exc.exit_code
     except click.ClickException as exc:
-        click.echo(f"twinrun: error: {exc.format_message()}", err=True)
+        say(f"twinrun: error: {exc.format_message()}")
         return exc.exit_code
     except click.exceptions.Abort:
         click.echo("twinrun: aborted", err=True)
@@ -82,13 +104,17 @@ def run_cli(args: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("twinrun: interrupted", err=True)
         return 130
+    except OSError as exc:  # the environment, not a bug: a full disk, a path that vanished
+        if debug_enabled():
+            raise
+        say(os_error_line(exc))
+        return 2
     except Exception as exc:  # a bug, not a user error: still one line unless debugging
         if debug_enabled():
             raise
-        click.echo(
+        say(
             f"twinrun: internal error: {type(exc).__name__}: {exc} — "
-            "rerun with TWINRUN_DEBUG=1 for the traceback and report it",
-            err=True,
+            "rerun with TWINRUN_DEBUG=1 for the traceback and report it"
         )
         return 1
     # commands return their exit code (or None for success); click returns Exit codes likewise

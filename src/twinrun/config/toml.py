@@ -121,6 +121,8 @@ def load_toml(path: str | Path, output: str | None = None) -> TomlRun:
         raise ConfigError(f"cannot read {p}: {exc}", "check the file") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML ({exc})", "fix the syntax") from exc
+    except RecursionError:  # arrays nested thousands deep
+        raise ConfigError(f"{p}: values nested too deeply", "fix the config") from None
     keys = schema()
     flat = _flatten(doc)
     problems: list[str] = []

@@ -1,14 +1,19 @@
 """Atomic file writes: a temporary name in the same directory, flush, fsync, rename, then fsync
-the directory. A reader sees the old file or the whole new one, never half of one."""
+the directory. A reader sees the old file or the whole new one, never half of one. An OS error
+(a full disk, a read-only or missing location) becomes one OutputError naming the path, and the
+temporary file is removed."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from twinrun.core.errors import OutputError
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -19,22 +24,41 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def write_failed(path: str | os.PathLike[str], exc: BaseException) -> OutputError:
+    """The one line for an OS error met while writing `path`."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    reason = getattr(exc, "strerror", None) or first
+    if getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc):
+        hint = "free some space (or choose an output on another disk) and rerun"
+    else:
+        hint = "check that the location exists, is a directory and is writable"
+    return OutputError(f"cannot write {path}: {reason}", hint)
+
+
+def _is_write_error(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) or type(exc).__name__ == "SafetensorError"
+
+
 def atomic_write_with(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
     """Call `write(tmp_path)` to produce the file, then fsync and rename it onto `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
         write(tmp)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+        fsync_dir(path.parent)
+    except BaseException as exc:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
+        if isinstance(exc, OutputError) or not _is_write_error(exc):
+            raise
+        raise write_failed(path, exc) from exc
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

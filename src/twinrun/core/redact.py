@@ -19,7 +19,7 @@ _SECRET_KEY = re.compile(
     r"|.*_secret|.*_password|access_token|auth)$",
     re.IGNORECASE,
 )
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/@\s]+)@")
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*:/{1,2})(?P<userinfo>[^/@\s]+)@")
 _QUERY = re.compile(r"(?P<sep>[?&;])(?P<key>[^=&;#\s]+)=(?P<value>[^&;#\s]*)")
 
 
@@ -57,3 +57,44 @@ def redact_env_args(args: dict[str, Any] | None) -> dict[str, str] | None:
     if args is None:
         return None
     return {k: REDACTED for k in args}
+
+
+_ENV_ARG_FLAGS = frozenset({"--env-arg"})
+
+
+def redact_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """A command line as it may be printed: URL userinfo and secret query values redacted in
+    every word; the value after (or `=`-joined to) a secret-named flag (`--token X`,
+    `--api-key=X`) and every `--env-arg key=value` value replaced; `key=value` words with a
+    secret-named key too."""
+    out: list[str] = []
+    hide_next: str | None = None
+    for word in argv:
+        if hide_next is not None:
+            out.append(_redact_assignment(word) if hide_next == "env" else REDACTED)
+            hide_next = None
+            continue
+        if word.startswith("--"):
+            name, eq, value = word.partition("=")
+            if name in _ENV_ARG_FLAGS:
+                out.append(f"{name}={_redact_assignment(value)}" if eq else word)
+                hide_next = None if eq else "env"
+                continue
+            if is_secret_key(name[2:]):
+                out.append(f"{name}={REDACTED}" if eq else word)
+                hide_next = None if eq else "secret"
+                continue
+        out.append(_redact_word(word))
+    return out
+
+
+def _redact_assignment(word: str) -> str:
+    key, eq, _ = word.partition("=")
+    return f"{key}={REDACTED}" if eq else REDACTED
+
+
+def _redact_word(word: str) -> str:
+    key, eq, _ = word.partition("=")
+    if eq and "://" not in key and is_secret_key(key.lstrip("-")):
+        return f"{key}={REDACTED}"
+    return redact_string(word)

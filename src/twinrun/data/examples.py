@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from twinrun.core.errors import DataError
+from twinrun.core.jsonlimits import EXAMPLES, Limits, iter_jsonl, parse_json, read_limited
 
 
 class Tokenizer(Protocol):
@@ -33,38 +34,31 @@ class SourcedRow:
     where: str  # "path:line" (JSONL) or "path[index]" (JSON array)
 
 
-def load_rows(path: str | Path) -> list[SourcedRow]:
-    """Read an examples file. Raises DataError naming the file (and line) on any problem."""
+def load_rows(path: str | Path, limits: Limits = EXAMPLES) -> list[SourcedRow]:
+    """Read an examples file. Raises DataError naming the file (and line) on any problem; rows
+    and the file are bounded by `limits` (bytes per row and per file, integer digits, nesting)."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"examples file not found: {p}", "check the --examples path")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{p}: not UTF-8 text ({exc.reason})", "save the file as UTF-8") from exc
-    if not text.strip():
+    with open(p, "rb") as fh:
+        head = fh.read(4096)
+        while head.strip() == b"" and (more := fh.read(4096)):
+            head = more
+    if not head.strip():
         raise DataError(f"{p}: the examples file is empty", "give at least one example")
     rows: list[SourcedRow] = []
-    if text.lstrip().startswith("["):
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataError(
-                f"{p}:{exc.lineno}: not valid JSON ({exc.msg})", "fix the JSON array"
-            ) from exc
+    if head.lstrip().startswith(b"["):
+        whole = Limits(**{**limits.__dict__, "max_bytes": limits.max_file_bytes})
+        items = parse_json(read_limited(p, "examples file", limits.max_file_bytes), str(p), whole)
         for i, item in enumerate(items):
+            if len(json.dumps(item, ensure_ascii=False)) > limits.max_bytes:
+                raise DataError(
+                    f"{p}[{i}]: a row over the limit of {limits.max_bytes} bytes",
+                    "shorten the row",
+                )
             rows.append(_as_object(item, f"{p}[{i}]"))
     else:
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"{p}:{lineno}: not valid JSON ({exc.msg})",
-                    "each line of a .jsonl file must be one JSON object",
-                ) from exc
+        for lineno, item in iter_jsonl(p, "examples file", limits):
             rows.append(_as_object(item, f"{p}:{lineno}"))
     if not rows:
         raise DataError(f"{p}: the examples file has no rows", "give at least one example")

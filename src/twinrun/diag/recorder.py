@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from twinrun.core.errors import DataError
+from twinrun.core.jsonlimits import DIAG, parse_json
 from twinrun.diag.checksum import checksum_digest, checksum_digest_many
 
 __all__ = [
@@ -266,18 +267,9 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 yield lineno, raw
 
 
-_loads = json.JSONDecoder().decode
-
-
 def parse_row(raw: bytes, path: Path, lineno: int) -> DiagRow | None:
     """Parse one line; None for another twinrun row kind (e.g. a step trace) to skip."""
-    try:
-        obj = _loads(raw.decode("utf-8"))  # str in: json skips its encoding detection
-    except json.JSONDecodeError as exc:
-        msg = f"not valid JSON — {exc.msg} (column {exc.colno})"
-        raise DataError(f"{path}:{lineno}: {msg}", _HINT) from exc
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}:{lineno}: not UTF-8 text — {exc.reason}", _HINT) from exc
+    obj = parse_json(raw, f"{path}:{lineno}", DIAG)  # bounded digits, depth and size
     if type(obj) is not dict:
         raise DataError(f"{path}:{lineno}: a row must be a JSON object", _HINT)
     fmt = obj.get("format", DIAG_FORMAT)

@@ -98,8 +98,10 @@ class RunFailed(TwinrunError):
     exit_code = 2
 
     def __init__(self, message: str, hint: str | None = None, tail: Sequence[str] = ()) -> None:
-        super().__init__(message, hint)
-        self.stderr_tail = list(tail)
+        from twinrun.core.redact import redact_string
+
+        super().__init__(redact_string(message), hint)
+        self.stderr_tail = [redact_string(line) for line in tail]
 
 
 # ----------------------------------------------------------------------------- the run plan
@@ -172,7 +174,10 @@ def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
         text = path.read_text(errors="replace")
     except OSError:
         return []
-    return text.rstrip("\n").splitlines()[-n:] if text.strip() else []
+    from twinrun.core.redact import redact_string
+
+    lines = text.rstrip("\n").splitlines()[-n:] if text.strip() else []
+    return [redact_string(line) for line in lines]  # the CLI prints them
 
 
 def execute(run: PlannedRun, log_dir: Path, timeout: float | None = None) -> RunResult:

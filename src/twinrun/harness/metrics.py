@@ -4,7 +4,6 @@ runs a process."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import struct
@@ -19,6 +18,7 @@ if TYPE_CHECKING:
     from twinrun.harness import RunResult
 
 from twinrun.core.errors import ConfigError, DataError
+from twinrun.core.redact import redact_argv
 
 DEFAULT_TOL = 1e-2
 DEFAULT_SEEDS = (0, 1)
@@ -35,18 +35,10 @@ def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise DataError(f"{path}: the run wrote no metrics.jsonl", "does the command honour {out}?")
+    from twinrun.core.jsonlimits import DIAG, iter_jsonl
+
     rows: list[dict[str, Any]] = []
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: cannot be read ({exc})") from exc
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: not valid JSON — {exc.msg}") from exc
+    for lineno, obj in iter_jsonl(path, "metrics file", DIAG):
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{lineno}: a metrics row must be a JSON object")
         rows.append(obj)
@@ -352,7 +344,7 @@ class Verdict:
                     "label": r.run.label,
                     "seed": r.run.seed,
                     "out": str(r.run.out),
-                    "argv": list(r.run.argv),
+                    "argv": redact_argv(r.run.argv),
                     "returncode": r.returncode,
                     "wall_s": r.wall_s,
                 }

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import common_problems, require_flags
+from twinrun.config.values import resolve_max_length
 from twinrun.core.errors import ConfigError
 
 
@@ -64,10 +65,17 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
 
     cfg.validate()
     model_dir = Path(cfg.model)  # type: ignore[arg-type]
-    read_config(model_dir)
+    model_config = read_config(model_dir)
     tok = load_tokenizer(model_dir)
     messages = [{"role": "user", "content": str(cfg.prompt)}]
     prompt_ids = tok.prompt_ids(messages, cfg.chat_template == "on")
+    positions = resolve_max_length(None, model_config)
+    if len(prompt_ids) + int(cfg.max_new_tokens or 0) > positions:
+        raise ConfigError(
+            f"--max-new-tokens {cfg.max_new_tokens} after a prompt of {len(prompt_ids)} tokens "
+            f"runs past the model's {positions} positions",
+            f"use --max-new-tokens {max(positions - len(prompt_ids), 0)} or less",
+        )
     establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
     model = build_model(model_dir, precision=cfg.precision, device=cfg.device, adapter=cfg.adapter)
     if cfg.steer is not None:

@@ -1,6 +1,7 @@
-"""Models: the toy checkpoint writer, the byte tokenizer, twinrun's own pure-torch Llama,
-LoRA apply/save/load in PEFT's format, and KV-cached decoding.
+"""Models: the one builder (transformers' own causal LM plus twinrun's switches), TRL-rule
+tokens over AutoTokenizer, LoRA apply/save/load in PEFT's format, KV-cached decoding with keyed
+draws, batch-invariant mode, the reward head and the toy checkpoint writer.
 
-Submodules are imported explicitly (`from twinrun.model.llama import load_base_model`); this
+Submodules are imported explicitly (`from twinrun.model.build import build_model`); this
 package imports nothing, so `twinrun --help` never pays for torch or transformers.
 """

@@ -8,7 +8,6 @@ knows the architecture as a causal LM is checked when the model is built (`model
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -25,13 +24,39 @@ def read_model_config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
     cfg_path = root / "config.json"
     if not cfg_path.is_file():
         raise ModelError(f"no config.json in {root}", hint)
+    from twinrun.core.errors import DataError
+    from twinrun.core.jsonlimits import SMALL, load_json_file
+
     try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read {cfg_path}: {exc}", hint) from exc
+        cfg = load_json_file(cfg_path, "model config", SMALL)
+    except DataError as exc:
+        raise ModelError(f"cannot read {exc.message}", hint) from None
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model_type"), str):
         raise ModelError(f"{cfg_path}: no model_type", hint)
+    check_sizes(cfg, cfg_path)
     return cfg
+
+
+SIZE_KEYS = (
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "vocab_size", "max_position_embeddings", "head_dim",
+)  # fmt: skip
+
+
+def check_sizes(cfg: dict[str, Any], cfg_path: Path) -> None:
+    """Every size the model is built from must be a positive integer (not "64", not 64.0)."""
+    bad = [
+        key
+        for key in SIZE_KEYS
+        if key in cfg
+        and cfg[key] is not None
+        and (isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 1)
+    ]
+    if bad:
+        raise ModelError(
+            f"{cfg_path}: {', '.join(bad)} must be positive integers",
+            "fix config.json (numbers without quotes) or re-save the checkpoint",
+        )
 
 
 def weight_files(model_dir: str | os.PathLike[str]) -> list[Path]:

@@ -20,7 +20,6 @@ Inputs are run directories (`[logging] dir`). A missing or unreadable input is a
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -69,21 +68,49 @@ class RunRecord:
         return ", ".join(self.row.get("optimizer_batch/declared_differences") or []) or "same"
 
 
+SHA_KEYS = ("optimizer_batch/manifest_sha256",)
+
+
 def _rows(path: Path) -> list[dict[str, Any]]:
+    """The metrics rows of a run directory: each a JSON object, within the JSON limits."""
+    from twinrun.core.jsonlimits import DIAG, iter_jsonl
+
     file = path / "metrics.jsonl"
+    if not file.is_file():
+        raise EvidenceInputError(f"cannot read {file}: no such file", "is it a run directory?")
     try:
-        return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError) as exc:
-        raise EvidenceInputError(f"cannot read {file}: {exc}", "is it a run directory?") from exc
+        rows = list(iter_jsonl(file, "metrics file", DIAG))
+    except DataError as exc:
+        raise EvidenceInputError(exc.message, "is it a run directory?") from None
+    for lineno, row in rows:
+        if not isinstance(row, dict):
+            raise EvidenceInputError(
+                f"{file}:{lineno}: a metrics row must be a JSON object, got {type(row).__name__}",
+                "is it a run directory written by twinrun?",
+            )
+        if not isinstance(row.get("step", 0), int) or any(
+            not isinstance(row.get(k), str | None) for k in SHA_KEYS
+        ):
+            raise EvidenceInputError(
+                f"{file}:{lineno}: 'step' must be an integer and digests strings",
+                "is it a run directory written by twinrun?",
+            )
+    return [row for _, row in rows]
 
 
 def _resolved(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads((path / "resolved_config.json").read_text())
-    except FileNotFoundError:
+    from twinrun.core.jsonlimits import SMALL, load_json_file
+
+    file = path / "resolved_config.json"
+    if not file.exists():
         return {}
-    except (OSError, ValueError) as exc:
-        raise EvidenceInputError(f"cannot read {path / 'resolved_config.json'}: {exc}") from exc
+    try:
+        resolved = load_json_file(file, "resolved config", SMALL)
+    except DataError as exc:
+        raise EvidenceInputError(exc.message) from None
+    if not isinstance(resolved, dict):
+        raise EvidenceInputError(f"{file} is not a JSON object", "is it a twinrun run?")
+    return resolved
 
 
 def load_runs(source: Path, replays: list[Path]) -> tuple[RunRecord, list[RunRecord]]:

@@ -37,24 +37,61 @@ def explain_config(path: str | Path) -> dict[str, Any]:
             }
     else:
         checks = [Check("config", "pass", f"{run.trainer}: keys and values valid")]
-        if run.cfg.capture:
-            from twinrun.dispatch.toml_runs import source_problems
+        checks.append(run_preflight(run))
+        from twinrun.dispatch.toml_runs import source_problems
 
-            try:
-                problems = source_problems(run)
-            except TwinrunError as exc:
-                problems = [exc.one_line()]
-            what = "capture_steps" if run.cfg.capture_steps else "v1 capture"
-            checks.append(
-                Check(
-                    f"{what} preconditions",
-                    "fail" if problems else "pass",
-                    "; ".join(problems) or "initial state, steps, checkpoints, device",
-                )
+        try:
+            problems = source_problems(run)
+        except TwinrunError as exc:
+            problems = [exc.one_line()]
+        what = "capture_steps" if run.cfg.capture_steps else "v1 capture"
+        name = f"{what} preconditions" if run.cfg.capture else "steps"
+        checks.append(
+            Check(
+                name,
+                "fail" if problems else "pass",
+                "; ".join(problems) or "initial state, steps, checkpoints, device",
             )
+        )
     report["checks"] = [c.as_dict() for c in checks]
     report["ok"] = all(c.status == "pass" for c in checks)
     return report
+
+
+def run_preflight(run: Any) -> Check:
+    """What `twinrun run` checks before it builds a model, by the same functions: the config's
+    numbers, the output location, the model's config.json and tokenizer, every examples row
+    (and, for GRPO, against its environment), the initial adapter."""
+    from twinrun.config.run import validate
+    from twinrun.data.examples import load_rows
+    from twinrun.model.loading import read_model_config
+    from twinrun.train.faults import parse_faults
+    from twinrun.train.outputs import check_output_dir
+
+    cfg = run.cfg
+    try:
+        cfg.objective = run.trainer
+        validate(cfg)
+        parse_faults(cfg.inject, cfg.objective)
+        from twinrun.core.paths import output_path
+
+        output_path(cfg.output)
+        if not cfg.resume:
+            check_output_dir(cfg.output, cfg.overwrite)
+        read_model_config(cfg.model)
+        rows = load_rows(cfg.examples)
+        if run.trainer == "grpo":
+            from twinrun.rl.environments import make_environment, validated_rows
+
+            env = make_environment(cfg.env or "", cfg.env_args or {})
+            validated_rows(env, cfg.env or "", rows, cfg.seed)
+        if cfg.init_adapter is not None:
+            from twinrun.train.init_adapter import read_trainer_state
+
+            read_trainer_state(cfg.init_adapter)
+    except TwinrunError as exc:
+        return Check("inputs", "fail", exc.one_line())
+    return Check("inputs", "pass", f"model, {len(rows)} examples rows, output")
 
 
 def render(report: dict[str, Any]) -> str:

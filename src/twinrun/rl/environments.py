@@ -235,3 +235,20 @@ def checked_reward(env: Environment, name: str, row: dict[str, Any], completion:
             "reward(row, completion) must return a finite float",
         )
     return reward
+
+
+def validated_rows(env: Environment, name: str, rows: list[Any], seed: int) -> list[Any]:
+    """Every examples row checked against the environment before any output exists: its prompt
+    must build and its reward must score (an empty completion). The draws come from their own
+    purpose ("validate"), so this changes no draw of the run."""
+    from twinrun.core.rng import stream
+
+    for i, row in enumerate(rows):
+        data = dict(row.data)
+        where = getattr(row, "where", f"row {i}")
+        try:
+            checked_prompt(env, name, data, stream(seed, "validate", i))
+            checked_reward(env, name, data, "")
+        except DataError as exc:
+            raise type(exc)(f"{where}: {exc.message}", exc.hint) from None
+    return rows

@@ -8,12 +8,13 @@ then runs logical step 0 exactly once.
 
 from __future__ import annotations
 
-import json
+import shutil
 from pathlib import Path
 from typing import Any
 
-from twinrun.core.errors import ConfigError, ModelError
+from twinrun.core.errors import ConfigError, DataError, ModelError
 from twinrun.core.fileio import atomic_write_json
+from twinrun.core.jsonlimits import SMALL, load_json_file
 
 TRAINER_STATE = "trainer_state.json"
 STATE_FORMAT = "twinrun.trainer-state.v1"
@@ -29,9 +30,7 @@ def init_adapter(
 ) -> Path:
     """Write the initial adapter and trainer_state.json into the new directory `out` (`targets`:
     None for the architecture's default LoRA targets, "all-linear", or module names)."""
-    from twinrun.core.digest import sha256_dir, sha256_file
     from twinrun.model.build import FreshLora, build_model
-    from twinrun.model.lora import save_adapter
 
     problems = []
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
@@ -48,6 +47,20 @@ def init_adapter(
     base = build_model(
         model, precision="f32", device="cpu", lora=FreshLora(rank, alpha, seed, targets)
     )
+    made = not path.exists()
+    try:
+        _write(path, base, model, seed, rank, alpha)
+    except BaseException:  # a full disk, a kill: leave no half-made directory behind
+        if made:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+    return path
+
+
+def _write(path: Path, base: Any, model: str, seed: int, rank: int, alpha: float) -> None:
+    from twinrun.core.digest import sha256_dir, sha256_file
+    from twinrun.model.lora import save_adapter
+
     save_adapter(base, path, base_model_path=str(model), rank=rank, alpha=alpha)
     atomic_write_json(
         path / TRAINER_STATE,
@@ -61,7 +74,6 @@ def init_adapter(
             "adapter_sha256": sha256_file(path / "adapter_model.safetensors"),
         },
     )
-    return path
 
 
 def read_trainer_state(adapter_dir: str | Path) -> dict[str, Any]:
@@ -71,9 +83,9 @@ def read_trainer_state(adapter_dir: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ModelError(f"{path} not found: {adapter_dir} is not a resume state", hint)
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read {path}: {exc}", hint) from exc
+        state = load_json_file(path, "trainer state", SMALL)
+    except DataError as exc:
+        raise ModelError(exc.message, hint) from None
     step = state.get("step") if isinstance(state, dict) else None
     if isinstance(step, bool) or not isinstance(step, int) or step < -1:
         raise ModelError(f"{path}: 'step' must be an integer >= -1, got {step!r}", hint)

@@ -12,7 +12,10 @@ from twinrun.core.errors import OutputError
 
 SIDECAR = "twinrun.json"
 SIDECAR_FORMAT = "twinrun.run.v1"
-OURS = (SIDECAR, "metrics.jsonl", "diag.jsonl", "adapter_model.safetensors", "checkpoints")
+OURS = (
+    SIDECAR, "metrics.jsonl", "diag.jsonl", "adapter_model.safetensors", "checkpoints",
+    "twinrun.inputs.json",
+)  # fmt: skip
 
 
 def check_output_dir(path: str | Path, overwrite: bool) -> Path:

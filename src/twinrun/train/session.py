@@ -12,13 +12,15 @@ from typing import Any
 
 from twinrun.config.run import RunConfig, shaping_numbers, validate
 from twinrun.config.values import resolve_max_length
-from twinrun.core.digest import sha256_dir, sha256_file
+from twinrun.core.digest import sha256_file
 from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
+from twinrun.core.lock import acquire, release
 from twinrun.core.progress import Progress
 from twinrun.core.redact import redact
 from twinrun.data.examples import SourcedRow, load_rows
 from twinrun.train.faults import Faults, parse_faults
 from twinrun.train.outputs import begin_output_dir, check_output_dir, sidecar
+from twinrun.train.resume_check import check_resume, record_inputs, run_inputs
 
 
 @dataclass
@@ -36,6 +38,7 @@ class Session:
     max_length: int  # tokens per row at most: --max-length, else the model's positions
     progress: Progress | None = None
     started: float = field(default_factory=time.perf_counter)
+    lock: Path | None = None  # the output directory's lock, released by finish_session
 
     def save_adapter(self, folder: Path) -> None:
         """The run's LoRA adapter, in PEFT's format, into `folder`."""
@@ -53,6 +56,13 @@ class Session:
             self.cfg, resolved={"lora_targets": self.lora_targets, "max_length": self.max_length}
         )
 
+    def close(self) -> None:
+        """Release the output directory's lock (finish_session does; call it when a run stops
+        early inside a longer-lived process — a CLI process releases it at exit anyway)."""
+        if self.lock is not None:
+            release(self.lock)
+            self.lock = None
+
     @property
     def lora_targets(self) -> list[str]:
         """The module names the run's LoRA layers wrap, as resolved for this model."""
@@ -65,26 +75,39 @@ def open_session(
     cfg: RunConfig, encode: Callable[[Any, list[SourcedRow], int], list[Any]]
 ) -> tuple[Session, list[Any]]:
     """Validate config, model, examples and output; then build. Nothing is written before every
-    input has been checked."""
-    from twinrun.model.tokens import load_tokenizer
-
+    input has been checked; the output directory is locked for the whole session."""
     validate(cfg)
     faults = parse_faults(cfg.inject, cfg.objective)
-    if cfg.resume:
-        out = Path(cfg.output)  # type: ignore[arg-type]
-        from twinrun.train.checkpoint import resume_point
+    lock = acquire(cfg.output)  # type: ignore[arg-type]  # the second writer stops here
+    try:
+        return _open_locked(cfg, encode, faults, lock)
+    except BaseException:
+        release(lock)
+        raise
 
-        resume_point(out)  # an error when there is nothing to resume
-    else:
-        out = check_output_dir(cfg.output, cfg.overwrite)  # type: ignore[arg-type]
+
+def _open_locked(
+    cfg: RunConfig,
+    encode: Callable[[Any, list[SourcedRow], int], list[Any]],
+    faults: Faults,
+    lock: Path,
+) -> tuple[Session, list[Any]]:
+    if not cfg.resume:
+        check_output_dir(cfg.output, cfg.overwrite)  # type: ignore[arg-type]
+    out = Path(cfg.output)  # type: ignore[arg-type]
     model_dir = Path(cfg.model)  # type: ignore[arg-type]
     from twinrun.model.loading import read_model_config as read_config
+    from twinrun.model.tokens import load_tokenizer
 
     model_config = read_config(model_dir)  # ModelError when missing / not a checkpoint
     tok = load_tokenizer(model_dir)
     rows = load_rows(cfg.examples)  # type: ignore[arg-type]
     max_length = resolve_max_length(cfg.max_length, model_config)
     encoded = encode(tok, rows, max_length)
+    inputs = run_inputs(cfg)
+    if cfg.resume and check_resume(out, inputs) == 0:  # refuses before any file is touched
+        cfg.resume = False  # killed before its first checkpoint: start again from step 0
+        cfg.overwrite = True
 
     from twinrun.core.determinism import establish, runtime_versions
 
@@ -112,6 +135,7 @@ def open_session(
     params = lora_parameters(model)
     if not cfg.resume:
         begin_output_dir(out, cfg.overwrite)
+        record_inputs(out, inputs)
     session = Session(
         cfg=cfg,
         out=out,
@@ -120,10 +144,11 @@ def open_session(
         params=params,
         provenance=provenance,
         runtime=runtime_versions(),
-        model_sha256=sha256_dir(model_dir),
-        data_sha256=sha256_file(cfg.examples),  # type: ignore[arg-type]
+        model_sha256=inputs["model_sha256"],
+        data_sha256=inputs["data_sha256"],
         faults=faults,
         max_length=max_length,
+        lock=lock,
     )
     return session, encoded
 
@@ -166,4 +191,5 @@ def finish_session(
         | (extra or {}),
     )
     atomic_write_json(s.out / "twinrun.json", record)
+    s.close()
     return record

@@ -135,9 +135,10 @@ class CaptureHook(Hook):
             state = read_trainer_state(adapter_dir)
             pins: dict[str, Any] = {
                 "resume_step": state["step"],
-                "adapter": {
-                    "file": "adapter_model.safetensors",
-                    "sha256": sha256_file(adapter_dir / "adapter_model.safetensors"),
+                **{
+                    key: {"file": name, "sha256": sha256_file(adapter_dir / name)}
+                    for key, name in mf.STATE_FILES.items()
+                    if key in mf.REQUIRED_STATE
                 },
                 "optimizer": None,
                 "reward_head": None,
@@ -169,6 +170,9 @@ class CaptureHook(Hook):
                 "captured_as": mf.stem(step),
             },
         )
+        for key in mf.REQUIRED_STATE:  # the replay reads these too: pin every one
+            name = mf.STATE_FILES[key]
+            pins[key] = {"file": name, "sha256": sha256_file(folder / name)}
         return pins
 
     def after(self, step: int, row: dict[str, Any]) -> None:

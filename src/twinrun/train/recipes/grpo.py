@@ -37,6 +37,7 @@ from twinrun.rl.environments import (
     checked_reward,
     make_environment,
     observation_fault,
+    validated_rows,
 )
 from twinrun.rl.prioritized import PrioritizedReplay
 from twinrun.train.batch import OptimizerBatch
@@ -96,7 +97,14 @@ def train_grpo(cfg: RunConfig) -> dict[str, Any]:
     validate(cfg)
     name = cfg.env or ""
     env = make_environment(name, cfg.env_args or {})  # plugin errors before anything is written
-    session, rows = open_session(cfg, lambda tok, raw, max_len: usable_prompts(tok, raw, cfg))
+    session, rows = open_session(
+        cfg,
+        lambda tok, raw, max_len: usable_prompts(
+            tok,
+            validated_rows(env, name, raw, cfg.seed),
+            cfg,  # type: ignore[arg-type]
+        ),
+    )  # every row is checked before the output directory is made
     replay = None
     if cfg.replay == "per":
         replay = PrioritizedReplay(cfg.replay_capacity, cfg.replay_alpha, cfg.replay_beta)

@@ -1,0 +1,211 @@
+"""JSON and JSONL parsed with limits, so that no input file can exhaust memory or end in an
+internal error: bytes per file and per row, digits per integer, nesting depth, no lone UTF-16
+surrogate, no NaN/Infinity unless the format allows them. Every violation is one DataError line
+naming the file (and line), never echoing the offending value.
+
+Every parser of a file a user hands twinrun goes through here: examples, manifests, payload
+metadata, diag rows, sidecars, checkpoint and inputs records, evidence metrics rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from twinrun.core.errors import DataError
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on one JSON document (a file, or one JSONL row) and on a whole file."""
+
+    max_bytes: int = 16 * MiB  # one document
+    max_file_bytes: int = 1024 * MiB  # a whole file (JSONL: all rows together)
+    max_depth: int = 64
+    max_int_digits: int = 40  # 2**128 has 39
+    allow_nonfinite: bool = False  # NaN / Infinity / numbers that overflow a float
+
+
+DEFAULT = Limits()
+EXAMPLES = Limits(max_bytes=8 * MiB, max_file_bytes=1024 * MiB)  # a row bigger than 8 MiB
+# of text is far past any context window; the limit keeps tokenization memory bounded
+SMALL = Limits(max_bytes=4 * MiB, max_file_bytes=4 * MiB)  # manifests, records, configs
+RECORDS = Limits(max_bytes=256 * MiB, max_file_bytes=256 * MiB)  # checkpoint state (metrics)
+DIAG = Limits(max_bytes=4 * MiB, max_file_bytes=4096 * MiB, allow_nonfinite=True)
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class _Refused(Exception):
+    """Raised from inside the decoder hooks; turned into a DataError with the location."""
+
+
+def _parse_int(limits: Limits) -> Any:
+    def parse(text: str) -> int:
+        if len(text.lstrip("-")) > limits.max_int_digits:
+            raise _Refused(f"an integer with more than {limits.max_int_digits} digits")
+        return int(text)
+
+    return parse
+
+
+def _parse_float(limits: Limits) -> Any:
+    def parse(text: str) -> float:
+        if len(text) > 400:  # no float needs more; keeps float() linear and cheap
+            raise _Refused("a number written with more than 400 characters")
+        value = float(text)
+        if not limits.allow_nonfinite and not math.isfinite(value):
+            raise _Refused("a number too large for a float")
+        return value
+
+    return parse
+
+
+def _parse_constant(limits: Limits) -> Any:
+    def parse(name: str) -> float:
+        if not limits.allow_nonfinite:
+            raise _Refused(f"{name}, which is not a JSON number")
+        return float(name.replace("Infinity", "inf"))
+
+    return parse
+
+
+@functools.lru_cache(maxsize=32)
+def _decoder(limits: Limits) -> Any:
+    """A decoder built once per limits (json.loads with hooks builds one per call)."""
+    return json.JSONDecoder(
+        parse_int=_parse_int(limits),
+        parse_float=None if limits.allow_nonfinite else _parse_float(limits),
+        parse_constant=_parse_constant(limits),
+    ).decode
+
+
+def _check_shape(value: Any, limits: Limits) -> None:
+    """Depth and strings, walked without recursion."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                raise _Refused("a lone UTF-16 surrogate (\\ud800-\\udfff) in a string")
+        elif isinstance(item, dict | list):
+            if depth > limits.max_depth:
+                raise _Refused(f"nesting deeper than {limits.max_depth} levels")
+            children = item.items() if isinstance(item, dict) else enumerate(item)
+            for k, v in children:
+                if isinstance(k, str) and _SURROGATE.search(k):
+                    raise _Refused("a lone UTF-16 surrogate (\\ud800-\\udfff) in a key")
+                stack.append((v, depth + 1))
+
+
+def parse_json(text: str | bytes, where: str, limits: Limits = DEFAULT) -> Any:
+    """One JSON document, within `limits`; DataError naming `where` otherwise."""
+    raw_str = isinstance(text, str)  # strict UTF-8 decoding never yields a lone surrogate
+    size = len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else len(text)
+    if size > limits.max_bytes:
+        raise DataError(
+            f"{where}: {size} bytes, over the limit of {limits.max_bytes} for one JSON document",
+            "split or shorten it",
+        )
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{where}: not UTF-8 text ({exc.reason})", "save it as UTF-8") from exc
+    # the walk costs Python time per value: only when the text could break its limits (diag
+    # files are parsed at ~100k rows a second)
+    deep = text.count("[") + text.count("{") > limits.max_depth
+    escaped = "\\u" in text or (raw_str and _SURROGATE.search(text) is not None)
+    try:
+        value = _decoder(limits)(text)
+        if deep or escaped:
+            _check_shape(value, limits)
+    except _Refused as exc:
+        raise DataError(f"{where}: refused {exc}", "fix or regenerate the file") from None
+    except RecursionError:
+        raise DataError(
+            f"{where}: refused nesting deeper than {limits.max_depth} levels",
+            "fix or regenerate the file",
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise DataError(
+            f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
+            "fix or regenerate the file",
+        ) from None
+    except ValueError as exc:  # e.g. int() beyond Python's own digit limit
+        raise DataError(f"{where}: not valid JSON ({type(exc).__name__})") from None
+    return value
+
+
+def read_limited(path: str | os.PathLike[str], what: str, max_bytes: int) -> bytes:
+    """The bytes of `path`, refusing a missing, unreadable or too large file."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise DataError(f"{what} not found: {p}", "check the path") from None
+    except IsADirectoryError:
+        raise DataError(f"{what} {p} is a directory, not a file", "check the path") from None
+    except OSError as exc:
+        raise DataError(f"{what} {p} cannot be read ({exc.strerror or exc})") from None
+    if len(data) > max_bytes:
+        raise DataError(
+            f"{what} {p} is larger than the limit of {max_bytes} bytes", "split or shorten it"
+        )
+    return data
+
+
+def load_json_file(path: str | os.PathLike[str], what: str, limits: Limits = SMALL) -> Any:
+    """A whole-file JSON document (manifest, record, sidecar) within `limits`."""
+    data = read_limited(path, what, min(limits.max_bytes, limits.max_file_bytes))
+    return parse_json(data, f"{what} {path}", limits)
+
+
+def iter_jsonl(
+    path: str | os.PathLike[str], what: str, limits: Limits = DEFAULT
+) -> Iterator[tuple[int, Any]]:
+    """(line number, value) for every non-blank line of a JSONL file, each within `limits`;
+    the file as a whole within `limits.max_file_bytes`. Read line by line: memory stays at
+    one row."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except FileNotFoundError:
+        raise DataError(f"{what} not found: {p}", "check the path") from None
+    except OSError as exc:
+        raise DataError(f"{what} {p} cannot be read ({exc.strerror or exc})") from None
+    if size > limits.max_file_bytes:
+        raise DataError(
+            f"{what} {p} is {size} bytes, over the limit of {limits.max_file_bytes}",
+            "split it into smaller files",
+        )
+    try:
+        fh = open(p, "rb")  # noqa: SIM115 (closed below; a generator)
+    except OSError as exc:
+        raise DataError(f"{what} {p} cannot be read ({exc.strerror or exc})") from None
+    with fh:
+        lineno = 0
+        while True:
+            line = fh.readline(limits.max_bytes + 2)
+            if not line:
+                return
+            lineno += 1
+            body = line.rstrip(b"\r\n")
+            if len(body) > limits.max_bytes:
+                raise DataError(
+                    f"{p}:{lineno}: a line over the limit of {limits.max_bytes} bytes",
+                    "shorten the row",
+                )
+            if not body.strip():
+                continue
+            yield lineno, parse_json(body, f"{p}:{lineno}", limits)
