@@ -67,7 +67,19 @@ def open_session(
     """Validate config, model, examples and output; then build. Nothing is written before every
     input has been checked."""
     from twinrun.model.tokens import load_tokenizer
+    from twinrun.train import distributed
 
+    cfg.device = distributed.setup(cfg.device)  # joins torchrun's process group, if any
+    if not distributed.is_root():
+        cfg.quiet = True  # rank 0 reports; the others only compute
+    if cfg.trace_step is not None and distributed.world().size > 1:
+        from twinrun.core.errors import ConfigError
+
+        raise ConfigError(
+            "--trace-step traces the forwards of one process; under torchrun each process runs "
+            "only some of the step's forwards",
+            "trace the step in a run without torchrun (its bytes are the same)",
+        )
     validate(cfg)
     faults = parse_faults(cfg.inject, cfg.objective)
     if cfg.resume:
@@ -110,7 +122,8 @@ def open_session(
     if cfg.init_adapter is not None:
         check_adapter_shape(model, cfg)
     params = lora_parameters(model)
-    if not cfg.resume:
+    distributed.barrier("waiting for every process to check its inputs")
+    if not cfg.resume and distributed.is_root():
         begin_output_dir(out, cfg.overwrite)
     session = Session(
         cfg=cfg,
@@ -119,7 +132,7 @@ def open_session(
         model=model,
         params=params,
         provenance=provenance,
-        runtime=runtime_versions(),
+        runtime=runtime_versions() | distributed.runtime_record(),
         model_sha256=sha256_dir(model_dir),
         data_sha256=sha256_file(cfg.examples),  # type: ignore[arg-type]
         faults=faults,
@@ -149,8 +162,12 @@ def finish_session(
     summary: dict[str, Any],
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write the adapter, metrics.jsonl and the sidecar (last: it marks a finished run)."""
+    """Write the adapter, metrics.jsonl and the sidecar (last: it marks a finished run). In a
+    data-parallel run rank 0 writes them and the others return an empty record."""
+    from twinrun.train import distributed
 
+    if not distributed.is_root():
+        return {}
     s.save_adapter(s.out)
     atomic_write_jsonl(s.out / "metrics.jsonl", metrics)
     adapter_sha = sha256_file(s.out / "adapter_model.safetensors")
