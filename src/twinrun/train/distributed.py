@@ -158,7 +158,7 @@ def collective(what: str) -> Iterator[None]:
     except Exception as exc:
         me = world()
         raise DistributedError(
-            f"rank {me.rank} of {me.size}: {what} failed — another process stopped or did not "
+            f"rank {me.rank} of {me.size}: {what} failed: another process stopped or did not "
             f"answer within {timeout_s():g} s ({type(exc).__name__})",
             "the first error another rank printed says why",
         ) from exc
