@@ -72,6 +72,8 @@ def open_session(
     cfg.device = distributed.setup(cfg.device)  # joins torchrun's process group, if any
     if not distributed.is_root():
         cfg.quiet = True  # rank 0 reports; the others only compute
+    if cfg.shard_base:
+        raise distributed.shard_base_unavailable()
     if cfg.trace_step is not None and distributed.world().size > 1:
         from twinrun.core.errors import ConfigError
 
