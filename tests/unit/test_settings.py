@@ -26,7 +26,7 @@ COMMON = {
     "--trace-step", "--inject", "--threads", "--device", "--strict", "--batch-invariant",
     "--checkpoint-every", "--resume", "--prefetch", "--spike-factor", "--spike-window",
     "--init-adapter", "--overwrite", "--quiet",
-    "--lora-targets", "--attention", "--max-length",
+    "--lora-targets", "--attention", "--max-length", "--shard-base",
 }  # fmt: skip
 GRPO = {
     "--steps", "--prompts-per-step", "--group-size", "--max-new-tokens", "--temperature",

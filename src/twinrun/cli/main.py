@@ -122,4 +122,9 @@ def run_cli(args: list[str] | None = None) -> int:
 
 
 def main() -> None:
-    sys.exit(run_cli())
+    code = run_cli()
+    if code == 0:  # under torchrun: leave the process group (a failed run just exits)
+        from twinrun.train.distributed import teardown
+
+        teardown()
+    sys.exit(code)

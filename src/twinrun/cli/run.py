@@ -14,7 +14,7 @@ def run(config: str, output: str | None, quiet: bool) -> None:
     from twinrun.dispatch.toml_runs import run_toml
 
     record = run_toml(config, output, quiet)
-    if quiet:
+    if quiet or not record:  # no record: a data-parallel process other than rank 0
         return
     m = record["metrics"]
     if "replay" in record:

@@ -229,6 +229,11 @@ class RunConfig:
         "Recompute activations in backward.",
         default=False,
     )
+    shard_base: bool = _s(
+        "bool", "--shard-base", "backend.options.shard_base",
+        "Shard the frozen base with FSDP2 under torchrun (not available yet: see "
+        "docs/distributed.md).", default=False, shapes=False,
+    )  # fmt: skip
     overwrite: bool = _s(
         "bool", "--overwrite", "", "Replace an existing run directory.",
         default=False, shapes=False,

@@ -13,6 +13,7 @@ is checked before anything is written:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,13 @@ def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -
     run.cfg.quiet = quiet
     if run.trainer == "optimizer_replay":
         from twinrun.replay.runner import replay
+        from twinrun.train.distributed import launched
 
+        if launched() and os.environ.get("WORLD_SIZE") != "1":
+            raise ConfigError(
+                f"{path}: an optimizer replay runs in one process, not under torchrun",
+                "run it as `twinrun run CONFIG.toml` (a capture from any process count replays)",
+            )
         return replay(run)
     problems = source_problems(run)
     if problems:
@@ -111,6 +118,8 @@ def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -
         from twinrun.train.recipes.pairs import train_pairs
 
         record = train_pairs(cfg, run.trainer)
+    if not record:  # a process of a data-parallel run other than rank 0: it writes nothing
+        return record
     out = Path(cfg.output)  # type: ignore[arg-type]
     for name in FINAL_FILES:
         if (out / name).is_file():

@@ -31,6 +31,7 @@ from twinrun.core.determinism import runtime_versions
 from twinrun.core.errors import ConfigError, DataError
 from twinrun.core.fileio import fsync_dir
 from twinrun.train.adamw import AdamW
+from twinrun.train.distributed import is_root
 
 CHECKPOINTS = "checkpoints"
 STATE_JSON = "state.json"
@@ -61,10 +62,13 @@ def write_checkpoint(
     rng_state: torch.Tensor | None = None,
 ) -> Path:
     """Write checkpoint `steps_done` atomically; returns its directory. `rng_state`: the torch
-    CPU generator to record (default: as it is now)."""
+    CPU generator to record (default: as it is now). In a data-parallel run only rank 0
+    writes (every process holds the same state); every process can read it back."""
+    final = checkpoint_dir(out, steps_done)
+    if not is_root():
+        return final
     root = out / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
-    final = checkpoint_dir(out, steps_done)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
     try:
         tensors = {f"param.{name}": p.detach().cpu().contiguous() for name, p in params}
@@ -110,7 +114,7 @@ def newest_checkpoint(out: Path) -> Checkpoint | None:
     root = out / CHECKPOINTS
     if not root.is_dir():
         return None
-    for leftover in root.glob(".tmp-*"):
+    for leftover in root.glob(".tmp-*") if is_root() else ():
         shutil.rmtree(leftover, ignore_errors=True)
     done = sorted(p for p in root.glob("step-*") if (p / STATE_JSON).is_file())
     if not done:

@@ -13,6 +13,7 @@ from typing import Any
 
 from twinrun.core.fileio import atomic_write_text
 from twinrun.core.progress import Progress
+from twinrun.train import distributed
 from twinrun.train.checkpoint import check_same_run, newest_checkpoint, restore, resume_point
 from twinrun.train.hooks.checkpoint import Checkpointer, CheckpointHook, ObjectiveState
 from twinrun.train.hooks.faults import FaultHook
@@ -33,9 +34,14 @@ def make_loop(
     cfg = s.cfg
     progress = Progress(total_steps, f"{cfg.objective} step", quiet=cfg.quiet)
     checkpointer = Checkpointer(s.out, s.shaping(), objective)
-    if cfg.resume:
+    root = distributed.is_root()
+    if cfg.resume and root:
         truncate_logs(s.out, resume_point(s.out))
     hooks: list[Hook] = [FaultHook(s.faults)]
+    if distributed.active():  # per-forward gradients of every process, in global order
+        from twinrun.train.hooks.gather import GatherHook
+
+        hooks.append(GatherHook())
     if cfg.trace_step is not None:  # closes at the boundary before a spike rerun
         from twinrun.train.hooks.trace import TraceHook
 
@@ -44,11 +50,12 @@ def make_loop(
         from twinrun.diag.recorder import DiagRecorder
         from twinrun.train.hooks.diag import DiagHook
 
-        hooks.append(DiagHook(DiagRecorder(s.out / "diag.jsonl", append=cfg.resume)))
+        recorder = DiagRecorder(s.out / "diag.jsonl", append=cfg.resume) if root else None
+        hooks.append(DiagHook(recorder))
     if cfg.spike_factor is not None and cfg.spike_window is not None:
         hooks.append(SpikeHook(recipe, cfg.spike_factor, cfg.spike_window, progress))
     hooks.append(NonFiniteHook(checkpointer))
-    if cfg.capture:  # at the boundary after the spike rerun and the finite check
+    if cfg.capture and root:  # at the boundary after the spike rerun and the finite check
         from twinrun.train.hooks.capture import capture_hook
 
         hooks.append(capture_hook(s, total_steps))

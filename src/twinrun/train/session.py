@@ -18,6 +18,7 @@ from twinrun.core.lock import acquire, release
 from twinrun.core.progress import Progress
 from twinrun.core.redact import redact
 from twinrun.data.examples import SourcedRow, load_rows
+from twinrun.train import distributed
 from twinrun.train.faults import Faults, parse_faults
 from twinrun.train.outputs import begin_output_dir, check_output_dir, sidecar
 from twinrun.train.resume_check import check_resume, record_inputs, run_inputs
@@ -75,14 +76,30 @@ def open_session(
     cfg: RunConfig, encode: Callable[[Any, list[SourcedRow], int], list[Any]]
 ) -> tuple[Session, list[Any]]:
     """Validate config, model, examples and output; then build. Nothing is written before every
-    input has been checked; the output directory is locked for the whole session."""
+    input has been checked; the output directory is locked for the whole session (by the
+    process that writes it: rank 0 under torchrun)."""
+    cfg.device = distributed.setup(cfg.device)  # joins torchrun's process group, if any
+    if not distributed.is_root():
+        cfg.quiet = True  # rank 0 reports; the others only compute
+    if cfg.shard_base:
+        raise distributed.shard_base_unavailable()
+    if cfg.trace_step is not None and distributed.world().size > 1:
+        from twinrun.core.errors import ConfigError
+
+        raise ConfigError(
+            "--trace-step traces the forwards of one process; under torchrun each process runs "
+            "only some of the step's forwards",
+            "trace the step in a run without torchrun (its bytes are the same)",
+        )
     validate(cfg)
     faults = parse_faults(cfg.inject, cfg.objective)
-    lock = acquire(cfg.output)  # type: ignore[arg-type]  # the second writer stops here
+    # the second writer stops here; under torchrun only rank 0 writes, so only it locks
+    lock = acquire(cfg.output) if distributed.is_root() else None  # type: ignore[arg-type]
     try:
         return _open_locked(cfg, encode, faults, lock)
     except BaseException:
-        release(lock)
+        if lock is not None:
+            release(lock)
         raise
 
 
@@ -90,7 +107,7 @@ def _open_locked(
     cfg: RunConfig,
     encode: Callable[[Any, list[SourcedRow], int], list[Any]],
     faults: Faults,
-    lock: Path,
+    lock: Path | None,
 ) -> tuple[Session, list[Any]]:
     if not cfg.resume:
         check_output_dir(cfg.output, cfg.overwrite)  # type: ignore[arg-type]
@@ -133,7 +150,8 @@ def _open_locked(
     if cfg.init_adapter is not None:
         check_adapter_shape(model, cfg)
     params = lora_parameters(model)
-    if not cfg.resume:
+    distributed.barrier("waiting for every process to check its inputs")
+    if not cfg.resume and distributed.is_root():
         begin_output_dir(out, cfg.overwrite)
         record_inputs(out, inputs)
     session = Session(
@@ -143,7 +161,7 @@ def _open_locked(
         model=model,
         params=params,
         provenance=provenance,
-        runtime=runtime_versions(),
+        runtime=runtime_versions() | distributed.runtime_record(),
         model_sha256=inputs["model_sha256"],
         data_sha256=inputs["data_sha256"],
         faults=faults,
@@ -174,8 +192,12 @@ def finish_session(
     summary: dict[str, Any],
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write the adapter, metrics.jsonl and the sidecar (last: it marks a finished run)."""
+    """Write the adapter, metrics.jsonl and the sidecar (last: it marks a finished run). In a
+    data-parallel run rank 0 writes them and the others return an empty record."""
+    from twinrun.train import distributed
 
+    if not distributed.is_root():
+        return {}
     s.save_adapter(s.out)
     atomic_write_jsonl(s.out / "metrics.jsonl", metrics)
     adapter_sha = sha256_file(s.out / "adapter_model.safetensors")

@@ -4,6 +4,11 @@ Early leaves come from the step's data (the recipe's `StepOutcome.leaves`: sampl
 rollouts), then each forward's tokens and logits (kept as the forwards run, moved to the CPU),
 the step's loss; the late leaves are read once AdamW has stepped: the summed gradients, the Adam
 moments, the parameters, the learning rate and the generator states.
+
+In a data-parallel run each process keeps its own forwards' tokens and logits; they are gathered
+in global forward order (the digests are SHA256 over the parts in that order, so rank 0 needs
+the bytes themselves: the cost is the step's logits, sent once per process) and rank 0 writes
+the row. Every other leaf is already the same on every process.
 """
 
 from __future__ import annotations
@@ -12,37 +17,46 @@ from typing import Any
 
 import torch
 
+from twinrun.train.distributed import in_global_order
 from twinrun.train.loop import Forward, Hook, StepContext, rng_state_leaf
+
+Parts = tuple[list[torch.Tensor], list[torch.Tensor]]
 
 
 class DiagHook(Hook):
     def __init__(self, recorder: Any) -> None:
-        self.recorder = recorder  # a DiagRecorder
+        self.recorder = recorder  # a DiagRecorder; None on a process that does not write
         self.attempt = 0
-        self.tokens: list[torch.Tensor] = []
-        self.logits: list[torch.Tensor] = []
+        self.forwards: list[Parts] = []  # this process's forwards: (tokens, logits)
 
     def after_forward(self, ctx: StepContext, fw: Forward) -> None:
         if ctx.attempt != self.attempt:  # a new step, or a spike rerun of this one
-            self.attempt, self.tokens, self.logits = ctx.attempt, [], []
-        self.tokens += [t.cpu() for t in fw.tokens]
-        self.logits += [t.detach().float().cpu() for t in fw.logits]
+            self.attempt, self.forwards = ctx.attempt, []
+        tokens = [t.cpu() for t in fw.tokens]
+        logits = [t.detach().float().cpu() for t in fw.logits]
+        self.forwards.append((tokens, logits))
 
     def after_update(self, ctx: StepContext) -> None:
         outcome = ctx.outcome
         assert outcome is not None
+        if ctx.attempt != self.attempt:  # a step whose forwards this process had none of
+            self.forwards = []
+        forwards = in_global_order(self.forwards, "gathering the diag tokens and logits")
+        self.attempt, self.forwards = 0, []
+        if self.recorder is None:
+            return
         leaves = {
             **outcome.leaves,
-            "batch.tokens": self.tokens,
-            "forward.logits": self.logits,
+            "batch.tokens": [t for tokens, _ in forwards for t in tokens],
+            "forward.logits": [t for _, logits in forwards for t in logits],
             "loss": torch.tensor([outcome.loss], dtype=torch.float64),
             **late_leaves(ctx),
         }
         self.recorder.record(ctx.step, leaves)
-        self.attempt, self.tokens, self.logits = 0, [], []
 
     def close(self) -> None:
-        self.recorder.close()
+        if self.recorder is not None:
+            self.recorder.close()
 
 
 def late_leaves(ctx: StepContext) -> dict[str, Any]:

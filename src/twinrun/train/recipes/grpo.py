@@ -41,6 +41,7 @@ from twinrun.rl.environments import (
 )
 from twinrun.rl.prioritized import PrioritizedReplay
 from twinrun.train.batch import OptimizerBatch
+from twinrun.train.distributed import in_global_order, mine
 from twinrun.train.driver import ObjectiveState, drive, make_loop, spikes_of
 from twinrun.train.faults import unseeded_plans
 from twinrun.train.loop import Forward, StepForwards, StepOutcome
@@ -140,7 +141,7 @@ class GrpoRecipe:
         update's forwards."""
         s, state, cfg = self.s, self.state, self.s.cfg
         t0 = time.perf_counter()
-        fresh = collect_rollouts(s, state, step, examples)
+        fresh = sampled_rollouts(s, state, step, examples)
         rewards = torch.tensor([r.reward for r in fresh], dtype=torch.float64).view(
             len(examples), cfg.group_size
         )
@@ -219,12 +220,33 @@ def sample_completion(
     return list(result.tokens), [float(x) for x in result.logprobs]
 
 
-def collect_rollouts(s: Session, state: GrpoState, step: int, examples: list[int]) -> list[Rollout]:
+def sampled_rollouts(s: Session, state: GrpoState, step: int, examples: list[int]) -> list[Rollout]:
+    """Every prompt group's rollouts, in global group order. Under torchrun each process samples
+    the groups g with g % world == rank (draws are keyed by example and k, so a completion does
+    not depend on the process that samples it) and the groups are all-gathered."""
+    slots = list(mine(len(examples)))
+    local = collect_rollouts(s, state, step, [examples[g] for g in slots], slots)
+    k = s.cfg.group_size
+    assert k is not None
+    groups = [local[i * k : (i + 1) * k] for i in range(len(slots))]
+    return [r for group in in_global_order(groups, "gathering the rollouts") for r in group]
+
+
+def collect_rollouts(
+    s: Session,
+    state: GrpoState,
+    step: int,
+    examples: list[int],
+    slots: list[int] | None = None,
+) -> list[Rollout]:
+    """The rollouts of these prompt groups; `slots` are their global group indices (default
+    0, 1, ...), which key the environment's observation draws."""
     cfg = s.cfg
     out: list[Rollout] = []
     max_len = s.max_length
     stamped = s.faults.once("observation", step)  # the planted fault, not in a spike rerun
-    for slot, example in enumerate(examples):
+    slots = list(range(len(examples))) if slots is None else slots
+    for slot, example in zip(slots, examples, strict=True):
         row = state.rows[example]
         observation = checked_prompt(
             state.env, state.env_name, dict(row.data), stream(cfg.seed, "env", step, slot)
@@ -309,10 +331,9 @@ def update_forwards(s: Any, batch: list[Rollout], step: int) -> StepForwards:
     u = update_rows(s, batch)
     n, bs = len(batch), cfg.batch_size
     assert bs is not None and cfg.temperature is not None
-    loss_sum = 0.0
-    clipped = active = 0
-    for start in range(0, n, bs):
-        sl = slice(start, min(n, start + bs))
+    parts = []  # (loss, clipped, active) of this process's forwards (all without torchrun)
+    for f in mine(-(-n // bs)):
+        sl = slice(f * bs, min(n, f * bs + bs))
         w = int(u.attn[sl].sum(dim=1).max())
         f_ids, f_attn = u.ids[sl, :w].to(device), u.attn[sl, :w].to(device)
         logits = s.model(f_ids, f_attn)
@@ -324,9 +345,13 @@ def update_forwards(s: Any, batch: list[Rollout], step: int) -> StepForwards:
             u.weights[sl].to(device),
         )  # fmt: skip
         yield Forward(out.loss, out.row_losses, [f_ids], [logits])
-        loss_sum += float(out.loss.detach())
-        clipped += out.clipped_tokens
-        active += out.active_tokens
+        parts.append((float(out.loss.detach()), out.clipped_tokens, out.active_tokens))
+    loss_sum = 0.0
+    clipped = active = 0
+    for part_loss, part_clipped, part_active in in_global_order(parts):  # forward 0 first
+        loss_sum += part_loss
+        clipped += part_clipped
+        active += part_active
     return StepOutcome(
         loss=loss_sum,
         tokens=u.denominator,

@@ -26,6 +26,7 @@ from twinrun.model.lora import lora_disabled
 from twinrun.objectives.dpo import dpo_loss, sequence_logprob
 from twinrun.objectives.reward import bradley_terry_loss
 from twinrun.train.batch import OptimizerBatch
+from twinrun.train.distributed import in_global_order, is_root, mine
 from twinrun.train.driver import drive, make_loop, spikes_of
 from twinrun.train.faults import unseeded_plans
 from twinrun.train.loop import Forward, StepForwards, StepOutcome
@@ -67,7 +68,7 @@ def train_pairs(cfg: RunConfig, objective: str) -> dict[str, Any]:
         "spikes": spikes_of(loop),
     }
     extra = None
-    if head is not None:
+    if head is not None and is_root():
         from twinrun.model.reward_head import HEAD_FILE, HEAD_KEY, save_reward_head
 
         save_reward_head(head, session.out)
@@ -130,21 +131,26 @@ def pair_forwards(
     if sides is None:
         sides = pad_sides(groups, s.tok.pad_id)
     total = sum(len(fw) for fw in groups)
-    loss_sum = torch.zeros((), dtype=torch.float64)
-    correct = margin = 0.0
-    for g, fw in enumerate(groups):
+    parts = []  # (loss sum, correct, margin) of this process's groups (all without torchrun)
+    for g in mine(len(groups)):
+        fw = groups[g]
         chosen, c_ids, c_logits, c_ref = side_forward(s, sides[2 * g], head)
         rejected, r_ids, r_logits, r_ref = side_forward(s, sides[2 * g + 1], head)
         if head is None:
             out = dpo_loss(chosen, rejected, c_ref, r_ref, s.cfg.beta)  # type: ignore[arg-type]
-            margin += float(out.reward_margin) * len(fw)
+            margin = float(out.reward_margin) * len(fw)
         else:
             out = bradley_terry_loss(chosen, rejected)  # type: ignore[assignment]
-            margin += float(out.margin) * len(fw)  # type: ignore[attr-defined]
+            margin = float(out.margin) * len(fw)  # type: ignore[attr-defined]
         losses = out.losses
         yield Forward(losses.sum() / total, losses / total, [c_ids, r_ids], [c_logits, r_logits])
-        loss_sum += losses.detach().double().sum().cpu()
-        correct += float(out.accuracy) * len(fw)
+        parts.append((losses.detach().double().sum().cpu(), float(out.accuracy) * len(fw), margin))
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    correct = margin = 0.0
+    for part_loss, part_correct, part_margin in in_global_order(parts):  # group 0 first
+        loss_sum += part_loss
+        correct += part_correct
+        margin += part_margin
     loss = loss_sum / total
     rows = [p.chosen if side == 0 else p.rejected for fw in groups for side in (0, 1) for p in fw]
     return StepOutcome(

@@ -18,6 +18,7 @@ from twinrun.data.batching import StepPlan, pad_rows, padding_fraction, plan_ste
 from twinrun.data.examples import EncodedRow, encode_sft_rows
 from twinrun.objectives.sft import completion_nll
 from twinrun.train.batch import OptimizerBatch
+from twinrun.train.distributed import in_global_order, mine
 from twinrun.train.driver import drive, make_loop, spikes_of
 from twinrun.train.faults import unseeded_plans
 from twinrun.train.loop import Forward, StepForwards, StepOutcome
@@ -78,17 +79,19 @@ def sft_forwards(
     already padded (by `prepare`), else they are padded here."""
     device = s.cfg.device
     total = sum(r.targets for fw in forwards for r in fw)
-    loss_sum = torch.zeros((), dtype=torch.float64)
-    pad = []
     if padded is None:
         padded = [pad_rows(batch, s.tok.pad_id) for batch in forwards]
-    for batch, tensors in zip(forwards, padded, strict=True):
-        ids, attn, mask = (t.to(device) for t in tensors)
+    sums_of: list[torch.Tensor] = []  # this process's forwards (all of them without torchrun)
+    for i in mine(len(forwards)):
+        ids, attn, mask = (t.to(device) for t in padded[i])
         logits = s.model(ids, attn)
         sums, _ = completion_nll(logits, ids, mask, batch_invariant=s.cfg.batch_invariant)
         yield Forward(sums.sum() / total, sums / total, [ids], [logits])
-        loss_sum += sums.detach().double().sum().cpu()
-        pad.append(padding_fraction(batch))
+        sums_of.append(sums.detach().double().sum().cpu())
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    for part in in_global_order(sums_of):  # from zero, forward 0 first, on any process count
+        loss_sum += part
+    pad = [padding_fraction(batch) for batch in forwards]
     loss = loss_sum / total
     flat = [r for fw in forwards for r in fw]
     return StepOutcome(

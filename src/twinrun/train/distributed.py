@@ -1,0 +1,210 @@
+"""Data-parallel runs under torchrun: the process group, who computes what, and ordered gathers.
+
+`torchrun --nproc-per-node N -m twinrun tune ...` starts N processes; each calls `setup` when its
+session opens, which joins torch.distributed's process group from torchrun's environment
+(`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`/`MASTER_PORT`, or torchrun's rendezvous for
+several nodes): gloo on CPU, nccl on CUDA with one device per process (`cuda:LOCAL_RANK`).
+Without torchrun nothing here does anything: the world is one process, `mine(n)` is every
+index, and `in_global_order` returns its argument.
+
+What makes the bytes independent of the process count:
+- a step's forwards are fixed by the data order; forward i runs on rank i % world (`mine`);
+- per-forward results (gradients, loss sums, counts) are all-gathered with their global index
+  and put back in global forward order (`in_global_order`), then combined exactly as one
+  process combines them: from zero, forward 0 first.
+
+Faults: every collective runs under the process group's timeout (`TWINRUN_DIST_TIMEOUT_S`,
+default 300 s); a peer that died or stopped answering turns into a `DistributedError` (one
+line), and torchrun ends the other processes as soon as one exits non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from twinrun.core.errors import ConfigError, TwinrunError
+
+T = TypeVar("T")
+
+TIMEOUT_ENV = "TWINRUN_DIST_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 300.0
+LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+class DistributedError(TwinrunError, RuntimeError):
+    """A collective failed: a peer process died, raised, or did not answer within the timeout."""
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the run: rank, number of processes, rank within its node."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+
+def launched() -> bool:
+    """True when torchrun started this process (it sets RANK, WORLD_SIZE and LOCAL_RANK)."""
+    return all(name in os.environ for name in LAUNCH_ENV)
+
+
+def timeout_s() -> float:
+    """The bound on every collective (seconds): TWINRUN_DIST_TIMEOUT_S, default 300."""
+    raw = os.environ.get(TIMEOUT_ENV, "")
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(
+            f"{TIMEOUT_ENV}={raw!r} is not a positive number of seconds",
+            f"set {TIMEOUT_ENV} to e.g. 300, or unset it",
+        )
+    return value
+
+
+def _dist() -> Any:
+    import torch.distributed as dist
+
+    return dist
+
+
+def active() -> bool:
+    """True when this process is in an initialised process group."""
+    import sys
+
+    if "torch.distributed" not in sys.modules:
+        return False
+    dist = _dist()
+    return bool(dist.is_available() and dist.is_initialized())
+
+
+def world() -> World:
+    """This process's World (one process of one when no process group is initialised)."""
+    if not active():
+        return World()
+    dist = _dist()
+    return World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def is_root() -> bool:
+    """True on the process that writes run files (rank 0, or the only process)."""
+    return world().is_root
+
+
+def runtime_record() -> dict[str, int]:
+    """What the sidecar's runtime records of the process group: nothing without one."""
+    return {"processes": world().size} if active() else {}
+
+
+def process_device(device: str) -> str:
+    """The device of this process: under torchrun any CUDA device becomes `cuda:LOCAL_RANK`
+    (one device per process); `cpu` stays `cpu`."""
+    if not launched() or not device.startswith("cuda"):
+        return device
+    return f"cuda:{int(os.environ['LOCAL_RANK'])}"
+
+
+def setup(device: str) -> str:
+    """Join the process group when torchrun started this process (gloo on CPU, nccl on CUDA);
+    returns this process's device. Without torchrun: nothing, and `device` unchanged."""
+    if not launched():
+        return device
+    device = process_device(device)
+    if active():
+        return device
+    dist = _dist()
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if backend == "nccl":
+        import torch
+
+        torch.cuda.set_device(device)
+    timeout = timedelta(seconds=timeout_s())
+    try:
+        dist.init_process_group(backend=backend, timeout=timeout)
+    except Exception as exc:  # rendezvous failed: wrong address/port, a peer never came
+        raise DistributedError(
+            f"could not join the process group ({backend}): {exc}".splitlines()[0],
+            "start every process with the same torchrun command (check --master-addr/port)",
+        ) from exc
+    return device
+
+
+def teardown() -> None:
+    """Leave the process group (at the end of a command)."""
+    if active():
+        _dist().destroy_process_group()
+
+
+@contextmanager
+def collective(what: str) -> Iterator[None]:
+    """Run a collective; a failure (a peer died, raised or timed out) becomes one clear line."""
+    try:
+        yield
+    except TwinrunError:
+        raise
+    except Exception as exc:
+        me = world()
+        raise DistributedError(
+            f"rank {me.rank} of {me.size}: {what} failed: another process stopped or did not "
+            f"answer within {timeout_s():g} s ({type(exc).__name__})",
+            "the first error another rank printed says why",
+        ) from exc
+
+
+def barrier(what: str) -> None:
+    """Wait until every process got here (nothing without a process group)."""
+    if active():
+        with collective(what):
+            _dist().barrier()
+
+
+def mine(n: int) -> range:
+    """The global indices (of n forwards, or n prompt groups) this process computes: i % world."""
+    me = world()
+    return range(me.rank, n, me.size)
+
+
+def interleave(per_rank: Sequence[Sequence[T]]) -> list[T]:
+    """Per-rank lists of round-robin items (rank r holds items r, r+W, r+2W, ...) in global
+    order: item i is `per_rank[i % W][i // W]`."""
+    size = len(per_rank)
+    n = sum(len(items) for items in per_rank)
+    return [per_rank[i % size][i // size] for i in range(n)]
+
+
+def in_global_order(local: Sequence[T], what: str = "gathering per-forward values") -> list[T]:
+    """All-gather every process's round-robin items (`local`: this rank's, in `mine` order) and
+    return all of them in global order, on every process. Picklable items (floats, tensors)."""
+    if not active():
+        return list(local)
+    size = world().size
+    gathered: list[Any] = [None] * size
+    with collective(what):
+        _dist().all_gather_object(gathered, list(local))
+    return interleave(gathered)
+
+
+def shard_base_unavailable() -> ConfigError:
+    """Why `--shard-base` is refused. FSDP2's `fully_shard` runs on gloo/CPU too, but it makes
+    every forward (and backward) a collective that all processes must enter in lockstep, while a
+    twinrun step gives process r the forwards i with i % world == r (unequal counts when the
+    accumulation is not a multiple of the process count) and GRPO's completions end at
+    different lengths per process."""
+    return ConfigError(
+        "--shard-base is not available yet: a sharded base needs every process to run the same "
+        "forwards in lockstep, and twinrun's data-parallel steps do not",
+        "leave --shard-base out; the base is replicated on each process (docs/distributed.md)",
+    )

@@ -1,0 +1,63 @@
+"""Start twinrun under torchrun on loopback (gloo, CPU): a free port per job, one torch thread
+per process, the worktree and the test's plugin folders on PYTHONPATH."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import twinrun
+
+SRC = Path(twinrun.__file__).resolve().parents[1]
+ROOT = SRC.parent
+MANY = Path(__file__).with_name("run_many.py")
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Job:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+def torchrun(
+    nproc: int,
+    target: list[str],
+    *,
+    paths: tuple[Path, ...] = (),
+    timeout: float = 180,
+    env: dict[str, str] | None = None,
+) -> Job:
+    """`torchrun --nproc-per-node N --master-port <free> TARGET...` (TARGET: `-m twinrun ...` or
+    a script and its arguments); returns its exit status, output and wall seconds."""
+    path = os.pathsep.join([str(SRC), str(ROOT), *map(str, paths)])
+    full_env = os.environ | {
+        "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "TWINRUN_DIST_TIMEOUT_S": "60",
+    } | (env or {})  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *target]  # fmt: skip
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return Job(done.returncode, done.stdout, done.stderr, time.perf_counter() - t0)
+
+
+def torchrun_many(nproc: int, runs: list[list[str]], folder: Path, **kw: object) -> Job:
+    """Several twinrun commands, one after the other, in one torchrun job (one process group;
+    it saves the start-up of a job per run)."""
+    spec = folder / "runs.json"
+    spec.write_text(json.dumps(runs))
+    return torchrun(nproc, [str(MANY), str(spec)], **kw)  # type: ignore[arg-type]

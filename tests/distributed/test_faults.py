@@ -1,0 +1,95 @@
+"""A process that fails ends the whole job: an exception or a SIGKILL on rank 1 stops every
+process well within the collective timeout, with one clear line and no run file written. And
+3 processes, one of which has no forward at all in some steps, still write 1 process's bytes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.distributed.launch import torchrun
+from tests.integration.toy_runs import run_args, sha256_of, write_examples
+from twinrun.cli.main import run_cli
+
+FAILING_ENV = '''
+import os
+import signal
+
+
+class FailsOnOneRank:
+    """Arithmetic-like prompts; the reward fails on one process (RANK), as bad input would."""
+
+    def __init__(self, mode="raise", rank="1"):
+        self.mode, self.rank = mode, rank
+
+    def prompt(self, row, rng):
+        return row["prompt"]
+
+    def reward(self, row, completion):
+        if os.environ.get("RANK") == self.rank:
+            if self.mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise ValueError("this process cannot score its rows")
+        return float(len(completion.encode("utf-8")) % 3)
+
+
+def make(**args):
+    return FailsOnOneRank(**args)
+'''
+MODULE = "twinrun_dist_failing_env"
+TIMEOUT_S = 60  # TWINRUN_DIST_TIMEOUT_S of the jobs (tests/distributed/launch.py)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("dist_faults")
+    write_examples(folder)
+    (folder / f"{MODULE}.py").write_text(FAILING_ENV)
+    return folder
+
+
+@pytest.mark.parametrize("mode", ["raise", "kill"])
+def test_a_failing_rank_ends_every_process(mode: str, data: Path, toy_model_dir: Path) -> None:
+    out = data / f"out-{mode}"
+    args = run_args("grpo", toy_model_dir, data / "arith4.jsonl", out, "--diag")
+    args = [*args[: args.index("--env") + 1], f"{MODULE}:make", *args[args.index("--env") + 2 :]]
+    job = torchrun(2, ["-m", "twinrun", *args, "--env-arg", f"mode={mode}"], paths=(data,))
+    assert job.returncode != 0
+    assert job.seconds < TIMEOUT_S  # torchrun ended rank 0 without waiting for the timeout
+    ours = [line for line in job.stderr.splitlines() if line.startswith("twinrun: ")]
+    cause = (
+        f"twinrun: error: environment '{MODULE}:make': reward raised ValueError: "
+        "this process cannot score its rows"
+    )
+    # rank 0 fails at whichever collective it waits in when rank 1 stops: the input check
+    # (rows are scored before anything is written) or the rollout gather
+    consequence = re.compile(
+        r"twinrun: error: rank 0 of 2: (waiting for every process to check its inputs|"
+        r"gathering the rollouts) failed: another process stopped or did not answer within "
+        f"{TIMEOUT_S} s"
+    )
+    # rank 1's own line (it raised); rank 0's one line, unless torchrun ended it first
+    assert all(line == cause or consequence.match(line) for line in ours), ours
+    if mode == "raise":
+        assert ours[0] == cause or ours[-1] == cause
+    else:  # a SIGKILL prints nothing; torchrun reports the signal
+        assert cause not in ours and "Signal 9 (SIGKILL)" in job.stderr
+    written = sorted(p.name for p in out.iterdir()) if out.exists() else []
+    assert written == []  # no adapter, metrics, sidecar or diag row: not even half of one
+
+
+def test_three_processes_one_without_forwards(data: Path, toy_model_dir: Path) -> None:
+    """GRPO with 2 prompt groups a step on 3 processes: rank 2 samples no group, and in the
+    steps of 2 forwards it computes none; it still takes part in every gather."""
+    one, three = data / "grpo-one", data / "grpo-three"
+    examples = data / "arith4.jsonl"
+    assert run_cli(run_args("grpo", toy_model_dir, examples, one, "--diag")) == 0
+    args = run_args("grpo", toy_model_dir, examples, three, "--diag")
+    job = torchrun(3, ["-m", "twinrun", *args], paths=(data,))
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert sha256_of(three / "adapter_model.safetensors") == sha256_of(
+        one / "adapter_model.safetensors"
+    )
+    assert (three / "diag.jsonl").read_bytes() == (one / "diag.jsonl").read_bytes()

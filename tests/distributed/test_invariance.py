@@ -1,0 +1,145 @@
+"""Runs on 2 processes (torchrun, gloo on loopback) write the bytes of 1 process: the adapter,
+the metrics (wall times aside) and diag.jsonl, for every objective; also when the accumulation
+is not a multiple of the process count. A capture made on 2 processes replays on 1 (gate B);
+a checkpoint written on 2 processes resumes on 1, bit for bit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.capture_helpers import (
+    Capture,
+    arith,
+    grpo_source,
+    init_adapter,
+    metrics,
+    plugin,
+    write_toml,
+)
+from tests.distributed.launch import torchrun_many
+from tests.integration.toy_runs import OBJECTIVES, run_args, sha256_of, write_examples
+from twinrun.cli.main import run_cli
+
+
+def with_flags(args: list[str], **flags: str) -> list[str]:
+    """`args` with these flags' values replaced (or appended): batch_size="1" -> --batch-size 1."""
+    out = list(args)
+    for name, value in flags.items():
+        flag = "--" + name.replace("_", "-")
+        if flag in out:
+            out[out.index(flag) + 1] = value
+        else:
+            out += [flag, value]
+    return out
+
+
+def shape(objective: str, model: Path, examples: Path, out: Path) -> list[str]:
+    """sft: 8 rows, one per forward, 3 forwards a step (steps of 3, 3, 2 forwards: neither a
+    multiple of 2), a checkpoint after every step; the others as the pinned-bytes runs."""
+    args = run_args(objective, model, examples, out, "--diag")
+    if objective == "sft":
+        args = with_flags(args, batch_size="1", accumulation="3", checkpoint_every="1")
+    return args
+
+
+@dataclass
+class Runs:
+    one: dict[str, Path]  # the runs of one process (in this process, no torchrun)
+    two: dict[str, Path]  # the same runs on two processes
+    args: dict[str, list[str]]  # the 1-process argument lists
+    capture: Capture  # a GRPO capture made on two processes
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, toy_model_dir: Path) -> Runs:
+    root = tmp_path_factory.mktemp("dist")
+    data = root / "data"
+    examples = write_examples(data)
+    env = plugin(data)
+    init = init_adapter(root / "init", toy_model_dir)
+    source = grpo_source(toy_model_dir, arith(data), env, init, root / "two" / "capture")
+    toml = write_toml(root / "capture.toml", source)
+    one, two, args, many = {}, {}, {}, []
+    for objective in OBJECTIVES:
+        one[objective], two[objective] = root / "one" / objective, root / "two" / objective
+        args[objective] = shape(objective, toy_model_dir, examples[objective], one[objective])
+        assert run_cli(args[objective]) == 0
+        many.append(shape(objective, toy_model_dir, examples[objective], two[objective]))
+    many.append(["run", str(toml), "--quiet"])
+    job = torchrun_many(2, many, root, paths=(data,))
+    assert job.returncode == 0, job.stderr[-3000:]
+    return Runs(one, two, args, Capture(source, root / "two" / "capture", 0))
+
+
+def timeless(rows: list[dict]) -> list[dict]:
+    """Metrics rows without their wall times (`wall_s`, `rollout_s`, ...)."""
+    return [{k: v for k, v in row.items() if not k.endswith("_s")} for row in rows]
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_two_processes_write_the_bytes_of_one(
+    runs: Runs, objective: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one, two = runs.one[objective], runs.two[objective]
+    assert sha256_of(two / "adapter_model.safetensors") == sha256_of(
+        one / "adapter_model.safetensors"
+    )
+    if objective == "reward":
+        head = "reward_head.safetensors"
+        assert sha256_of(two / head) == sha256_of(one / head)
+    assert timeless(metrics(two)) == timeless(metrics(one))
+    assert (two / "diag.jsonl").read_bytes() == (one / "diag.jsonl").read_bytes()
+    capsys.readouterr()
+    assert run_cli(["diff", "--bitwise", str(one), str(two)]) == 0
+    assert capsys.readouterr().out.startswith("DETERMINISTIC")
+    sidecar = json.loads((two / "twinrun.json").read_text())
+    assert sidecar["runtime"]["processes"] == 2
+    assert "processes" not in json.loads((one / "twinrun.json").read_text())["runtime"]
+
+
+def test_uneven_accumulation_steps(runs: Runs) -> None:
+    """The sft runs' steps have 3, 3 and 2 forwards: rank 0 ran 2, 2, 1 of them, rank 1 1, 1, 1."""
+    rows = metrics(runs.two["sft"])
+    assert [r["rows"] for r in rows] == [3, 3, 2]
+
+
+def test_checkpoint_of_two_processes_resumes_on_one(runs: Runs, tmp_path: Path) -> None:
+    """The 2-process sft run checkpointed after steps 1 and 2; one process resumes after step 2
+    (from the newest) and ends with the bytes of the uninterrupted 1-process run."""
+    resumed = tmp_path / "resumed"
+    shutil.copytree(runs.two["sft"], resumed)
+    for name in ("adapter_model.safetensors", "adapter_config.json", "twinrun.json"):
+        (resumed / name).unlink()
+    ckpts = sorted(p.name for p in (resumed / "checkpoints").iterdir())
+    assert ckpts == ["step-000001", "step-000002"]
+    args = with_flags(runs.args["sft"], output=str(resumed))
+    assert run_cli([*args, "--resume"]) == 0
+    one = runs.one["sft"]
+    assert sha256_of(resumed / "adapter_model.safetensors") == sha256_of(
+        one / "adapter_model.safetensors"
+    )
+    assert (resumed / "diag.jsonl").read_bytes() == (one / "diag.jsonl").read_bytes()
+    assert timeless(metrics(resumed)) == timeless(metrics(one))
+
+
+def test_capture_of_two_processes_replays_on_one_gate_b(
+    runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cap = runs.capture
+    manifest = json.loads(cap.manifest.read_text())
+    assert manifest["rows"] == 8 and manifest["forwards"] == 2  # 2 groups of 4, every row
+    for name in ("r1", "r2"):
+        cfg = write_toml(tmp_path / f"{name}.toml", cap.replay_config(tmp_path / name))
+        assert run_cli(["run", str(cfg), "--quiet"]) == 0
+    capsys.readouterr()
+    rc = run_cli(["evidence", str(cap.out), str(tmp_path / "r1"), str(tmp_path / "r2"),
+                  "--require", "B", "--json"])  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0 and report["gates"]["B"]["ok"]
+    final = sha256_of(cap.out / "final" / "adapter_model.safetensors")
+    assert sha256_of(tmp_path / "r1" / "final" / "adapter_model.safetensors") == final

@@ -1,0 +1,109 @@
+"""The data-parallel helpers without a process group: global order from round-robin parts,
+the gradient byte packing, the timeout setting and the device of a process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from twinrun.core.errors import ConfigError
+from twinrun.train import distributed
+from twinrun.train.hooks.gather import gather_gradients, pack, unpack
+
+LAUNCH = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
+
+
+def test_interleave_puts_round_robin_parts_in_global_order() -> None:
+    # 5 forwards on 2 processes: rank 0 ran 0, 2, 4 and rank 1 ran 1, 3
+    assert distributed.interleave([["f0", "f2", "f4"], ["f1", "f3"]]) == [
+        "f0", "f1", "f2", "f3", "f4",
+    ]  # fmt: skip
+    # 2 forwards on 3 processes: rank 2 had none
+    assert distributed.interleave([[10], [11], []]) == [10, 11]
+    assert distributed.interleave([[], [], []]) == []
+
+
+def test_without_a_process_group_one_process_does_everything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in LAUNCH:
+        monkeypatch.delenv(name, raising=False)
+    assert not distributed.launched() and not distributed.active()
+    assert distributed.world() == distributed.World(0, 1, 0) and distributed.is_root()
+    assert list(distributed.mine(3)) == [0, 1, 2]
+    assert distributed.in_global_order([3.0, 1.0]) == [3.0, 1.0]
+    assert distributed.setup("cpu") == "cpu" and not distributed.active()
+    assert distributed.runtime_record() == {}
+    distributed.barrier("nothing to wait for")  # no group: returns at once
+
+
+def test_process_device_under_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in LAUNCH:
+        monkeypatch.delenv(name, raising=False)
+    assert distributed.process_device("cuda:0") == "cuda:0"  # without torchrun: as given
+    for name, value in LAUNCH.items():
+        monkeypatch.setenv(name, value)
+    assert distributed.process_device("cuda") == "cuda:1"
+    assert distributed.process_device("cuda:0") == "cuda:1"
+    assert distributed.process_device("cpu") == "cpu"
+
+
+def test_timeout_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(distributed.TIMEOUT_ENV, raising=False)
+    assert distributed.timeout_s() == 300.0
+    monkeypatch.setenv(distributed.TIMEOUT_ENV, "12.5")
+    assert distributed.timeout_s() == 12.5
+    for bad in ("abc", "0", "-3", "nan"):
+        monkeypatch.setenv(distributed.TIMEOUT_ENV, bad)
+        with pytest.raises(ConfigError, match="TWINRUN_DIST_TIMEOUT_S"):
+            distributed.timeout_s()
+
+
+def test_pack_unpack_keeps_every_bit_and_every_none() -> None:
+    a = torch.nn.Parameter(torch.zeros(2, 3))
+    b = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+    c = torch.nn.Parameter(torch.zeros(1, 2))
+    params = [("a", a), ("b", b), ("c", c)]
+    grads = [
+        torch.tensor([[1.5, -0.0, float("nan")], [3e-45, -1e38, 0.1]]),
+        None,
+        torch.tensor([[float("-inf"), 7.0]]),
+    ]
+    row = pack(params, grads)
+    assert row.dtype == torch.uint8 and row.numel() == 6 * 4 + 4 * 2 + 2 * 4 + 3
+    back = unpack(params, row)
+    assert back[1] is None
+    for got, want in ((back[0], grads[0]), (back[2], grads[2])):
+        assert got is not None and want is not None
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))  # NaN, -0.0 kept
+    bf = torch.tensor([1.0, -2.5, 0.0, 3.0], dtype=torch.bfloat16)
+    back = unpack(params, pack(params, [None, bf, None]))
+    assert back[0] is None and back[2] is None and torch.equal(back[1], bf)
+
+
+def test_gather_without_a_group_returns_the_forwards_as_they_are() -> None:
+    p = torch.nn.Parameter(torch.zeros(2))
+    per_forward = [[torch.ones(2)], [None]]
+    out, sent = gather_gradients([("p", p)], per_forward)
+    assert out is per_forward and sent == 0
+
+
+def test_shard_base_is_a_clear_error_and_writes_nothing(
+    toy_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.integration.toy_runs import run_args, write_examples
+    from twinrun.cli.main import run_cli
+
+    examples = write_examples(tmp_path / "data")["sft"]
+    out = tmp_path / "run"
+    assert run_cli([*run_args("sft", toy_model_dir, examples, out), "--shard-base"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "twinrun: error: --shard-base is not available yet: a sharded base needs every process "
+        "to run the same forwards in lockstep, and twinrun's data-parallel steps do not — leave "
+        "--shard-base out; the base is replicated on each process (docs/distributed.md)"
+    ]
+    assert not out.exists()
