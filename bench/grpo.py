@@ -66,6 +66,7 @@ GRPO_SETTINGS = {
     "token_cap": 16,
     "learning_rate": 1e-3,
     "warmup_steps": 0,
+    "lr_schedule": "cosine",
     "lora_rank": 8,
     "lora_alpha": 16,
     "precision": "f32",
@@ -125,6 +126,7 @@ def grpo_command(model: Path, out: Path, steps: int) -> list[str]:
         "--batch-size", str(s["batch_size"]), "--clip-eps", str(s["clip_eps"]),
         "--advantage-clip", str(s["advantage_clip"]), "--token-cap", str(s["token_cap"]),
         "--learning-rate", str(s["learning_rate"]), "--warmup-steps", str(s["warmup_steps"]),
+        "--lr-schedule", "cosine",
         "--lora-rank", str(s["lora_rank"]), "--lora-alpha", str(s["lora_alpha"]),
         "--precision", str(s["precision"]), "--chat-template", str(s["chat_template"]),
         "--env", str(s["env"]), "--threads", str(s["threads"]), "--quiet",
@@ -186,11 +188,11 @@ def measure_generation(
 ) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
+    from twinrun.model.llama import load_base_model
 
     from twinrun.core.rng import stream
     from twinrun.data.examples import load_rows
     from twinrun.model.decoding import generate
-    from twinrun.model.llama import load_base_model
     from twinrun.model.tokens import load_tokenizer
 
     torch.set_num_threads(1)

@@ -17,7 +17,8 @@ from twinrun.config.setting import Setting
 VALID: dict[str, dict[str, str]] = {
     "common": {
         "--model": "m", "--examples": "e.jsonl", "--seed": "1", "--batch-size": "2",
-        "--learning-rate": "0.01", "--warmup-steps": "0", "--lora-rank": "4",
+        "--learning-rate": "0.01", "--warmup-steps": "0", "--lr-schedule": "cosine",
+        "--lora-rank": "4",
         "--lora-alpha": "8", "--precision": "f32", "--chat-template": "off",
     },
     "epochs": {"--epochs": "1", "--accumulation": "1"},
@@ -128,6 +129,7 @@ def toml_cases() -> list[tuple[str, Any, str]]:
     """(TOML key, bad value, what the error says) for every number a GRPO config holds."""
     numbers = {
         "training.seed": -1, "training.learning_rate": 0.05, "training.warmup_steps": 0,
+        "training.lr_schedule": "cosine",
         "training.batch_size": 4, "model.lora_rank": 4, "model.lora_alpha": 8,
         "grpo.prompts_per_step": 2, "grpo.group_size": 4, "grpo.max_new_tokens": 4,
         "grpo.temperature": 1.0, "grpo.clip_eps": 0.2, "grpo.advantage_clip": 5.0,

@@ -42,7 +42,8 @@ def sft_cmd(model: Path, examples: Path, *extra: str) -> list[str]:
         sys.executable, "-m", "twinrun", "tune", "sft", "--model", str(model),
         "--examples", str(examples), "--output", "{out}", "--seed", "{seed}", "--epochs", "1",
         "--batch-size", "4", "--accumulation", "1", "--learning-rate", "1e-2",
-        "--warmup-steps", "1", "--lora-rank", "4", "--lora-alpha", "8", "--precision", "f32",
+        "--warmup-steps", "1",
+        "--lr-schedule", "cosine", "--lora-rank", "4", "--lora-alpha", "8", "--precision", "f32",
         "--chat-template", "on", "--quiet", "--threads", "1", "--diag", *extra,
     ]  # fmt: skip
 

@@ -55,7 +55,8 @@ def grpo_args(model: Path, examples: Path, out: Path, seed: int, *extra: str) ->
         "--seed", str(seed), "--steps", "3", "--prompts-per-step", "2", "--group-size", "4",
         "--batch-size", "4", "--max-new-tokens", "4", "--temperature", "1.0",
         "--clip-eps", "0.2", "--advantage-clip", "5", "--token-cap", "3",
-        "--learning-rate", "5e-2", "--warmup-steps", "0", "--lora-rank", "4", "--lora-alpha", "8",
+        "--learning-rate", "5e-2", "--warmup-steps", "0",
+        "--lr-schedule", "cosine", "--lora-rank", "4", "--lora-alpha", "8",
         "--precision", "f32", "--chat-template", "on", "--quiet", "--threads", "1", "--diag",
         *extra,
     ]  # fmt: skip

@@ -26,7 +26,7 @@ COMMON = {
     "--trace-step", "--inject", "--threads", "--device", "--strict", "--batch-invariant",
     "--checkpoint-every", "--resume", "--prefetch", "--spike-factor", "--spike-window",
     "--init-adapter", "--overwrite", "--quiet",
-    "--lora-targets", "--attention", "--max-length",
+    "--lora-targets", "--attention", "--max-length", "--lr-schedule", "--decay-steps",
 }  # fmt: skip
 GRPO = {
     "--steps", "--prompts-per-step", "--group-size", "--max-new-tokens", "--temperature",
@@ -57,7 +57,7 @@ GRPO_KEYS = [
     "prefetch", "spike_factor", "spike_window", "init_adapter", "capture", "capture_steps",
     "gradient_checkpointing", "weight_decay", "adam_betas", "adam_eps", "lora_targets",
 ]  # fmt: skip
-NEW_KEYS = {"attention", "max_length"}
+NEW_KEYS = {"attention", "max_length", "lr_schedule", "decay_steps"}
 
 
 def command_options(objective: str) -> dict[str, list[str]]:

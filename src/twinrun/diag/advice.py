@@ -107,8 +107,8 @@ _TABLE: dict[str, tuple[str, str]] = {
         "compare --learning-rate, clipping and the initial adapter SHA256",
     ),
     "lr": (
-        "the learning-rate schedule differs: --warmup-steps, total steps, --epochs or the "
-        "schedule flags are not the same on both runs",
+        "the learning-rate schedule differs: --lr-schedule, --warmup-steps, --decay-steps, total "
+        "steps or --epochs are not the same on both runs",
         "diff the `train` section of the two twinrun.json sidecars",
     ),
     "rng.state": (

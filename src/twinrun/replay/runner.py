@@ -67,7 +67,7 @@ class ReplayRecipe:
             from twinrun.train.recipes.grpo import rollouts_from_batch, update_forwards
 
             return (yield from update_forwards(self.s, rollouts_from_batch(batch), step))
-        if objective == "sft":
+        if objective in ("sft", "text"):
             from twinrun.train.recipes.sft import rows_from_batch, sft_forwards
 
             return (yield from sft_forwards(self.s, rows_from_batch(batch), step))
@@ -171,7 +171,14 @@ def check_schedule(v: Verified) -> None:
     """The learning rate of the captured step, recomputed, must be the source's bits."""
     cfg, m = v.run.cfg, v.manifest
     step, total = m["step"], m["schedule"]["total_steps"]
-    lr = lr_at(step, cfg.learning_rate, cfg.warmup_steps, total)  # type: ignore[arg-type]
+    lr = lr_at(
+        step,
+        cfg.learning_rate,
+        cfg.warmup_steps,
+        total,
+        cfg.lr_schedule,
+        cfg.decay_steps,  # type: ignore[arg-type]
+    )
     if float_bits(lr) != m["schedule"].get("lr_bits", float_bits(float(m["schedule"]["lr"]))):
         raise ContractError(
             f"learning rate at step {step} is {lr}, the source's was {m['schedule']['lr']}",
@@ -197,6 +204,8 @@ def replay_step(v: Verified, built: Built, optimizer: Any, out: Path) -> dict[st
         warmup_steps=cfg.warmup_steps,  # type: ignore[arg-type]
         total_steps=m["schedule"]["total_steps"],
         hooks=hooks,
+        schedule=cfg.lr_schedule,  # type: ignore[arg-type]
+        decay_steps=cfg.decay_steps,
     )
     session = ReplaySession(cfg, built.tok, built.model)
     recipe = ReplayRecipe(session, v.decoded.arrays.to_batch(), built.head)

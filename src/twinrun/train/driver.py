@@ -19,6 +19,7 @@ from twinrun.train.hooks.faults import FaultHook
 from twinrun.train.hooks.nonfinite import NonFiniteHook
 from twinrun.train.hooks.spike import SpikeHook
 from twinrun.train.loop import Hook, Loop, Recipe, make_optimizer
+from twinrun.train.schedule import check_schedule
 from twinrun.train.session import Session
 
 LOGS = ("diag.jsonl", "trace.jsonl")
@@ -31,6 +32,7 @@ def make_loop(
 ) -> Loop:
     """The loop of this run and its hooks, in the order they run at each point."""
     cfg = s.cfg
+    check_schedule(cfg.warmup_steps, total_steps, cfg.lr_schedule, cfg.decay_steps)  # type: ignore[arg-type]
     progress = Progress(total_steps, f"{cfg.objective} step", quiet=cfg.quiet)
     checkpointer = Checkpointer(s.out, s.shaping(), objective)
     if cfg.resume:
@@ -64,6 +66,8 @@ def make_loop(
         warmup_steps=cfg.warmup_steps,
         total_steps=total_steps,
         hooks=hooks,
+        schedule=cfg.lr_schedule,  # type: ignore[arg-type]
+        decay_steps=cfg.decay_steps,
         progress=progress,
     )
 

@@ -131,6 +131,8 @@ class Loop:
     warmup_steps: int
     total_steps: int
     hooks: list[Hook] = field(default_factory=list)
+    schedule: str = "cosine"
+    decay_steps: int | None = None
     progress: Progress | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list)
 
@@ -145,7 +147,10 @@ class Loop:
 
     def run_step(self, step: int, recipe: Recipe, batch: Any) -> dict[str, Any]:
         t0 = time.perf_counter()
-        lr = lr_at(step, self.base_lr, self.warmup_steps, self.total_steps)
+        lr = lr_at(
+            step, self.base_lr, self.warmup_steps, self.total_steps, self.schedule,
+            self.decay_steps,
+        )  # fmt: skip
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         ctx = StepContext(self, step, lr, torch.get_rng_state(), batch)

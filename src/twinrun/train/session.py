@@ -61,11 +61,19 @@ class Session:
         return adapter_targets(self.model)
 
 
+def read_examples(cfg: RunConfig) -> tuple[list[SourcedRow], str]:
+    """The rows of `--examples` and the file's SHA256."""
+    return load_rows(cfg.examples), sha256_file(cfg.examples)  # type: ignore[arg-type]
+
+
 def open_session(
-    cfg: RunConfig, encode: Callable[[Any, list[SourcedRow], int], list[Any]]
+    cfg: RunConfig,
+    encode: Callable[[Any, Any, int], list[Any]],
+    read: Callable[[RunConfig], tuple[Any, str]] = read_examples,
 ) -> tuple[Session, list[Any]]:
-    """Validate config, model, examples and output; then build. Nothing is written before every
-    input has been checked."""
+    """Validate config, model, data and output; then build. Nothing is written before every
+    input has been checked. `read` gives the raw data `encode` tokenizes and its SHA256 (the
+    examples file by default; the text corpus for `tune text`)."""
     from twinrun.model.tokens import load_tokenizer
 
     validate(cfg)
@@ -82,7 +90,7 @@ def open_session(
 
     model_config = read_config(model_dir)  # ModelError when missing / not a checkpoint
     tok = load_tokenizer(model_dir)
-    rows = load_rows(cfg.examples)  # type: ignore[arg-type]
+    rows, data_sha256 = read(cfg)
     max_length = resolve_max_length(cfg.max_length, model_config)
     encoded = encode(tok, rows, max_length)
 
@@ -121,7 +129,7 @@ def open_session(
         provenance=provenance,
         runtime=runtime_versions(),
         model_sha256=sha256_dir(model_dir),
-        data_sha256=sha256_file(cfg.examples),  # type: ignore[arg-type]
+        data_sha256=data_sha256,
         faults=faults,
         max_length=max_length,
     )
@@ -162,8 +170,14 @@ def finish_session(
         determinism=s.provenance,
         runtime=s.runtime,
         metrics=summary | {"wall_s": time.perf_counter() - s.started},
-        extra={"inputs": redact({"model": str(s.cfg.model), "examples": str(s.cfg.examples)})}
-        | (extra or {}),
+        extra={"inputs": redact(inputs_of(s.cfg))} | (extra or {}),
     )
     atomic_write_json(s.out / "twinrun.json", record)
     return record
+
+
+def inputs_of(cfg: RunConfig) -> dict[str, Any]:
+    """The input paths a sidecar names (the corpus files of a text run, in order)."""
+    if cfg.objective == "text":
+        return {"model": str(cfg.model), "corpus": [str(p) for p in cfg.corpus or []]}
+    return {"model": str(cfg.model), "examples": str(cfg.examples)}
