@@ -26,6 +26,7 @@ FAULTS_BY_OBJECTIVE = {
     "dpo": ("sampler", "rng", "reduction"),
     "reward": ("sampler", "rng", "reduction"),
     "grpo": FAULTS,
+    "text": ("rng", "reduction"),
 }
 
 

@@ -93,6 +93,7 @@ def open_session(
     rows, data_sha256 = read(cfg)
     max_length = resolve_max_length(cfg.max_length, model_config)
     encoded = encode(tok, rows, max_length)
+    check_run_schedule(cfg, encoded)
 
     from twinrun.core.determinism import establish, runtime_versions
 
@@ -134,6 +135,20 @@ def open_session(
         max_length=max_length,
     )
     return session, encoded
+
+
+def check_run_schedule(cfg: RunConfig, encoded: list[Any]) -> None:
+    """The learning-rate schedule fits the run's steps (checked before anything is written):
+    `--steps`, or the epochs over the encoded examples (pairs for dpo/reward)."""
+    from twinrun.data.batching import steps_per_epoch
+    from twinrun.train.schedule import check_schedule
+
+    if cfg.steps is not None:
+        total = cfg.steps
+    else:
+        per_epoch = steps_per_epoch(len(encoded), cfg.batch_size, cfg.accumulation)  # type: ignore[arg-type]
+        total = cfg.epochs * per_epoch  # type: ignore[operator]
+    check_schedule(cfg.warmup_steps, total, cfg.lr_schedule, cfg.decay_steps)  # type: ignore[arg-type]
 
 
 def check_adapter_shape(model: Any, cfg: RunConfig) -> None:
