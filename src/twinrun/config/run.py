@@ -222,6 +222,10 @@ class RunConfig:
         "bool", "--batch-invariant", "backend.options.batch_invariant",
         "Row results independent of batch.", default=False,
     )  # fmt: skip
+    stop_after: int | None = _s(
+        "int", "--stop-after", "training.stop_after",
+        "Run only the first N steps of the planned run (its schedule unchanged).", low=1,
+    )  # fmt: skip
     checkpoint_every: int | None = _s(
         "int", "--checkpoint-every", "training.save_every",
         "Write a checkpoint every N steps (0: none).", low=0,

@@ -68,6 +68,7 @@ def make_loop(
         hooks=hooks,
         schedule=cfg.lr_schedule,  # type: ignore[arg-type]
         decay_steps=cfg.decay_steps,
+        stop_after=cfg.stop_after,
         progress=progress,
     )
 

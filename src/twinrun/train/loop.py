@@ -133,14 +133,19 @@ class Loop:
     hooks: list[Hook] = field(default_factory=list)
     schedule: str = "cosine"
     decay_steps: int | None = None
+    stop_after: int | None = None  # run only the first N steps (the schedule is still T steps)
     progress: Progress | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list)
 
     def run(self, recipe: Recipe, start: int, prefetch: int = 0) -> None:
-        """Steps `start` .. total_steps - 1; each batch is taken from the prefetcher once."""
-        ahead = Prefetcher(recipe.prepare, range(start, self.total_steps), prefetch)
+        """Steps `start` .. total_steps - 1 (or up to `stop_after`); each batch is taken from the
+        prefetcher once."""
+        stop = (
+            self.total_steps if self.stop_after is None else min(self.stop_after, self.total_steps)
+        )
+        ahead = Prefetcher(recipe.prepare, range(start, stop), prefetch)
         try:
-            for step in range(start, self.total_steps):
+            for step in range(start, stop):
                 self.run_step(step, recipe, ahead.get(step))
         finally:
             ahead.close()

@@ -175,6 +175,8 @@ def finish_session(
     """Write the adapter, metrics.jsonl and the sidecar (last: it marks a finished run)."""
 
     s.save_adapter(s.out)
+    if s.cfg.stop_after is not None:  # the steps run, not the steps planned
+        summary = summary | {"steps": len(metrics), "planned_steps": summary.get("steps")}
     atomic_write_jsonl(s.out / "metrics.jsonl", metrics)
     adapter_sha = sha256_file(s.out / "adapter_model.safetensors")
     record = sidecar(
