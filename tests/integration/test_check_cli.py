@@ -154,6 +154,7 @@ def test_stand_in_trainer_json_and_seedless(
     assert rc == 2 and d["exit_code"] == 2 and "RuntimeError: planted failure" in d["stderr_tail"]
 
 
+@pytest.mark.slow  # four real SFT runs
 def test_quick_runs_the_first_three_steps_and_judges_them(
     tmp_path: Path, toy_model_dir: Path, sft_examples: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -14,7 +14,6 @@ vocabulary of docs/capture.md), `resolved_config.json` (redacted) and `twinrun.j
 
 from __future__ import annotations
 
-import resource
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from twinrun.core.rng import float_bits, restore_torch_rng
 from twinrun.dispatch.toml_runs import FINAL, RESOLVED
 from twinrun.train.batch import OptimizerBatch
 from twinrun.train.hooks.capture import SKIPPED
-from twinrun.train.hooks.timing import TimingHook
+from twinrun.train.hooks.timing import TimingHook, peak_memory
 from twinrun.train.loop import Hook, Loop, StepContext, StepForwards, make_optimizer
 from twinrun.train.outputs import begin_output_dir
 from twinrun.train.schedule import lr_at
@@ -196,7 +195,7 @@ def replay_step(v: Verified, built: Built, optimizer: Any, out: Path) -> dict[st
         from twinrun.train.hooks.diag import DiagHook
 
         hooks.append(DiagHook(DiagRecorder(out / "diag.jsonl")))
-    hooks.append(TimingHook())
+    hooks.append(TimingHook(cfg.device))
     loop = Loop(
         params=built.params,
         optimizer=optimizer,
@@ -247,21 +246,6 @@ def save_final(folder: Path, model: Any, head: Any, cfg: Any) -> str:
     if head is not None:
         save_reward_head(head, folder)
     return sha256_file(folder / "adapter_model.safetensors")
-
-
-def peak_memory(device: str) -> tuple[int, str]:
-    """Peak memory of this replay: CUDA's allocator peak, or the process's peak resident set
-    (VmHWM: unlike ru_maxrss it is not inherited from the process that started us)."""
-    if device.startswith("cuda"):
-        return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024, "process_peak_rss"
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process_max_rss"
 
 
 def replay_metrics(v: Verified, row: dict[str, Any], final_sha: str, model: Any) -> dict[str, Any]:
