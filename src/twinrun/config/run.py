@@ -206,6 +206,16 @@ class RunConfig:
         "int", "--trace-step", "logging.trace_step",
         "Also record per-module checksums at step K.", low=0,
     )  # fmt: skip
+    eval_examples: str | None = _s(
+        "str", "--eval-examples", "eval.examples",
+        "Evaluate on these SFT examples during training (with --eval-every).", shapes=False,
+    )  # fmt: skip
+    eval_every: int | None = _s(
+        "int", "--eval-every", "eval.every", "Evaluate after every N-th optimizer step.", low=1
+    )
+    eval_limit: int | None = _s(
+        "int", "--eval-limit", "eval.limit", "Evaluate only the first N eval examples.", low=1
+    )
     inject: list[str] = _s(
         "list[str]", "--inject", "debug.inject", "Plant a fault: FAULT@STEP (testing).",
         default=[], multiple=True,
@@ -354,6 +364,10 @@ def value_problems(cfg: RunConfig, source: Source = "flag") -> list[str]:
         )
     if cfg.decay_steps is not None and cfg.lr_schedule not in (None, "wsd"):
         problems.append(f"{n['decay_steps']} applies to {n['lr_schedule']} wsd only")
+    if (cfg.eval_examples is None) != (cfg.eval_every is None):
+        problems.append(f"{n['eval_examples']} and {n['eval_every']} go together")
+    if cfg.eval_limit is not None and cfg.eval_examples is None:
+        problems.append(f"{n['eval_limit']} needs {n['eval_examples']}")
     if (cfg.spike_factor is None) != (cfg.spike_window is None):
         problems.append(f"{n['spike_factor']} and {n['spike_window']} go together")
     return problems

@@ -42,11 +42,13 @@ def make_loop(
         from twinrun.train.hooks.trace import TraceHook
 
         hooks.append(TraceHook(s.model, s.out / "trace.jsonl", cfg.trace_step))
+    recorder = None
     if cfg.diag:
         from twinrun.diag.recorder import DiagRecorder
         from twinrun.train.hooks.diag import DiagHook
 
-        hooks.append(DiagHook(DiagRecorder(s.out / "diag.jsonl", append=cfg.resume)))
+        recorder = DiagRecorder(s.out / "diag.jsonl", append=cfg.resume)
+        hooks.append(DiagHook(recorder))
     if cfg.spike_factor is not None and cfg.spike_window is not None:
         hooks.append(SpikeHook(recipe, cfg.spike_factor, cfg.spike_window, progress))
     hooks.append(NonFiniteHook(checkpointer))
@@ -54,6 +56,10 @@ def make_loop(
         from twinrun.train.hooks.capture import capture_hook
 
         hooks.append(capture_hook(s, total_steps))
+    if s.eval_rows:  # before checkpoints: a checkpoint's metrics hold the eval numbers
+        from twinrun.train.hooks.evaluation import EvaluationHook
+
+        hooks.append(EvaluationHook(s, s.eval_rows, int(cfg.eval_every), recorder))  # type: ignore[arg-type]
     if cfg.checkpoint_every:
         hooks.append(CheckpointHook(checkpointer, cfg.checkpoint_every))
     optimizer = make_optimizer(
@@ -103,8 +109,8 @@ def spikes_of(loop: Loop) -> list[dict[str, Any]]:
 
 
 def truncate_logs(out: Path, steps_done: int) -> None:
-    """Keep only the train rows of steps before `steps_done` in diag/trace logs (a killed run
-    may have logged steps past its last checkpoint)."""
+    """Keep only the train and eval rows of steps before `steps_done` in diag/trace logs (a
+    killed run may have logged steps past its last checkpoint)."""
     for name in LOGS:
         path = out / name
         if not path.is_file():
@@ -115,6 +121,7 @@ def truncate_logs(out: Path, steps_done: int) -> None:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 break  # a torn last line from the kill
-            if row.get("phase", "train") != "train" or int(row.get("step", -1)) < steps_done:
+            phase = row.get("phase", "train")
+            if phase not in ("train", "eval") or int(row.get("step", -1)) < steps_done:
                 kept.append(line)
         atomic_write_text(path, "".join(line + "\n" for line in kept))

@@ -34,6 +34,8 @@ class Session:
     data_sha256: str
     faults: Faults
     max_length: int  # tokens per row at most: --max-length, else the model's positions
+    eval_rows: list[Any] = field(default_factory=list)  # --eval-examples, encoded (and limited)
+    eval_sha256: str | None = None
     progress: Progress | None = None
     started: float = field(default_factory=time.perf_counter)
 
@@ -94,6 +96,7 @@ def open_session(
     max_length = resolve_max_length(cfg.max_length, model_config)
     encoded = encode(tok, rows, max_length)
     check_run_schedule(cfg, encoded)
+    eval_rows = read_eval_rows(cfg, tok, max_length)
 
     from twinrun.core.determinism import establish, runtime_versions
 
@@ -133,8 +136,23 @@ def open_session(
         data_sha256=data_sha256,
         faults=faults,
         max_length=max_length,
+        eval_rows=eval_rows,
+        eval_sha256=sha256_file(cfg.eval_examples) if cfg.eval_examples else None,
     )
     return session, encoded
+
+
+def read_eval_rows(cfg: RunConfig, tok: Any, max_length: int) -> list[Any]:
+    """The `--eval-examples` rows (SFT rows, the run's chat template; a text run's plain),
+    encoded and cut to `--eval-limit`; checked like training examples, before anything is
+    written."""
+    if cfg.eval_examples is None:
+        return []
+    from twinrun.data.examples import encode_sft_rows
+
+    raw = load_rows(cfg.eval_examples)
+    rows = encode_sft_rows(tok, raw[: cfg.eval_limit], cfg.chat_template == "on", max_length)
+    return rows
 
 
 def check_run_schedule(cfg: RunConfig, encoded: list[Any]) -> None:
@@ -187,7 +205,9 @@ def finish_session(
         determinism=s.provenance,
         runtime=s.runtime,
         metrics=summary | {"wall_s": time.perf_counter() - s.started},
-        extra={"inputs": redact(inputs_of(s.cfg))} | (extra or {}),
+        extra={"inputs": redact(inputs_of(s.cfg))}
+        | ({"eval": {"sha256": s.eval_sha256, "examples": len(s.eval_rows)}} if s.eval_rows else {})
+        | (extra or {}),
     )
     atomic_write_json(s.out / "twinrun.json", record)
     return record
