@@ -362,6 +362,8 @@ def value_problems(cfg: RunConfig, source: Source = "flag") -> list[str]:
             f"{n['prefetch']} does not apply to grpo "
             "(its next batch is sampled from the updated policy)"
         )
+    if cfg.replay != "per" and any(spec.startswith("replay@") for spec in cfg.inject or []):
+        problems.append(f"{n['inject']} replay@STEP needs {n['replay']} per")
     if cfg.decay_steps is not None and cfg.lr_schedule not in (None, "wsd"):
         problems.append(f"{n['decay_steps']} applies to {n['lr_schedule']} wsd only")
     if (cfg.eval_examples is None) != (cfg.eval_every is None):
