@@ -151,3 +151,35 @@ def test_bad_inputs_are_one_line_errors_and_write_nothing(
     assert len(err.splitlines()) == 1
     assert err.startswith(message.format(**{k: str(v) for k, v in files.items()}))
     assert not out.exists()
+
+
+def test_a_text_step_captured_from_a_toml_run_replays_bit_for_bit(
+    tmp_path: Path, toy_model_dir: Path, corpus: list[Path]
+) -> None:
+    """`twinrun run` with trainer = "text" and capture_steps = [1]; the replay of step 1 (no
+    corpus read) ends with the source's adapter after step 1, and the same loss."""
+    from tests.capture_helpers import Capture, metrics, run_config
+
+    doc = {
+        "training": {"trainer": "text", "seed": 3, "max_steps": 3, "learning_rate": 1e-2,
+                     "warmup_steps": 1, "lr_schedule": "wsd", "decay_steps": 1,
+                     "batch_size": 2, "precision": "f32"},
+        "text": {"window": 24, "windows_per_step": 3},
+        "model": {"path": str(toy_model_dir), "lora_rank": 4, "lora_alpha": 8},
+        "data": {"corpus": [str(p) for p in corpus]},
+        "backend": {"devices": "cpu", "options": {"threads": 1}},
+        "logging": {"dir": str(tmp_path / "src")},
+        "optimizer_batch": {"capture": True, "capture_steps": [1]},
+    }  # fmt: skip
+    assert run_config(tmp_path / "src.toml", doc) == 0
+    side = json.loads((tmp_path / "src" / "twinrun.json").read_text())
+    assert side["train"]["objective"] == "text" and side["train"]["lr_schedule"] == "wsd"
+    cap = Capture(doc, tmp_path / "src", 1)
+    state = tmp_path / "src" / "optimizer_batch_step_000001.state"
+    replay = cap.replay_config(tmp_path / "rep", resume={"from": str(state)})
+    replay.pop("data")
+    assert run_config(tmp_path / "rep.toml", replay) == 0
+    (row,) = metrics(tmp_path / "rep")
+    for key in ("loss", "lr", "optimizer/logical_batch_sha256",
+                "optimizer_batch/final_adapter_sha256"):  # fmt: skip
+        assert row[key] == cap.row[key], key

@@ -66,10 +66,12 @@ class ReplayRecipe:
             from twinrun.train.recipes.grpo import rollouts_from_batch, update_forwards
 
             return (yield from update_forwards(self.s, rollouts_from_batch(batch), step))
-        if objective in ("sft", "text"):
+        if objective in ("sft", "text"):  # a text step is SFT's forwards over whole windows
             from twinrun.train.recipes.sft import rows_from_batch, sft_forwards
 
-            return (yield from sft_forwards(self.s, rows_from_batch(batch), step))
+            outcome = yield from sft_forwards(self.s, rows_from_batch(batch), step)
+            outcome.batch.objective = objective
+            return outcome
         from twinrun.train.recipes.pairs import pair_forwards, pairs_from_batch
 
         return (yield from pair_forwards(self.s, pairs_from_batch(batch), step, self.head))
