@@ -129,7 +129,6 @@ def toml_cases() -> list[tuple[str, Any, str]]:
     """(TOML key, bad value, what the error says) for every number a GRPO config holds."""
     numbers = {
         "training.seed": -1, "training.learning_rate": 0.05, "training.warmup_steps": 0,
-        "training.lr_schedule": "cosine",
         "training.batch_size": 4, "model.lora_rank": 4, "model.lora_alpha": 8,
         "grpo.prompts_per_step": 2, "grpo.group_size": 4, "grpo.max_new_tokens": 4,
         "grpo.temperature": 1.0, "grpo.clip_eps": 0.2, "grpo.advantage_clip": 5.0,
