@@ -232,6 +232,8 @@ def task_args(
         "1e-3",
         "--warmup-steps",
         "0",
+        "--lr-schedule",
+        "cosine",
         "--lora-rank",
         "8",
         "--lora-alpha",

@@ -133,7 +133,8 @@ def big_capture(root: Path, model: Path, payload_mb: int, adapter_mb: int) -> tu
     (src / mf.payload_name(0)).write_bytes(payload)
     doc = {
         "training": {"trainer": "optimizer_replay", "seed": 7, "learning_rate": 0.05,
-                     "warmup_steps": 0, "batch_size": 2, "precision": "f32"},
+                     "warmup_steps": 0,
+                     "lr_schedule": "cosine", "batch_size": 2, "precision": "f32"},
         "model": {"path": str(model), "chat_template": "on", "lora_rank": 4, "lora_alpha": 8},
         "grpo": {"clip_eps": 0.2, "temperature": 1.0, "token_cap": 448},
         "backend": {"devices": "cpu", "options": {"threads": 1}},
@@ -231,7 +232,8 @@ def bench_replay(root: Path, model: Path, repeats: int) -> dict[str, Any]:
             "--lora-rank", "8", "--lora-alpha", "16")  # fmt: skip
     source = {
         "training": {"trainer": "grpo", "seed": 7, "max_steps": 1, "save_every": 0,
-                     "learning_rate": 0.01, "warmup_steps": 0, "batch_size": 8,
+                     "learning_rate": 0.01, "warmup_steps": 0,
+                     "lr_schedule": "cosine", "batch_size": 8,
                      "precision": "f32"},
         "model": {"path": str(model), "chat_template": "on", "lora_rank": 8, "lora_alpha": 16},
         "data": {"examples": str(shipped_examples("arith.jsonl"))},

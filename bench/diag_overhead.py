@@ -64,6 +64,7 @@ SETTINGS = {
     "batch_size": 4,
     "learning_rate": 1e-3,
     "warmup_steps": 0,
+    "lr_schedule": "cosine",
     "lora_rank": 8,
     "lora_alpha": 16,
     "precision": "f32",
@@ -110,7 +111,8 @@ def tune_args(model: Path, out: Path, epochs: int, accumulation: int, diag: bool
         "tune", "sft", "--model", str(model), "--examples", str(EXAMPLES), "--output", str(out),
         "--seed", str(s["seed"]), "--epochs", str(epochs), "--batch-size", str(s["batch_size"]),
         "--accumulation", str(accumulation), "--learning-rate", str(s["learning_rate"]),
-        "--warmup-steps", str(s["warmup_steps"]), "--lora-rank", str(s["lora_rank"]),
+        "--warmup-steps", str(s["warmup_steps"]),
+        "--lr-schedule", "cosine", "--lora-rank", str(s["lora_rank"]),
         "--lora-alpha", str(s["lora_alpha"]), "--precision", str(s["precision"]),
         "--chat-template", str(s["chat_template"]), "--threads", str(s["threads"]), "--quiet",
     ]  # fmt: skip

@@ -64,6 +64,8 @@ def args_for(
         "1e-3",
         "--warmup-steps",
         "0",
+        "--lr-schedule",
+        "cosine",
         "--lora-rank",
         "8",
         "--lora-alpha",

@@ -37,7 +37,8 @@ def sft(model: Path, out: Path, *extra: str) -> list[str]:
     return [
         "tune", "sft", "--model", str(model), "--examples", str(EXAMPLES), "--output", str(out),
         "--seed", "1", "--epochs", "2", "--batch-size", "8", "--accumulation", "1",
-        "--learning-rate", "1e-3", "--warmup-steps", "0", "--lora-rank", "8", "--lora-alpha",
+        "--learning-rate", "1e-3", "--warmup-steps", "0",
+        "--lr-schedule", "cosine", "--lora-rank", "8", "--lora-alpha",
         "16", "--precision", "f32", "--chat-template", "on", "--threads", "1", "--quiet",
         "--overwrite", *extra,
     ]  # fmt: skip

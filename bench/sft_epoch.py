@@ -64,6 +64,7 @@ SETTINGS = {
     "accumulation": 1,
     "learning_rate": 1e-3,
     "warmup_steps": 0,
+    "lr_schedule": "cosine",
     "lora_rank": 8,
     "lora_alpha": 16,
     "precision": "f32",
@@ -79,6 +80,7 @@ def command(loop: str, snap: Path, model: Path, out: Path, epochs: int, batch: i
         "--model", str(model), "--examples", str(examples), "--output", str(out),
         "--seed", str(s["seed"]), "--epochs", str(epochs), "--batch-size", str(batch),
         "--learning-rate", str(s["learning_rate"]), "--warmup-steps", str(s["warmup_steps"]),
+        "--lr-schedule", "cosine",
         "--lora-rank", str(s["lora_rank"]), "--lora-alpha", str(s["lora_alpha"]),
         "--chat-template", str(s["chat_template"]), "--threads", str(s["threads"]),
     ]  # fmt: skip

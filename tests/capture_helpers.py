@@ -57,7 +57,8 @@ def write_toml(path: Path, doc: dict[str, Any]) -> Path:
 def grpo_source(model: Path, examples: Path, env: str, init: Path | None, out: Path) -> dict:
     doc: dict[str, Any] = {
         "training": {"trainer": "grpo", "seed": 7, "max_steps": 1, "save_every": 0,
-                     "learning_rate": 0.05, "warmup_steps": 0, "batch_size": 4,
+                     "learning_rate": 0.05, "warmup_steps": 0,
+                     "lr_schedule": "cosine", "batch_size": 4,
                      "precision": "f32"},
         "model": {"path": str(model), "chat_template": "on", "lora_rank": 4, "lora_alpha": 8},
         "data": {"examples": str(examples)},
@@ -80,7 +81,8 @@ def epoch_source(trainer: str, model: Path, init: Path, out: Path, examples: Pat
     """A one-step sft/dpo/reward source: 4 examples, batch 2, accumulation 2."""
     doc: dict[str, Any] = {
         "training": {"trainer": trainer, "seed": 5, "max_steps": 1, "save_every": 0,
-                     "learning_rate": 0.01, "warmup_steps": 0, "batch_size": 2,
+                     "learning_rate": 0.01, "warmup_steps": 0,
+                     "lr_schedule": "cosine", "batch_size": 2,
                      "accumulation": 2, "epochs": 1, "precision": "f32"},
         "model": {"path": str(model), "chat_template": "on", "lora_rank": 4, "lora_alpha": 8},
         "data": {"examples": str(examples)},

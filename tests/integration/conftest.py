@@ -25,7 +25,8 @@ def sft_args(model: Path, examples: Path, out: Path, seed: int, *extra: str) -> 
     return [
         "tune", "sft", "--model", str(model), "--examples", str(examples), "--output", str(out),
         "--seed", str(seed), "--epochs", "1", "--batch-size", "4", "--accumulation", "1",
-        "--learning-rate", "1e-2", "--warmup-steps", "1", "--lora-rank", "4",
+        "--learning-rate", "1e-2", "--warmup-steps", "1",
+        "--lr-schedule", "cosine", "--lora-rank", "4",
         "--lora-alpha", "8", "--precision", "f32", "--chat-template", "on", "--quiet",
         "--threads", "1", *extra,
     ]  # fmt: skip

@@ -17,7 +17,8 @@ from twinrun.config.setting import Setting
 VALID: dict[str, dict[str, str]] = {
     "common": {
         "--model": "m", "--examples": "e.jsonl", "--seed": "1", "--batch-size": "2",
-        "--learning-rate": "0.01", "--warmup-steps": "0", "--lora-rank": "4",
+        "--learning-rate": "0.01", "--warmup-steps": "0", "--lr-schedule": "cosine",
+        "--lora-rank": "4",
         "--lora-alpha": "8", "--precision": "f32", "--chat-template": "off",
     },
     "epochs": {"--epochs": "1", "--accumulation": "1"},

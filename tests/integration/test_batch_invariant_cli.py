@@ -91,7 +91,8 @@ def tune_args(objective: str, model: Path, examples: Path, out: Path, bs: int, a
     args = [
         "tune", objective, "--model", str(model), "--examples", str(examples), "--output",
         str(out), "--seed", "5", "--epochs", "1", "--batch-size", str(bs), "--accumulation",
-        str(acc), "--learning-rate", "1e-2", "--warmup-steps", "1", "--lora-rank", "4",
+        str(acc), "--learning-rate", "1e-2", "--warmup-steps", "1",
+        "--lr-schedule", "cosine", "--lora-rank", "4",
         "--lora-alpha", "8", "--precision", precision, "--chat-template", "off", "--quiet",
         "--threads", "1", *extra,
     ]  # fmt: skip
@@ -164,6 +165,7 @@ def test_grpo_bytes_do_not_depend_on_the_batch_size(
             "--group-size", "4", "--batch-size", str(bs), "--max-new-tokens", "6",
             "--temperature", "1.0", "--clip-eps", "0.2", "--advantage-clip", "5",
             "--token-cap", "5", "--learning-rate", "5e-2", "--warmup-steps", "0",
+            "--lr-schedule", "cosine",
             "--lora-rank", "4", "--lora-alpha", "8", "--precision", "f32",
             "--chat-template", "on", "--quiet", "--threads", "1", "--env",
             "twinrun_bi_env:make", "--batch-invariant",

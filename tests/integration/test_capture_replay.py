@@ -76,6 +76,12 @@ def test_source_capture_files(grpo_capture: Capture) -> None:
     final = out / "final" / "adapter_model.safetensors"
     assert row["optimizer_batch/final_adapter_sha256"] == sha(final) != sha(init)
     assert all(row[f"optimizer_batch/{s}_skipped"] is False for s in SKIPPED)
+    # the captured row carries a replay's timing and memory fields
+    for key in ("local_train_wall_s", "forward_s", "backward_s", "optimizer_s",
+                "peak_memory_bytes"):  # fmt: skip
+        assert isinstance(row[key], int | float) and row[key] >= 0, key
+    assert row["local_train_wall_s"] == row["wall_s"]
+    assert row["peak_memory_kind"] in ("process_peak_rss", "process_max_rss")
     assert json.loads((Path(grpo_capture.source["resume"]["from"]) / "trainer_state.json")
                       .read_text())["step"] == -1  # fmt: skip
 
@@ -132,14 +138,22 @@ def test_checkpointing_arm_passes_gate_a(
            "evidence": {"min_update_cosine": 0.999, "max_relative_delta_l2": 0.01}},
     )  # fmt: skip
     assert run_config(tmp_path / "gc.toml", arm) == 0
+    assert run_cli(["run", str(tmp_path / "gc.toml"), "--quiet", "--output",
+                    str(tmp_path / "gc2")]) == 0  # fmt: skip
     (row,) = metrics(tmp_path / "gc")
     assert row["backend/gradient_checkpointing"] is True
     assert row["loss"] == grpo_capture.row["loss"]
     capsys.readouterr()
-    rc = run_cli(["evidence", str(grpo_capture.out), str(tmp_path / "gc"), "--require", "A"])
+    rc = run_cli(["evidence", str(grpo_capture.out), str(tmp_path / "gc"), str(tmp_path / "gc2"),
+                  "--require", "A"])  # fmt: skip
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "gate A (exact-input systems claim): PASS [required]" in out
+    assert (
+        "pass  repeated fresh replays: backend.options.gradient_checkpointing: 2 replays; " in out
+    )
+    assert "wall spread " in out
+    assert "timing, source (the captured step):" in out
     assert "approximate (min_update_cosine 0.999, max_relative_delta_l2 0.01): PASS" in out
     # gate B needs a same-condition replay: with only the changed arm it cannot pass
     assert run_cli(["evidence", str(grpo_capture.out), str(tmp_path / "gc"), "--require", "B"]) == 1
@@ -181,8 +195,20 @@ def test_capture_steps_inside_a_longer_run(
         == cap.row["optimizer_batch/final_adapter_sha256"]
     )
     capsys.readouterr()
-    assert run_cli(["evidence", str(cap.out), str(tmp_path / "rep"), "--require", "A",
-                    "--require", "B"]) == 0  # fmt: skip
+    assert run_cli(["evidence", str(cap.out), str(tmp_path / "rep"), "--require", "B"]) == 0
+    capsys.readouterr()
+    # gate A refuses a single replay (no spread), and the same replay given twice
+    rep = str(tmp_path / "rep")
+    for given, detail in (
+        ([rep], "same: 1 replay (at least 2 fresh replays needed: twinrun evidence --repeat"),
+        ([rep, rep], f"a replay directory is given more than once: {tmp_path.resolve() / 'rep'}"),
+    ):
+        rc = run_cli(["evidence", str(cap.out), *given, "--require", "A", "--json"])
+        report = json.loads(capsys.readouterr().out)
+        failed = [c for c in report["gates"]["A"]["criteria"] if not c["ok"]]
+        assert rc == 1 and not report["gates"]["A"]["ok"]
+        assert [c["name"] for c in failed] == ["repeated fresh replays"]
+        assert failed[0]["detail"].startswith(detail)
 
 
 @pytest.mark.parametrize(

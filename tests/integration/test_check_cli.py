@@ -42,7 +42,8 @@ def sft_cmd(model: Path, examples: Path, *extra: str) -> list[str]:
         sys.executable, "-m", "twinrun", "tune", "sft", "--model", str(model),
         "--examples", str(examples), "--output", "{out}", "--seed", "{seed}", "--epochs", "1",
         "--batch-size", "4", "--accumulation", "1", "--learning-rate", "1e-2",
-        "--warmup-steps", "1", "--lora-rank", "4", "--lora-alpha", "8", "--precision", "f32",
+        "--warmup-steps", "1",
+        "--lr-schedule", "cosine", "--lora-rank", "4", "--lora-alpha", "8", "--precision", "f32",
         "--chat-template", "on", "--quiet", "--threads", "1", "--diag", *extra,
     ]  # fmt: skip
 
@@ -151,3 +152,44 @@ def test_stand_in_trainer_json_and_seedless(
     rc, out, _ = check(capsys, "--json", "--", *fake("fail"))
     d = json.loads(out)
     assert rc == 2 and d["exit_code"] == 2 and "RuntimeError: planted failure" in d["stderr_tail"]
+
+
+@pytest.mark.slow  # four real SFT runs
+def test_quick_runs_the_first_three_steps_and_judges_them(
+    tmp_path: Path, toy_model_dir: Path, sft_examples: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keep = tmp_path / "keep"
+    cmd = sft_cmd(toy_model_dir, sft_examples, "--epochs", "2")  # 8 steps planned
+    rc, out, err = check(capsys, "--quick", "--keep", str(keep), "--", *cmd)
+    assert rc == 0, out + err
+    assert out.splitlines()[0] == "quick: the first 3 steps of each run (--stop-after)"
+    assert any(ln.startswith("verdict: PASS (seeds 0,1) — bit-exact") for ln in out.splitlines())
+    quick_rows = [
+        json.loads(x) for x in (keep / "seed-0-a" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in quick_rows] == [0, 1, 2]
+    side = json.loads((keep / "seed-0-a" / "twinrun.json").read_text())
+    assert side["train"]["stop_after"] == 3
+    assert (side["metrics"]["steps"], side["metrics"]["planned_steps"]) == (3, 8)
+    # the quick steps are the full run's steps: same lr (8-step schedule) and loss bits
+    full = tmp_path / "full"
+    argv = [a.replace("{seed}", "0").replace("{out}", str(full)) for a in cmd[3:]]
+    assert run_cli(argv) == 0
+    full_rows = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines()]
+    for q, f in zip(quick_rows, full_rows[:3], strict=True):
+        assert (q["lr"], q["loss"], q["grad_norm"]) == (f["lr"], f["loss"], f["grad_norm"])
+
+
+@pytest.mark.parametrize(
+    ("cmd", "message"),
+    [
+        (fake(), "twinrun: error: --quick needs a twinrun training command"),
+        (["twinrun", "tune", "sft", "--output", "{out}", "--seed", "{seed}", "--stop-after", "2"],
+         "twinrun: error: --quick sets --stop-after itself"),
+    ],
+)  # fmt: skip
+def test_quick_refuses_what_it_cannot_budget(
+    capsys: pytest.CaptureFixture[str], cmd: list[str], message: str
+) -> None:
+    rc, out, err = check(capsys, "--quick", "--", *cmd)
+    assert rc == 2 and err.startswith(message) and len(err.strip().splitlines()) == 1

@@ -66,7 +66,14 @@ def test_planted_divergence_names_the_root_cause(
     ranked = [ln.split()[0] for ln in lines if ln.startswith("    ")]
     assert ranked == ["grads.lora", "batch.sample_indices"]
     assert any(ln.startswith("advice: batch.sample_indices") for ln in lines)
-    assert lines[-1] == "3 of 4 rows diverged"
+    at = lines.index("3 of 4 rows diverged")
+    assert lines[at + 1 :] == [
+        "diverging leaves per step:",
+        "  phase    step  leaves",
+        "  train       1  batch.sample_indices, grads.lora",
+        "  train       2  grads.lora",
+        "  train       3  grads.lora",
+    ]
 
 
 def test_tolerance_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -55,7 +55,8 @@ def grpo_args(model: Path, examples: Path, out: Path, seed: int, *extra: str) ->
         "--seed", str(seed), "--steps", "3", "--prompts-per-step", "2", "--group-size", "4",
         "--batch-size", "4", "--max-new-tokens", "4", "--temperature", "1.0",
         "--clip-eps", "0.2", "--advantage-clip", "5", "--token-cap", "3",
-        "--learning-rate", "5e-2", "--warmup-steps", "0", "--lora-rank", "4", "--lora-alpha", "8",
+        "--learning-rate", "5e-2", "--warmup-steps", "0",
+        "--lr-schedule", "cosine", "--lora-rank", "4", "--lora-alpha", "8",
         "--precision", "f32", "--chat-template", "on", "--quiet", "--threads", "1", "--diag",
         *extra,
     ]  # fmt: skip
@@ -120,7 +121,8 @@ def test_plugin_environment_trains_reproducibly(
     assert rows[0]["replayed_rows"] == 0 and rows[1]["replayed_rows"] == 4
     diag = [json.loads(x) for x in (a / "diag.jsonl").read_text().splitlines()]
     leaves = list(diag[1]["checksums"])
-    assert leaves[:3] == ["batch.sample_indices", "replay.sample_indices", "rollout.tokens"]
+    assert leaves[:6] == ["batch.sample_indices", "replay.priorities", "replay.draws",
+                          "replay.sample_indices", "replay.weights", "rollout.tokens"]  # fmt: skip
     side = json.loads((a / "twinrun.json").read_text())
     assert side["train"]["env"] == plugin_module
     assert side["train"]["env_args"] == {"modulus": "<redacted>", "bonus": "<redacted>"}
@@ -128,6 +130,62 @@ def test_plugin_environment_trains_reproducibly(
     # the zero adapter B means the initial adapter differs from the trained one
     assert run_cli(["diff", str(a), str(b), "--bitwise"]) == 0
     capsys.readouterr()
+
+
+PER = ("--env", "arithmetic", "--replay", "per", "--replay-capacity", "16",
+       "--replay-alpha", "1", "--replay-beta", "1", "--replay-fraction", "0.5")  # fmt: skip
+
+
+def test_per_leaves_are_the_buffer_and_its_keyed_draws(
+    tmp_path: Path, toy_model_dir: Path, arith: Path
+) -> None:
+    """Step 1 draws 4 rollouts from the 8 of step 0: the priorities leaf is their
+    (|A| + eps) ** 1, the draws leaf the keyed uniforms."""
+    from twinrun.core.rng import stream
+    from twinrun.diag.checksum import sumsq
+    from twinrun.rl.prioritized import DEFAULT_PRIORITY_EPS
+
+    run(grpo_args(toy_model_dir, arith, tmp_path / "a", 1, *PER))
+    diag = [json.loads(x) for x in (tmp_path / "a" / "diag.jsonl").read_text().splitlines()]
+    assert diag[0]["checksums"]["replay.priorities"] == 0.0  # empty before step 0
+    # step 0's advantages, as recorded, are what the buffer holds at step 1
+    import torch
+
+    uniforms = torch.tensor([stream(1, "replay", 1, i).uniform() for i in range(4)],
+                            dtype=torch.float64)  # fmt: skip
+    assert diag[1]["checksums"]["replay.draws"] == sumsq(uniforms)
+    adv0 = diag[0]["checksums"]["rollout.advantages"]
+    # sum of (|A| + eps)^2 = sum A^2 + 2 eps sum |A| + 8 eps^2: equal to sumsq(A) to ~1e-6
+    assert diag[1]["checksums"]["replay.priorities"] == pytest.approx(adv0, abs=1e-4)
+    assert DEFAULT_PRIORITY_EPS == 1e-6
+
+
+@pytest.mark.parametrize("fault", ["replay@1", "replay@2"])
+def test_a_fault_inside_per_is_localised_to_its_draws(
+    tmp_path: Path, toy_model_dir: Path, arith: Path, capsys: pytest.CaptureFixture[str],
+    fault: str,
+) -> None:  # fmt: skip
+    run(grpo_args(toy_model_dir, arith, tmp_path / "a", 1, *PER))
+    run(grpo_args(toy_model_dir, arith, tmp_path / "b", 1, *PER, "--inject", fault))
+    capsys.readouterr()
+    assert run_cli(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    step = int(fault.split("@")[1])
+    assert (report["first"]["step"], report["first"]["leaf"]) == (step, "replay.draws")
+    assert report["table"][0]["leaves"][0] == "replay.draws"
+    assert "replay.priorities" not in report["table"][0]["leaves"]  # the buffer was the same
+    assert report["advice"]["leaf"] == "replay.draws"
+
+
+def test_a_replay_fault_needs_per(
+    tmp_path: Path, toy_model_dir: Path, arith: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = grpo_args(toy_model_dir, arith, tmp_path / "a", 1, "--env", "arithmetic",
+                     "--inject", "replay@1")  # fmt: skip
+    capsys.readouterr()
+    assert run_cli(args) == 2
+    assert "--inject replay@STEP needs --replay per" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
 
 
 def test_observation_fault_localised(

@@ -24,7 +24,8 @@ def pair_args(objective: str, model: Path, ex: Path, out: Path, seed: int, bs: i
     args = [
         "tune", objective, "--model", str(model), "--examples", str(ex), "--output", str(out),
         "--seed", str(seed), "--epochs", "1", "--batch-size", str(bs), "--accumulation", "1",
-        "--learning-rate", "2e-2", "--warmup-steps", "0", "--lora-rank", "4",
+        "--learning-rate", "2e-2", "--warmup-steps", "0",
+        "--lr-schedule", "cosine", "--lora-rank", "4",
         "--lora-alpha", "8", "--precision", "f32", "--chat-template", "on", "--quiet",
         "--threads", "1", "--diag", *extra,
     ]  # fmt: skip

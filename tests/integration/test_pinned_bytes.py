@@ -35,7 +35,7 @@ PINNED: dict[str, dict[str, str]] = {
     },
     "grpo": {
         "adapter": "e068b8f88461e5ef43cf128b3f80e27434f11a23cd0c9d32090c676d5faf8587",
-        "diag": "443346e95e23bfb7c4b49ba7619990533e17c5e707bef2523acb0d19d3df495d",
+        "diag": "53d047799c14d203070b4ce54514525ea993bbfabebb55dc196a7c5d32300452",
     },
 }
 

@@ -44,7 +44,8 @@ def test_sidecar_records_every_number(sft_runs: dict[str, Path], toy_model_dir: 
     train = side["train"]
     expected = {
         "objective": "sft", "seed": 1, "epochs": 1, "batch_size": 4, "accumulation": 1,
-        "learning_rate": 1e-2, "warmup_steps": 1, "lora_rank": 4, "lora_alpha": 8.0,
+        "learning_rate": 1e-2, "warmup_steps": 1,
+        "lr_schedule": "cosine", "lora_rank": 4, "lora_alpha": 8.0,
         "precision": "f32", "chat_template": "on", "threads": 1, "device": "cpu",
         "strict": True, "weight_decay": 0.0, "adam_betas": [0.9, 0.999], "adam_eps": 1e-8,
     }  # fmt: skip

@@ -51,7 +51,8 @@ def run_args(objective: str, model: Path, examples: Path, out: Path, *extra: str
     """A 2-step (sft, dpo, reward: 1 epoch) or 3-step (grpo) run with two forwards a step."""
     common = [
         "--model", str(model), "--examples", str(examples), "--output", str(out), "--seed", "1",
-        "--learning-rate", "2e-2", "--warmup-steps", "1", "--lora-rank", "4",
+        "--learning-rate", "2e-2", "--warmup-steps", "1",
+        "--lr-schedule", "cosine", "--lora-rank", "4",
         "--lora-alpha", "8", "--precision", "f32", "--chat-template", "on", "--quiet",
         "--threads", "1",
     ]  # fmt: skip

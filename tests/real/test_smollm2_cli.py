@@ -57,6 +57,7 @@ def sft_args(model: Path, out: Path) -> list[str]:
         "tune", "sft", "--model", str(model), "--examples", str(shipped_examples("sft.jsonl")),
         "--output", str(out), "--seed", "0", "--epochs", "1", "--batch-size", "2",
         "--accumulation", "1", "--learning-rate", "1e-3", "--warmup-steps", "0",
+        "--lr-schedule", "cosine",
         "--lora-rank", "2", "--lora-alpha", "4", "--precision", "f32", "--chat-template", "on",
         "--quiet", "--threads", "1",
     ]  # fmt: skip
@@ -69,7 +70,8 @@ def grpo_args(model: Path, out: Path) -> list[str]:
         "--group-size", "2", "--batch-size", "2", "--max-new-tokens", "2", "--temperature", "1.0",
         "--clip-eps", "0.2", "--advantage-clip", "5", "--token-cap", "2",
         "--env", "arithmetic",
-        "--learning-rate", "1e-3", "--warmup-steps", "0", "--lora-rank", "2", "--lora-alpha", "4",
+        "--learning-rate", "1e-3", "--warmup-steps", "0",
+        "--lr-schedule", "cosine", "--lora-rank", "2", "--lora-alpha", "4",
         "--precision", "f32", "--chat-template", "on", "--quiet", "--threads", "1",
     ]  # fmt: skip
 

@@ -20,6 +20,7 @@ def full(**over: object) -> RunConfig:
         accumulation=1,
         learning_rate=1e-3,
         warmup_steps=0,
+        lr_schedule="cosine",
         lora_rank=4,
         lora_alpha=8.0,
         precision="f32",
@@ -51,6 +52,10 @@ def test_all_missing_flags_in_one_error() -> None:
         ({"precision": "fp16"}, "--precision"),
         ({"chat_template": "yes"}, "--chat-template"),
         ({"beta": 0.1}, "--beta does not apply to sft"),
+        ({"lr_schedule": "linear"}, "--lr-schedule must be one of cosine, wsd, constant"),
+        ({"lr_schedule": "wsd"}, "--lr-schedule wsd needs --decay-steps"),
+        ({"decay_steps": 2}, "--decay-steps applies to --lr-schedule wsd only"),
+        ({"lr_schedule": "wsd", "decay_steps": 0}, "--decay-steps must be >= 1"),
     ],
 )
 def test_bad_values(over: dict, match: str) -> None:
@@ -72,6 +77,7 @@ def test_shaping_numbers_record_everything_that_shapes_a_run() -> None:
         "accumulation",
         "learning_rate",
         "warmup_steps",
+        "lr_schedule",
         "lora_rank",
         "lora_alpha",
         "precision",

@@ -16,7 +16,7 @@ from twinrun.config.toml import schema
 from twinrun.config.values import parse_env_args, parse_lora_targets, resolve_max_length
 from twinrun.core.errors import ConfigError
 
-OBJECTIVES = ("sft", "dpo", "reward", "grpo")
+OBJECTIVES = ("sft", "dpo", "reward", "grpo", "text")
 
 # The flags each command took before the declarations existed, plus the three new ones: a renamed
 # or lost flag fails here.
@@ -26,7 +26,8 @@ COMMON = {
     "--trace-step", "--inject", "--threads", "--device", "--strict", "--batch-invariant",
     "--checkpoint-every", "--resume", "--prefetch", "--spike-factor", "--spike-window",
     "--init-adapter", "--overwrite", "--quiet",
-    "--lora-targets", "--attention", "--max-length", "--shard-base",
+    "--lora-targets", "--attention", "--max-length", "--shard-base", "--lr-schedule",
+    "--decay-steps", "--eval-examples", "--eval-every", "--eval-limit", "--stop-after",
 }  # fmt: skip
 GRPO = {
     "--steps", "--prompts-per-step", "--group-size", "--max-new-tokens", "--temperature",
@@ -38,6 +39,8 @@ EXPECTED_FLAGS = {
     "dpo": COMMON | {"--epochs", "--accumulation", "--beta"},
     "reward": COMMON | {"--epochs", "--accumulation"},
     "grpo": COMMON | GRPO,
+    "text": (COMMON - {"--examples", "--chat-template"})
+    | {"--corpus", "--window", "--windows-per-step", "--steps"},
 }
 
 # The sidecar `train` keys a run wrote before the declarations (printed from the old
@@ -57,7 +60,16 @@ GRPO_KEYS = [
     "prefetch", "spike_factor", "spike_window", "init_adapter", "capture", "capture_steps",
     "gradient_checkpointing", "weight_decay", "adam_betas", "adam_eps", "lora_targets",
 ]  # fmt: skip
-NEW_KEYS = {"attention", "max_length"}
+NEW_KEYS = {
+    "attention", "max_length", "lr_schedule", "decay_steps", "eval_every", "eval_limit",
+    "stop_after",
+}  # fmt: skip
+# a text run records the grpo-free common keys and its own (the corpus is recorded as data)
+TEXT_KEYS = [
+    *(k for k in GRPO_KEYS if k not in {"chat_template", "prompts_per_step", "group_size",
+      "max_new_tokens", "temperature", "clip_eps", "advantage_clip", "token_cap", "env"}),
+    "window", "windows_per_step",
+]  # fmt: skip
 
 
 def command_options(objective: str) -> dict[str, list[str]]:
@@ -113,7 +125,7 @@ def test_the_toml_schema_is_the_declarations() -> None:
 
 @pytest.mark.parametrize("objective", OBJECTIVES)
 def test_sidecar_keys_are_unchanged_plus_the_new_settings(objective: str) -> None:
-    before = GRPO_KEYS if objective == "grpo" else EPOCH_KEYS
+    before = {"grpo": GRPO_KEYS, "text": TEXT_KEYS}.get(objective, EPOCH_KEYS)
     if objective == "dpo":
         before = [*before[:11], "beta", *before[11:]]
     keys = set(shaping_numbers(RunConfig(objective=objective)))

@@ -27,7 +27,7 @@ from twinrun.train.batch import OptimizerBatch
 
 FORMAT = "twinrun.optimizer-batch.v1"
 META_KEY = "twinrun"
-OBJECTIVES = ("sft", "dpo", "reward", "grpo")
+OBJECTIVES = ("sft", "dpo", "reward", "grpo", "text")
 # what each objective's update needs beyond rows and masks: name -> layout
 REQUIRED_EXTRAS: dict[str, dict[str, str]] = {
     "grpo": {
@@ -256,7 +256,7 @@ def validate(arrays: BatchArrays, counts: np.ndarray | None = None) -> None:
             raise DataError(
                 "pair batches need chosen/rejected forwards of equal size and denominator = pairs"
             )
-    elif arrays.denominator != max(1, kept) or (arrays.objective == "sft" and kept < 1):
+    elif arrays.denominator != max(1, kept) or (arrays.objective in ("sft", "text") and kept < 1):
         raise DataError(f"denominator {arrays.denominator} is not the {kept} loss tokens")
     need = REQUIRED_EXTRAS.get(arrays.objective, {})
     got = {key: layout for key, (layout, _) in arrays.extras.items()}

@@ -1,4 +1,5 @@
-"""`twinrun check [--tol 1e-2] [--seeds S,T] [--keep DIR] -- CMD ...`: the determinism harness.
+"""`twinrun check [--tol 1e-2] [--seeds S,T] [--keep DIR] [--quick] -- CMD ...`: the determinism
+harness.
 
 A thin click command over `twinrun.harness.run_check`: CMD (with `{seed}` and `{out}`
 placeholders) runs twice at seed S and once at seed T; the report says whether step 0 is
@@ -22,6 +23,7 @@ from twinrun.harness import (
     run_check,
     validate_command,
 )
+from twinrun.harness.quick import QUICK_STEPS, quick_command
 
 
 @click.command(
@@ -46,6 +48,11 @@ from twinrun.harness import (
     "--timeout", type=FiniteFloat(low=0, low_open=True), default=None, metavar="SECONDS",
     help="Fail (exit 2) a run that takes longer than this.",
 )  # fmt: skip
+@click.option(
+    "--quick", is_flag=True,
+    help="A fixed small budget for a fast answer: the first 3 steps of a twinrun tune command "
+    "(--stop-after 3) and 8 eval examples (--eval-limit 8).",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD...")
 def check(
@@ -53,6 +60,7 @@ def check(
     seeds_text: str,
     keep: str | None,
     timeout: float | None,
+    quick: bool,
     as_json: bool,
     cmd: tuple[str, ...],
 ) -> int:
@@ -71,6 +79,8 @@ def check(
     """
     validate_command(cmd)
     seeds = parse_seeds(seeds_text)
+    if quick:
+        cmd = quick_command(cmd)
 
     def progress(msg: str) -> None:
         if not as_json:
@@ -94,8 +104,11 @@ def check(
             click.echo("  (rerun with --keep DIR to inspect the run directories)", err=True)
         return 2
     if as_json:
-        click.echo(json.dumps(verdict.to_dict(), allow_nan=False))
+        quick_part = {"quick": {"steps": QUICK_STEPS}} if quick else {}
+        click.echo(json.dumps(verdict.to_dict() | quick_part, allow_nan=False))
     else:
+        if quick:
+            click.echo(f"quick: the first {QUICK_STEPS} steps of each run (--stop-after)")
         for line in format_verdict(verdict):
             click.echo(line)
         if keep is not None:

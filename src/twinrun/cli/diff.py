@@ -75,6 +75,22 @@ def _text(r: CompareResult) -> list[str]:
     adv = advice_for(f.leaf)
     out.append(f"advice: {adv.leaf}: {adv.one_line()}")
     out.append(f"{r.rows_diverged} of {r.rows_compared} rows diverged")
+    out += _table(r)
+    return out
+
+
+TABLE_ROWS = 20
+
+
+def _table(r: CompareResult) -> list[str]:
+    """The per-step table of diverging leaves (train and eval rows), the first TABLE_ROWS."""
+    if not r.table:
+        return []
+    out = ["diverging leaves per step:", f"  {'phase':<6} {'step':>6}  leaves"]
+    for row in r.table[:TABLE_ROWS]:
+        out.append(f"  {row.phase:<6} {row.step:>6}  {', '.join(row.leaves)}")
+    if len(r.table) > TABLE_ROWS:
+        out.append(f"  ... {len(r.table) - TABLE_ROWS} more rows (--json lists them all)")
     return out
 
 
@@ -130,7 +146,7 @@ def diff(
         rel_tol=rel_tol,
         abs_tol=abs_tol,
         bitwise=bitwise,
-        keep_matrix=report is not None,
+        keep_matrix=True,  # the heatmap and the per-step table
     )
     if report is not None:
         from twinrun.diag.report import write_report

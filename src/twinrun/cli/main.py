@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "explain": ("twinrun.cli.explain", "explain", "Check a replay config; no model built."),
     "evidence": ("twinrun.cli.evidence", "evidence", "Evidence gates for a capture's replays."),
     "init-adapter": ("twinrun.cli.init_adapter", "init_adapter", "Write an initial adapter."),
+    "golden": ("twinrun.cli.golden", "golden", "Golden artifacts: write or check a platform's."),
 }
 
 

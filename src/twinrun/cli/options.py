@@ -97,6 +97,8 @@ def config_from_options(objective: str, opts: dict[str, Any]) -> RunConfig:
     """Click's values -> RunConfig: repeatable flags become lists, structured values parsed."""
     values = dict(opts)
     values["inject"] = list(values.get("inject") or [])
+    if "corpus" in values:  # a repeatable flag given no time is "not given"
+        values["corpus"] = list(values["corpus"] or []) or None
     if "env_args" in values:
         values["env_args"] = parse_env_args(values["env_args"])
     if values.get("lora_targets") is not None:

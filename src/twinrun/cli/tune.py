@@ -1,5 +1,5 @@
-"""`twinrun tune {sft,dpo,reward,grpo,evaluate}`: training commands and evaluation. Each training
-command's flags are generated from the run settings that apply to its objective."""
+"""`twinrun tune {sft,dpo,reward,grpo,text,evaluate}`: training commands and evaluation. Each
+training command's flags are generated from the run settings that apply to its objective."""
 
 from __future__ import annotations
 
@@ -63,6 +63,16 @@ def grpo(**opts: Any) -> None:
 
     cfg = config_from_options("grpo", opts)
     print_run_summary(train_grpo(cfg), cfg.quiet)
+
+
+@tune.command("text")
+@run_options("text")
+def text(**opts: Any) -> None:
+    """Continued pre-training on plain text: next-token loss on windows drawn from the corpus."""
+    from twinrun.train.recipes.text import train_text
+
+    cfg = config_from_options("text", opts)
+    print_run_summary(train_text(cfg), cfg.quiet)
 
 
 @tune.command("evaluate")

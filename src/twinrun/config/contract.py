@@ -1,11 +1,12 @@
 """The optimizer contract: every setting that decides what one optimizer update does to the
 adapter, given the batch — as flat TOML-keyed values, so two contracts diff key by key.
 
-It holds the optimizer (AdamW and its numbers, the learning rate and warmup), the model (base
-weights SHA256, LoRA shape, precision), the objective's own coefficients, the forward split
-(`batch_size`, `accumulation`), the seed, and the backend (device, strict mode, threads,
-batch-invariant mode, gradient checkpointing). It leaves out what only chose the rows (examples,
-environment, sampling numbers): the logical digest pins those.
+It holds the optimizer (AdamW and its numbers, the learning rate, warmup and schedule), the
+model (base weights SHA256, LoRA shape, precision), the objective's own coefficients, the forward
+split (`batch_size`, `accumulation`, or a text run's `windows_per_step`), the seed, and the
+backend (device, strict mode, threads, batch-invariant mode, gradient checkpointing). It leaves
+out what only chose the rows (examples, corpus, environment, sampling numbers): the logical
+digest pins those.
 
 A replay's contract must equal its source's, except for keys it declares in
 `allow_config_differences` — and v1 allows only `backend.options.gradient_checkpointing`. An
@@ -37,6 +38,8 @@ def optimizer_contract(
         "training.seed": cfg.seed,
         "training.learning_rate": cfg.learning_rate,
         "training.warmup_steps": cfg.warmup_steps,
+        "training.lr_schedule": cfg.lr_schedule,
+        "training.decay_steps": cfg.decay_steps,
         "training.batch_size": cfg.batch_size,
         "training.precision": cfg.precision,
         "model.sha256": model_sha256,
@@ -58,6 +61,8 @@ def optimizer_contract(
     }
     if objective in ("sft", "dpo", "reward"):
         c["training.accumulation"] = cfg.accumulation
+    if objective == "text":
+        c["text.windows_per_step"] = cfg.windows_per_step
     if objective == "dpo":
         c["dpo.beta"] = cfg.beta
     if objective == "grpo":

@@ -29,6 +29,10 @@ PRECISIONS = ("f32", "bf16")
 ATTENTIONS = ("eager", "sdpa")
 EPOCHS = ("sft", "dpo", "reward")
 GRPO = ("grpo",)
+TEXT = ("text",)
+EXAMPLES = ("sft", "dpo", "reward", "grpo")  # every objective that reads an examples file
+STEPS = ("grpo", "text")  # objectives that count optimizer steps, not epochs
+SCHEDULES = ("cosine", "wsd", "constant")
 
 
 def _s(kind: Kind, flag: str, toml: str, help: str = "", **more: Any) -> Any:
@@ -39,14 +43,14 @@ def _s(kind: Kind, flag: str, toml: str, help: str = "", **more: Any) -> Any:
 class RunConfig:
     """Everything that shapes a training run. `None` means "not given"."""
 
-    objective: str = _s("str", "", "training.trainer", "sft | dpo | reward | grpo")
+    objective: str = _s("str", "", "training.trainer", "sft | dpo | reward | grpo | text")
     model: str | None = _s(
         "str", "--model", "model.path", "Local Hugging Face checkpoint directory.",
         required=True, shapes=False,
     )  # fmt: skip
     examples: str | None = _s(
         "str", "--examples", "data.examples", "Examples: JSONL or a JSON array.",
-        required=True, shapes=False,
+        required=True, shapes=False, objectives=EXAMPLES,
     )  # fmt: skip
     output: str | None = _s(
         "str", "--output", "logging.dir", "Run directory to write.", required=True, shapes=False
@@ -72,7 +76,16 @@ class RunConfig:
     )  # fmt: skip
     warmup_steps: int | None = _s(
         "int", "--warmup-steps", "training.warmup_steps",
-        "Linear warmup steps (then cosine to 0).", required=True, low=0,
+        "Linear warmup steps (then the schedule).", required=True, low=0,
+    )  # fmt: skip
+    lr_schedule: str | None = _s(
+        "str", "--lr-schedule", "training.lr_schedule",
+        "After warmup: cosine (to 0) | wsd (stable, then linear to 0) | constant.",
+        required=True, choices=SCHEDULES,
+    )  # fmt: skip
+    decay_steps: int | None = _s(
+        "int", "--decay-steps", "training.decay_steps",
+        "wsd: the last N steps decay linearly to exactly 0 (wsd only).", low=1,
     )  # fmt: skip
     lora_rank: int | None = _s(
         "int", "--lora-rank", "model.lora_rank", "LoRA rank r.", required=True, low=1
@@ -87,7 +100,7 @@ class RunConfig:
     )  # fmt: skip
     chat_template: str | None = _s(
         "str", "--chat-template", "model.chat_template", "on | off.",
-        required=True, choices=("on", "off"),
+        required=True, choices=("on", "off"), objectives=EXAMPLES,
     )  # fmt: skip
     # objective coefficients
     beta: float | None = _s(
@@ -97,7 +110,21 @@ class RunConfig:
     # grpo (replaces epochs/accumulation)
     steps: int | None = _s(
         "int", "--steps", "training.max_steps", "Optimizer steps.",
-        required=True, objectives=GRPO, low=1,
+        required=True, objectives=STEPS, low=1,
+    )  # fmt: skip
+    # text (continued pre-training on raw text)
+    corpus: list[str] | None = _s(
+        "list[str]", "--corpus", "data.corpus", "Plain UTF-8 text files, in order.",
+        required=True, objectives=TEXT, multiple=True, shapes=False,
+    )  # fmt: skip
+    window: int | None = _s(
+        "int", "--window", "text.window", "Tokens per window (one row).",
+        required=True, objectives=TEXT, low=2,
+        reason="a window predicts its tokens after the first",
+    )  # fmt: skip
+    windows_per_step: int | None = _s(
+        "int", "--windows-per-step", "text.windows_per_step", "Windows per optimizer step.",
+        required=True, objectives=TEXT, low=1,
     )  # fmt: skip
     prompts_per_step: int | None = _s(
         "int", "--prompts-per-step", "grpo.prompts_per_step", "Prompts sampled per step.",
@@ -179,6 +206,16 @@ class RunConfig:
         "int", "--trace-step", "logging.trace_step",
         "Also record per-module checksums at step K.", low=0,
     )  # fmt: skip
+    eval_examples: str | None = _s(
+        "str", "--eval-examples", "eval.examples",
+        "Evaluate on these SFT examples during training (with --eval-every).", shapes=False,
+    )  # fmt: skip
+    eval_every: int | None = _s(
+        "int", "--eval-every", "eval.every", "Evaluate after every N-th optimizer step.", low=1
+    )
+    eval_limit: int | None = _s(
+        "int", "--eval-limit", "eval.limit", "Evaluate only the first N eval examples.", low=1
+    )
     inject: list[str] = _s(
         "list[str]", "--inject", "debug.inject", "Plant a fault: FAULT@STEP (testing).",
         default=[], multiple=True,
@@ -194,6 +231,10 @@ class RunConfig:
     batch_invariant: bool = _s(
         "bool", "--batch-invariant", "backend.options.batch_invariant",
         "Row results independent of batch.", default=False,
+    )  # fmt: skip
+    stop_after: int | None = _s(
+        "int", "--stop-after", "training.stop_after",
+        "Run only the first N steps of the planned run (its schedule unchanged).", low=1,
     )  # fmt: skip
     checkpoint_every: int | None = _s(
         "int", "--checkpoint-every", "training.save_every",
@@ -287,6 +328,12 @@ def validate(cfg: RunConfig, source: Source = "flag") -> None:
             f"missing required {what if len(missing) == 1 else what + 's'}: {' '.join(missing)}",
             "every training number must be given (twinrun has no silent defaults)",
         )
+    if cfg.lr_schedule == "wsd" and cfg.decay_steps is None:
+        raise ConfigError(
+            f"{SETTINGS['lr_schedule'].name(source)} wsd needs "
+            f"{SETTINGS['decay_steps'].name(source)}",
+            "give the number of decay steps",
+        )
     if cfg.replay == "per":
         missing = [SETTINGS[n].name(source) for n in REPLAY_FIELDS if getattr(cfg, n) is None]
         if missing:
@@ -320,6 +367,14 @@ def value_problems(cfg: RunConfig, source: Source = "flag") -> list[str]:
             f"{n['prefetch']} does not apply to grpo "
             "(its next batch is sampled from the updated policy)"
         )
+    if cfg.replay != "per" and any(spec.startswith("replay@") for spec in cfg.inject or []):
+        problems.append(f"{n['inject']} replay@STEP needs {n['replay']} per")
+    if cfg.decay_steps is not None and cfg.lr_schedule not in (None, "wsd"):
+        problems.append(f"{n['decay_steps']} applies to {n['lr_schedule']} wsd only")
+    if (cfg.eval_examples is None) != (cfg.eval_every is None):
+        problems.append(f"{n['eval_examples']} and {n['eval_every']} go together")
+    if cfg.eval_limit is not None and cfg.eval_examples is None:
+        problems.append(f"{n['eval_limit']} needs {n['eval_examples']}")
     if (cfg.spike_factor is None) != (cfg.spike_window is None):
         problems.append(f"{n['spike_factor']} and {n['spike_window']} go together")
     return problems

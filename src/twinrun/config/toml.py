@@ -30,7 +30,7 @@ from twinrun.config.values import parse_lora_targets
 from twinrun.core.errors import ConfigError, TwinrunError
 from twinrun.core.redact import REDACTED, redact
 
-TRAINERS = ("sft", "dpo", "reward", "grpo", "optimizer_replay")
+TRAINERS = ("sft", "dpo", "reward", "grpo", "text", "optimizer_replay")
 EPOCH_TRAINERS = ("sft", "dpo", "reward")
 ENGINES = ("pytorch",)
 FREE_FORM = ("environment.args",)  # tables passed on as they are (and redacted when recorded)
@@ -147,7 +147,7 @@ def load_toml(path: str | Path, output: str | None = None) -> TomlRun:
         raise ConfigError(f"{p}: {_count(problems)}: " + "; ".join(problems), _HINT)
     cfg_values = values["cfg"]
     max_steps = cfg_values.get("steps")
-    if trainer != "grpo":
+    if trainer not in ("grpo", "text"):
         cfg_values.pop("steps", None)
     if output is not None:
         cfg_values["output"] = output

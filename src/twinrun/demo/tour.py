@@ -46,6 +46,7 @@ def run_demo(root: Path, threads: int | None = None) -> dict[str, str]:
             accumulation=2,
             learning_rate=5e-3,
             warmup_steps=2,
+            lr_schedule="cosine",
             lora_rank=8,
             lora_alpha=16.0,
             precision="f32",

@@ -35,6 +35,23 @@ _TABLE: dict[str, tuple[str, str]] = {
         "draw indices from twinrun's keyed stream (`stream(seed, 'shuffle', epoch)`), never from "
         "a global or framework generator; check --seed and the examples file match",
     ),
+    "replay.priorities": (
+        "the prioritized buffer holds different priorities before the draw: different rollouts "
+        "or advantages entered it, priorities were updated in a different order, or a resumed "
+        "buffer was not restored exactly",
+        "add each step's rollouts after its update, in rollout order, with priority "
+        "(|A| + eps) ** alpha; restore the buffer from the checkpoint's objective state",
+    ),
+    "replay.draws": (
+        "the prioritized-replay uniforms are not keyed by (seed, step, draw): an unseeded draw "
+        "or a shared generator",
+        "draw u_i from `stream(seed, 'replay', step, i).uniform()`",
+    ),
+    "replay.weights": (
+        "importance weights differ with equal draws: replay beta, the buffer's smallest "
+        "priority, or the pow() of another libm",
+        "check --replay-beta and --replay-alpha match; compare on one machine",
+    ),
     "replay.sample_indices": (
         "the prioritized-replay draw is not keyed by (seed, step): an unseeded draw, a shared "
         "generator, or priorities updated in a different order",
@@ -107,8 +124,8 @@ _TABLE: dict[str, tuple[str, str]] = {
         "compare --learning-rate, clipping and the initial adapter SHA256",
     ),
     "lr": (
-        "the learning-rate schedule differs: --warmup-steps, total steps, --epochs or the "
-        "schedule flags are not the same on both runs",
+        "the learning-rate schedule differs: --lr-schedule, --warmup-steps, --decay-steps, total "
+        "steps or --epochs are not the same on both runs",
         "diff the `train` section of the two twinrun.json sidecars",
     ),
     "rng.state": (

@@ -89,6 +89,26 @@ class DiffMatrix:
     diverged: list[list[bool]]
 
 
+@dataclass(frozen=True)
+class DivergingRow:
+    """One row of the per-step table: a diverging (phase, step) and its diverging leaves, in
+    dataflow order."""
+
+    phase: str
+    step: int
+    leaves: list[str]
+
+
+def diverging_table(matrix: DiffMatrix) -> list[DivergingRow]:
+    """The rows of `matrix` where a leaf diverged (train and eval rows alike), in comparison
+    order."""
+    return [
+        DivergingRow(phase, step, [leaf for leaf, d in zip(matrix.leaves, dv, strict=True) if d])
+        for (phase, step), dv in zip(matrix.rows, matrix.diverged, strict=True)
+        if any(dv)
+    ]
+
+
 @dataclass
 class CompareResult:
     path_a: str
@@ -106,6 +126,7 @@ class CompareResult:
     matrix: DiffMatrix | None = field(default=None, repr=False)
     first_module: TraceDivergence | None = None  # from the step traces, when both have one
     trace_note: str | None = None  # why there is no first_module although a trace exists
+    table: list[DivergingRow] | None = None  # per diverging (phase, step): its diverging leaves
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (non-finite floats as "NaN"/"Infinity" strings; no matrix)."""
@@ -392,6 +413,7 @@ def compare(
         matrix=matrix,
         first_module=first_module,
         trace_note=note,
+        table=None if matrix is None else diverging_table(matrix),
     )
 
 

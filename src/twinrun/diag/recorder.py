@@ -64,7 +64,10 @@ _HINT = "each line of diag.jsonl must be one JSON object written by twinrun --di
 #: The standard leaves in dataflow order (DESIGN §4; the GRPO leaves follow the sample indices).
 STANDARD_LEAVES: tuple[str, ...] = (
     "batch.sample_indices",
+    "replay.priorities",
+    "replay.draws",
     "replay.sample_indices",
+    "replay.weights",
     "rollout.tokens",
     "rollout.rewards",
     "rollout.advantages",

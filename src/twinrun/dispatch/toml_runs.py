@@ -29,7 +29,7 @@ FINAL_FILES = ("adapter_model.safetensors", "adapter_config.json", "reward_head.
 def planned_steps(run: TomlRun) -> int:
     """The optimizer steps the run will take (epoch trainers: from the examples count)."""
     cfg = run.cfg
-    if run.trainer == "grpo":
+    if run.trainer in ("grpo", "text"):
         return int(cfg.steps)  # type: ignore[arg-type]
     from twinrun.data.batching import steps_per_epoch
     from twinrun.data.examples import load_rows
@@ -114,6 +114,10 @@ def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -
         from twinrun.train.recipes.grpo import train_grpo
 
         record = train_grpo(cfg)
+    elif run.trainer == "text":
+        from twinrun.train.recipes.text import train_text
+
+        record = train_text(cfg)
     else:
         from twinrun.train.recipes.pairs import train_pairs
 

@@ -61,15 +61,12 @@ class EvalConfig:
 
 
 def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
-    import torch
 
     from twinrun.core.determinism import establish
-    from twinrun.data.batching import pad_rows
     from twinrun.data.examples import encode_sft_rows, load_rows
     from twinrun.model.build import build_model
     from twinrun.model.loading import read_model_config as read_config
     from twinrun.model.tokens import load_tokenizer
-    from twinrun.objectives.sft import completion_nll
 
     cfg.validate()
     model_dir = Path(cfg.model)  # type: ignore[arg-type]
@@ -120,32 +117,12 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
     per_example: list[dict[str, Any]] = []
     bs = cfg.batch_size
     assert bs is not None
-    with torch.no_grad():
-        for batch_no, start in enumerate(range(0, len(rows), bs)):
-            batch = rows[start : start + bs]
-            ids, attn, mask = (t.to(cfg.device) for t in pad_rows(batch, tok.pad_id))
-            logits = model(ids, attn)
-            sums, counts = completion_nll(logits, ids, mask, cfg.batch_invariant)
-            for b in range(len(batch)):
-                n = int(counts[b])
-                per_example.append(
-                    {
-                        "index": start + b,
-                        "loss": float(sums[b]) / n if n else 0.0,
-                        "tokens": n,
-                    }
-                )
-            if recorder is not None:
-                recorder.record(
-                    batch_no,
-                    {
-                        "batch.sample_indices": torch.arange(start, start + len(batch)),
-                        "batch.tokens": ids.cpu(),
-                        "forward.logits": logits.float().cpu(),
-                        "loss": (sums.double() / counts.clamp(min=1)).cpu(),
-                    },
-                    phase="eval",
-                )
+    for batch_no, scored in enumerate(
+        score_batches(model, rows, tok.pad_id, bs, cfg.device, cfg.batch_invariant)
+    ):
+        per_example += scored.examples()
+        if recorder is not None:
+            recorder.record(batch_no, scored.leaves(), phase="eval")
     if recorder is not None:
         recorder.close()
     report = {
@@ -157,6 +134,60 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
         "per_example": per_example,
     }
     return write_report(cfg, report, model_dir, provenance)
+
+
+@dataclass
+class ScoredBatch:
+    """One evaluation forward: rows `start ..`, their tokens and logits (on the CPU), and each
+    row's completion NLL sum and completion-token count."""
+
+    start: int
+    ids: Any
+    logits: Any
+    sums: Any
+    counts: Any
+
+    def examples(self) -> list[dict[str, Any]]:
+        """Per row: its index, token-mean completion NLL, completion tokens."""
+        out = []
+        for b in range(len(self.counts)):
+            n = int(self.counts[b])
+            out.append({"index": self.start + b, "loss": float(self.sums[b]) / n if n else 0.0,
+                        "tokens": n})  # fmt: skip
+        return out
+
+    def losses(self) -> Any:
+        """Each row's token-mean NLL, float64 (the `loss` leaf of an eval row)."""
+        return self.sums.double() / self.counts.clamp(min=1)
+
+    def leaves(self) -> dict[str, Any]:
+        """The eval-phase diag leaves of this forward, in dataflow order."""
+        import torch
+
+        return {
+            "batch.sample_indices": torch.arange(self.start, self.start + len(self.counts)),
+            "batch.tokens": self.ids,
+            "forward.logits": self.logits,
+            "loss": self.losses(),
+        }
+
+
+def score_batches(
+    model: Any, rows: list[Any], pad_id: int, batch_size: int, device: str, invariant: bool
+) -> Any:
+    """Forwards of `batch_size` rows in input order, without gradients: one ScoredBatch each."""
+    import torch
+
+    from twinrun.data.batching import pad_rows
+    from twinrun.objectives.sft import completion_nll
+
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start : start + batch_size]
+            ids, attn, mask = (t.to(device) for t in pad_rows(batch, pad_id))
+            logits = model(ids, attn)
+            sums, counts = completion_nll(logits, ids, mask, invariant)
+            yield ScoredBatch(start, ids.cpu(), logits.float().cpu(), sums.cpu(), counts.cpu())
 
 
 def write_report(

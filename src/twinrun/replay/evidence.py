@@ -5,8 +5,11 @@
   initial adapter; every replay declared exactly the config differences it has, its
   gradient-checkpointing runtime flag is the one its config asks for, and it skipped dataset,
   environment, rollout and sampling; each replay's loss is the source's, bit for bit; every final
-  adapter differs from the initial one. Timings are reported as min/median/max per condition,
-  over the replays given — repeated fresh replays, never one run.
+  adapter differs from the initial one; and every condition was replayed at least twice, each
+  replay a fresh run in its own directory (`MIN_REPLAYS`), so a timing is a spread, never one
+  run. Timings are reported as min/median/max per condition with their spread (max - min, and
+  relative to the median), and the source's captured row carries the same timing and memory
+  fields, reported beside them.
 - **Gate B — bitwise update claim**: the source and every same-condition replay (no declared
   difference) end with the same final adapter SHA256.
 - **Approximate equivalence**, judged only against tolerances the replay configs declared
@@ -40,6 +43,7 @@ TIMINGS = (
     "padding_fraction",
 )
 GC_KEY = "backend.options.gradient_checkpointing"
+MIN_REPLAYS = 2  # per condition: one replay has no spread
 
 
 class EvidenceInputError(DataError):
@@ -155,9 +159,36 @@ def _same(runs: list[RunRecord], key: str) -> tuple[bool, str]:
     )
 
 
+def fresh_replays(reps: list[RunRecord]) -> dict[str, Any]:
+    """At least `MIN_REPLAYS` replays of every condition, each its own run directory."""
+    paths = [r.path.resolve() for r in reps]
+    repeated = sorted({str(p) for p in paths if paths.count(p) > 1})
+    counts = {c: sum(r.condition == c for r in reps) for c in sorted({r.condition for r in reps})}
+    few = {c: n for c, n in counts.items() if n < MIN_REPLAYS}
+    spread = []
+    for cond in counts:
+        walls = [float(r.get("local_train_wall_s")) for r in reps
+                 if r.condition == cond and r.get("local_train_wall_s") is not None]  # fmt: skip
+        if len(walls) >= 2:
+            med = statistics.median(walls)
+            rel = f" ({(max(walls) - min(walls)) / med:.1%} of the median)" if med else ""
+            spread.append(f"{cond}: wall spread {max(walls) - min(walls):.6g} s{rel}")
+    if repeated:
+        detail = f"a replay directory is given more than once: {', '.join(repeated)}"
+    elif few:
+        detail = "; ".join(
+            f"{c}: {n} replay (at least {MIN_REPLAYS} fresh replays needed: "
+            "twinrun evidence --repeat N CONFIG)"
+            for c, n in few.items()
+        )
+    else:
+        detail = "; ".join([", ".join(f"{c}: {n} replays" for c, n in counts.items()), *spread])
+    return _criterion("repeated fresh replays", not repeated and not few, detail)
+
+
 def gate_a(src: RunRecord, reps: list[RunRecord]) -> list[dict[str, Any]]:
     runs = [src, *reps]
-    out = []
+    out = [fresh_replays(reps)]
     for name, key in (
         ("logical batch", "optimizer/logical_batch_sha256"),
         ("effective rows", "optimizer/effective_rows_sha256"),
@@ -243,7 +274,9 @@ def gate_b(src: RunRecord, reps: list[RunRecord]) -> list[dict[str, Any]]:
     ]
 
 
-def timing(reps: list[RunRecord]) -> dict[str, Any]:
+def timing(reps: list[RunRecord], src: RunRecord | None = None) -> dict[str, Any]:
+    """Per condition, each timing's min / median / max and spread (max - min) over the replays;
+    under "source", the captured step's own values."""
     out: dict[str, Any] = {}
     for cond in sorted({r.condition for r in reps}):
         group = [r for r in reps if r.condition == cond]
@@ -255,8 +288,13 @@ def timing(reps: list[RunRecord]) -> dict[str, Any]:
                     "min": min(values),
                     "median": statistics.median(values),
                     "max": max(values),
+                    "spread": max(values) - min(values),
                 }
         out[cond] = stats
+    if src is not None:
+        own = {key: float(src.get(key)) for key in TIMINGS if src.get(key) is not None}
+        if own:
+            out["source"] = own
     return out
 
 
@@ -350,7 +388,7 @@ def evaluate(source: Path, replays: list[Path], require: list[str]) -> dict[str,
         "replays": [{"name": r.name, "path": str(r.path), "condition": r.condition} for r in reps],
         "gates": {g: {"ok": all(c["ok"] for c in cs), "criteria": cs} for g, cs in gates.items()},
         "approximate": approximate(src, reps),
-        "timing": timing(reps),
+        "timing": timing(reps, src),
         "required": require,
     }
     report["exit"] = 0 if all(report["gates"][g]["ok"] for g in require) else 1
@@ -387,9 +425,16 @@ def render(report: dict[str, Any]) -> str:
         for p in ap["pairs"]
     ]
     for cond, stats in report["timing"].items():
-        lines.append(f"timing, {cond} ({stats['replays']} replay(s)), min / median / max:")
+        if cond == "source":
+            lines.append("timing, source (the captured step):")
+            lines += [f"  {key}: {stats[key]:.6g}" for key in TIMINGS if key in stats]
+            continue
+        lines.append(f"timing, {cond} ({stats['replays']} replay(s)), min / median / max (spread):")
         for key in TIMINGS:
             if key in stats:
                 s = stats[key]
-                lines.append(f"  {key}: {s['min']:.6g} / {s['median']:.6g} / {s['max']:.6g}")
+                lines.append(
+                    f"  {key}: {s['min']:.6g} / {s['median']:.6g} / {s['max']:.6g} "
+                    f"({s['spread']:.6g})"
+                )
     return "\n".join(lines)

@@ -14,7 +14,6 @@ vocabulary of docs/capture.md), `resolved_config.json` (redacted) and `twinrun.j
 
 from __future__ import annotations
 
-import resource
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from twinrun.core.rng import float_bits, restore_torch_rng
 from twinrun.dispatch.toml_runs import FINAL, RESOLVED
 from twinrun.train.batch import OptimizerBatch
 from twinrun.train.hooks.capture import SKIPPED
-from twinrun.train.hooks.timing import TimingHook
+from twinrun.train.hooks.timing import TimingHook, peak_memory
 from twinrun.train.loop import Hook, Loop, StepContext, StepForwards, make_optimizer
 from twinrun.train.outputs import begin_output_dir
 from twinrun.train.schedule import lr_at
@@ -67,10 +66,12 @@ class ReplayRecipe:
             from twinrun.train.recipes.grpo import rollouts_from_batch, update_forwards
 
             return (yield from update_forwards(self.s, rollouts_from_batch(batch), step))
-        if objective == "sft":
+        if objective in ("sft", "text"):  # a text step is SFT's forwards over whole windows
             from twinrun.train.recipes.sft import rows_from_batch, sft_forwards
 
-            return (yield from sft_forwards(self.s, rows_from_batch(batch), step))
+            outcome = yield from sft_forwards(self.s, rows_from_batch(batch), step)
+            outcome.batch.objective = objective
+            return outcome
         from twinrun.train.recipes.pairs import pair_forwards, pairs_from_batch
 
         return (yield from pair_forwards(self.s, pairs_from_batch(batch), step, self.head))
@@ -171,7 +172,14 @@ def check_schedule(v: Verified) -> None:
     """The learning rate of the captured step, recomputed, must be the source's bits."""
     cfg, m = v.run.cfg, v.manifest
     step, total = m["step"], m["schedule"]["total_steps"]
-    lr = lr_at(step, cfg.learning_rate, cfg.warmup_steps, total)  # type: ignore[arg-type]
+    lr = lr_at(
+        step,
+        cfg.learning_rate,
+        cfg.warmup_steps,
+        total,
+        cfg.lr_schedule,
+        cfg.decay_steps,  # type: ignore[arg-type]
+    )
     if float_bits(lr) != m["schedule"].get("lr_bits", float_bits(float(m["schedule"]["lr"]))):
         raise ContractError(
             f"learning rate at step {step} is {lr}, the source's was {m['schedule']['lr']}",
@@ -189,7 +197,7 @@ def replay_step(v: Verified, built: Built, optimizer: Any, out: Path) -> dict[st
         from twinrun.train.hooks.diag import DiagHook
 
         hooks.append(DiagHook(DiagRecorder(out / "diag.jsonl")))
-    hooks.append(TimingHook())
+    hooks.append(TimingHook(cfg.device))
     loop = Loop(
         params=built.params,
         optimizer=optimizer,
@@ -197,6 +205,8 @@ def replay_step(v: Verified, built: Built, optimizer: Any, out: Path) -> dict[st
         warmup_steps=cfg.warmup_steps,  # type: ignore[arg-type]
         total_steps=m["schedule"]["total_steps"],
         hooks=hooks,
+        schedule=cfg.lr_schedule,  # type: ignore[arg-type]
+        decay_steps=cfg.decay_steps,
     )
     session = ReplaySession(cfg, built.tok, built.model)
     recipe = ReplayRecipe(session, v.decoded.arrays.to_batch(), built.head)
@@ -238,21 +248,6 @@ def save_final(folder: Path, model: Any, head: Any, cfg: Any) -> str:
     if head is not None:
         save_reward_head(head, folder)
     return sha256_file(folder / "adapter_model.safetensors")
-
-
-def peak_memory(device: str) -> tuple[int, str]:
-    """Peak memory of this replay: CUDA's allocator peak, or the process's peak resident set
-    (VmHWM: unlike ru_maxrss it is not inherited from the process that started us)."""
-    if device.startswith("cuda"):
-        return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024, "process_peak_rss"
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process_max_rss"
 
 
 def replay_metrics(v: Verified, row: dict[str, Any], final_sha: str, model: Any) -> dict[str, Any]:

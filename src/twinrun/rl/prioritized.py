@@ -205,6 +205,23 @@ class PrioritizedReplay(Generic[T]):
             out.append((slot, self._items[slot], weight))  # type: ignore[arg-type]
         return out
 
+    def priorities(self) -> list[float]:
+        """The priority of every stored slot, in slot order (the tree's leaves in use)."""
+        return self.tree.leaves()[: self._size]
+
+    def sample_traced(
+        self, k: int, rng_for_i: Callable[[int], float]
+    ) -> tuple[list[tuple[int, T, float]], list[float]]:
+        """`sample`, and the uniforms u_i its draws took, in draw order (for diagnostics)."""
+        us: list[float] = []
+
+        def traced(i: int) -> float:
+            u = float(rng_for_i(i))
+            us.append(u)
+            return u
+
+        return self.sample(k, traced), us
+
     # -- checkpoint/resume -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: priorities, items, ring position (items as given)."""

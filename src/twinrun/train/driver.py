@@ -20,6 +20,7 @@ from twinrun.train.hooks.faults import FaultHook
 from twinrun.train.hooks.nonfinite import NonFiniteHook
 from twinrun.train.hooks.spike import SpikeHook
 from twinrun.train.loop import Hook, Loop, Recipe, make_optimizer
+from twinrun.train.schedule import check_schedule
 from twinrun.train.session import Session
 
 LOGS = ("diag.jsonl", "trace.jsonl")
@@ -32,6 +33,7 @@ def make_loop(
 ) -> Loop:
     """The loop of this run and its hooks, in the order they run at each point."""
     cfg = s.cfg
+    check_schedule(cfg.warmup_steps, total_steps, cfg.lr_schedule, cfg.decay_steps)  # type: ignore[arg-type]
     progress = Progress(total_steps, f"{cfg.objective} step", quiet=cfg.quiet)
     checkpointer = Checkpointer(s.out, s.shaping(), objective)
     root = distributed.is_root()
@@ -46,6 +48,7 @@ def make_loop(
         from twinrun.train.hooks.trace import TraceHook
 
         hooks.append(TraceHook(s.model, s.out / "trace.jsonl", cfg.trace_step))
+    recorder = None
     if cfg.diag:
         from twinrun.diag.recorder import DiagRecorder
         from twinrun.train.hooks.diag import DiagHook
@@ -59,6 +62,10 @@ def make_loop(
         from twinrun.train.hooks.capture import capture_hook
 
         hooks.append(capture_hook(s, total_steps))
+    if s.eval_rows:  # before checkpoints: a checkpoint's metrics hold the eval numbers
+        from twinrun.train.hooks.evaluation import EvaluationHook
+
+        hooks.append(EvaluationHook(s, s.eval_rows, int(cfg.eval_every), recorder))  # type: ignore[arg-type]
     if cfg.checkpoint_every:
         hooks.append(CheckpointHook(checkpointer, cfg.checkpoint_every))
     optimizer = make_optimizer(
@@ -71,6 +78,9 @@ def make_loop(
         warmup_steps=cfg.warmup_steps,
         total_steps=total_steps,
         hooks=hooks,
+        schedule=cfg.lr_schedule,  # type: ignore[arg-type]
+        decay_steps=cfg.decay_steps,
+        stop_after=cfg.stop_after,
         progress=progress,
     )
 
@@ -105,8 +115,8 @@ def spikes_of(loop: Loop) -> list[dict[str, Any]]:
 
 
 def truncate_logs(out: Path, steps_done: int) -> None:
-    """Keep only the train rows of steps before `steps_done` in diag/trace logs (a killed run
-    may have logged steps past its last checkpoint)."""
+    """Keep only the train and eval rows of steps before `steps_done` in diag/trace logs (a
+    killed run may have logged steps past its last checkpoint)."""
     for name in LOGS:
         path = out / name
         if not path.is_file():
@@ -117,6 +127,7 @@ def truncate_logs(out: Path, steps_done: int) -> None:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 break  # a torn last line from the kill
-            if row.get("phase", "train") != "train" or int(row.get("step", -1)) < steps_done:
+            phase = row.get("phase", "train")
+            if phase not in ("train", "eval") or int(row.get("step", -1)) < steps_done:
                 kept.append(line)
         atomic_write_text(path, "".join(line + "\n" for line in kept))

@@ -5,9 +5,11 @@
 - rng: a stray draw shifts the torch CPU generator                  -> rng.state
 - reduction: the step's gradient is summed in a different order     -> grads.lora
 - observation: a wall-clock timestamp enters a GRPO observation     -> rollout.tokens
+- replay: the prioritized buffer's draws (--replay per) are unseeded -> replay.draws
 
-`rng` and `reduction` act on the step (train/hooks/faults.py); `sampler` and `observation` act
-on the data a recipe draws (`unseeded_plans`, `Faults.once`). A planted fault fires once: a
+`rng` and `reduction` act on the step (train/hooks/faults.py); `sampler`, `observation` and
+`replay` act on the data a recipe draws (`unseeded_plans`, `Faults.once`); with `--replay per`
+a `sampler` fault also makes that step's buffer draws unseeded. A planted fault fires once: a
 spike rerun of its step runs without it.
 """
 
@@ -20,12 +22,13 @@ from typing import Any
 
 from twinrun.core.errors import ConfigError
 
-FAULTS = ("sampler", "rng", "reduction", "observation")
+FAULTS = ("sampler", "rng", "reduction", "observation", "replay")
 FAULTS_BY_OBJECTIVE = {
     "sft": ("sampler", "rng", "reduction"),
     "dpo": ("sampler", "rng", "reduction"),
     "reward": ("sampler", "rng", "reduction"),
     "grpo": FAULTS,
+    "text": ("rng", "reduction"),
 }
 
 

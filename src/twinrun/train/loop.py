@@ -131,21 +131,31 @@ class Loop:
     warmup_steps: int
     total_steps: int
     hooks: list[Hook] = field(default_factory=list)
+    schedule: str = "cosine"
+    decay_steps: int | None = None
+    stop_after: int | None = None  # run only the first N steps (the schedule is still T steps)
     progress: Progress | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list)
 
     def run(self, recipe: Recipe, start: int, prefetch: int = 0) -> None:
-        """Steps `start` .. total_steps - 1; each batch is taken from the prefetcher once."""
-        ahead = Prefetcher(recipe.prepare, range(start, self.total_steps), prefetch)
+        """Steps `start` .. total_steps - 1 (or up to `stop_after`); each batch is taken from the
+        prefetcher once."""
+        stop = (
+            self.total_steps if self.stop_after is None else min(self.stop_after, self.total_steps)
+        )
+        ahead = Prefetcher(recipe.prepare, range(start, stop), prefetch)
         try:
-            for step in range(start, self.total_steps):
+            for step in range(start, stop):
                 self.run_step(step, recipe, ahead.get(step))
         finally:
             ahead.close()
 
     def run_step(self, step: int, recipe: Recipe, batch: Any) -> dict[str, Any]:
         t0 = time.perf_counter()
-        lr = lr_at(step, self.base_lr, self.warmup_steps, self.total_steps)
+        lr = lr_at(
+            step, self.base_lr, self.warmup_steps, self.total_steps, self.schedule,
+            self.decay_steps,
+        )  # fmt: skip
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         ctx = StepContext(self, step, lr, torch.get_rng_state(), batch)

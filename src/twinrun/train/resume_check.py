@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import RunConfig, shaping_numbers
-from twinrun.core.digest import sha256_dir, sha256_file, sha256_files
+from twinrun.core.digest import sha256_dir, sha256_files
 from twinrun.core.errors import ConfigError, DataError
 from twinrun.core.fileio import atomic_write_json
 
@@ -27,11 +27,16 @@ TOKENIZER_FILES = (
     "tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "*.model", "chat_template*",
 )  # fmt: skip
 RESOLVED_FROM_MODEL = frozenset({"lora_targets", "max_length"})
-DIGESTS = ("model_sha256", "tokenizer_sha256", "data_sha256", "init_adapter_sha256")
+DIGESTS = (
+    "model_sha256", "tokenizer_sha256", "data_sha256", "eval_sha256", "init_adapter_sha256",
+)  # fmt: skip
 
 
-def run_inputs(cfg: RunConfig) -> dict[str, Any]:
-    """What shapes the run's bytes, as recorded and as compared on resume."""
+def run_inputs(
+    cfg: RunConfig, data_sha256: str | None, eval_sha256: str | None = None
+) -> dict[str, Any]:
+    """What shapes the run's bytes, as recorded and as compared on resume (`data_sha256`: the
+    examples file's or the text corpus's; `eval_sha256`: the evaluation examples')."""
     model = Path(cfg.model)  # type: ignore[arg-type]
     tok_files = sorted({p for pat in TOKENIZER_FILES for p in model.glob(pat) if p.is_file()})
     return {
@@ -39,7 +44,8 @@ def run_inputs(cfg: RunConfig) -> dict[str, Any]:
         "train": shaping_numbers(cfg),
         "model_sha256": sha256_dir(model),
         "tokenizer_sha256": sha256_files(tok_files, model) if tok_files else None,
-        "data_sha256": sha256_file(cfg.examples) if cfg.examples else None,  # type: ignore[arg-type]
+        "data_sha256": data_sha256,
+        "eval_sha256": eval_sha256,
         "init_adapter_sha256": sha256_dir(cfg.init_adapter) if cfg.init_adapter else None,
     }
 

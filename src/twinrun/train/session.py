@@ -37,6 +37,8 @@ class Session:
     data_sha256: str
     faults: Faults
     max_length: int  # tokens per row at most: --max-length, else the model's positions
+    eval_rows: list[Any] = field(default_factory=list)  # --eval-examples, encoded (and limited)
+    eval_sha256: str | None = None
     progress: Progress | None = None
     started: float = field(default_factory=time.perf_counter)
     lock: Path | None = None  # the output directory's lock, released by finish_session
@@ -72,12 +74,20 @@ class Session:
         return adapter_targets(self.model)
 
 
+def read_examples(cfg: RunConfig) -> tuple[list[SourcedRow], str]:
+    """The rows of `--examples` and the file's SHA256."""
+    return load_rows(cfg.examples), sha256_file(cfg.examples)  # type: ignore[arg-type]
+
+
 def open_session(
-    cfg: RunConfig, encode: Callable[[Any, list[SourcedRow], int], list[Any]]
+    cfg: RunConfig,
+    encode: Callable[[Any, Any, int], list[Any]],
+    read: Callable[[RunConfig], tuple[Any, str]] = read_examples,
 ) -> tuple[Session, list[Any]]:
-    """Validate config, model, examples and output; then build. Nothing is written before every
+    """Validate config, model, data and output; then build. Nothing is written before every
     input has been checked; the output directory is locked for the whole session (by the
-    process that writes it: rank 0 under torchrun)."""
+    process that writes it: rank 0 under torchrun). `read` gives the raw data `encode`
+    tokenizes and its SHA256 (the examples file by default; the text corpus for `tune text`)."""
     cfg.device = distributed.setup(cfg.device)  # joins torchrun's process group, if any
     if not distributed.is_root():
         cfg.quiet = True  # rank 0 reports; the others only compute
@@ -96,7 +106,7 @@ def open_session(
     # the second writer stops here; under torchrun only rank 0 writes, so only it locks
     lock = acquire(cfg.output) if distributed.is_root() else None  # type: ignore[arg-type]
     try:
-        return _open_locked(cfg, encode, faults, lock)
+        return _open_locked(cfg, encode, read, faults, lock)
     except BaseException:
         if lock is not None:
             release(lock)
@@ -105,7 +115,8 @@ def open_session(
 
 def _open_locked(
     cfg: RunConfig,
-    encode: Callable[[Any, list[SourcedRow], int], list[Any]],
+    encode: Callable[[Any, Any, int], list[Any]],
+    read: Callable[[RunConfig], tuple[Any, str]],
     faults: Faults,
     lock: Path | None,
 ) -> tuple[Session, list[Any]]:
@@ -118,10 +129,13 @@ def _open_locked(
 
     model_config = read_config(model_dir)  # ModelError when missing / not a checkpoint
     tok = load_tokenizer(model_dir)
-    rows = load_rows(cfg.examples)  # type: ignore[arg-type]
+    rows, data_sha256 = read(cfg)
     max_length = resolve_max_length(cfg.max_length, model_config)
     encoded = encode(tok, rows, max_length)
-    inputs = run_inputs(cfg)
+    check_run_schedule(cfg, encoded)
+    eval_rows = read_eval_rows(cfg, tok, max_length)
+    eval_sha256 = sha256_file(cfg.eval_examples) if cfg.eval_examples else None
+    inputs = run_inputs(cfg, data_sha256, eval_sha256)
     if cfg.resume and check_resume(out, inputs) == 0:  # refuses before any file is touched
         cfg.resume = False  # killed before its first checkpoint: start again from step 0
         cfg.overwrite = True
@@ -163,12 +177,41 @@ def _open_locked(
         provenance=provenance,
         runtime=runtime_versions() | distributed.runtime_record(),
         model_sha256=inputs["model_sha256"],
-        data_sha256=inputs["data_sha256"],
+        data_sha256=data_sha256,
         faults=faults,
         max_length=max_length,
         lock=lock,
+        eval_rows=eval_rows,
+        eval_sha256=eval_sha256,
     )
     return session, encoded
+
+
+def read_eval_rows(cfg: RunConfig, tok: Any, max_length: int) -> list[Any]:
+    """The `--eval-examples` rows (SFT rows, the run's chat template; a text run's plain),
+    encoded and cut to `--eval-limit`; checked like training examples, before anything is
+    written."""
+    if cfg.eval_examples is None:
+        return []
+    from twinrun.data.examples import encode_sft_rows
+
+    raw = load_rows(cfg.eval_examples)
+    rows = encode_sft_rows(tok, raw[: cfg.eval_limit], cfg.chat_template == "on", max_length)
+    return rows
+
+
+def check_run_schedule(cfg: RunConfig, encoded: list[Any]) -> None:
+    """The learning-rate schedule fits the run's steps (checked before anything is written):
+    `--steps`, or the epochs over the encoded examples (pairs for dpo/reward)."""
+    from twinrun.data.batching import steps_per_epoch
+    from twinrun.train.schedule import check_schedule
+
+    if cfg.steps is not None:
+        total = cfg.steps
+    else:
+        per_epoch = steps_per_epoch(len(encoded), cfg.batch_size, cfg.accumulation)  # type: ignore[arg-type]
+        total = cfg.epochs * per_epoch  # type: ignore[operator]
+    check_schedule(cfg.warmup_steps, total, cfg.lr_schedule, cfg.decay_steps)  # type: ignore[arg-type]
 
 
 def check_adapter_shape(model: Any, cfg: RunConfig) -> None:
@@ -199,6 +242,8 @@ def finish_session(
     if not distributed.is_root():
         return {}
     s.save_adapter(s.out)
+    if s.cfg.stop_after is not None:  # the steps run, not the steps planned
+        summary = summary | {"steps": len(metrics), "planned_steps": summary.get("steps")}
     atomic_write_jsonl(s.out / "metrics.jsonl", metrics)
     adapter_sha = sha256_file(s.out / "adapter_model.safetensors")
     record = sidecar(
@@ -209,9 +254,17 @@ def finish_session(
         determinism=s.provenance,
         runtime=s.runtime,
         metrics=summary | {"wall_s": time.perf_counter() - s.started},
-        extra={"inputs": redact({"model": str(s.cfg.model), "examples": str(s.cfg.examples)})}
+        extra={"inputs": redact(inputs_of(s.cfg))}
+        | ({"eval": {"sha256": s.eval_sha256, "examples": len(s.eval_rows)}} if s.eval_rows else {})
         | (extra or {}),
     )
     atomic_write_json(s.out / "twinrun.json", record)
     s.close()
     return record
+
+
+def inputs_of(cfg: RunConfig) -> dict[str, Any]:
+    """The input paths a sidecar names (the corpus files of a text run, in order)."""
+    if cfg.objective == "text":
+        return {"model": str(cfg.model), "corpus": [str(p) for p in cfg.corpus or []]}
+    return {"model": str(cfg.model), "examples": str(cfg.examples)}

@@ -12,7 +12,8 @@
    step is hashed (and, for `capture_steps`, saved to `optimizer_batch_step_K.final/`).
 
 The step's metrics row gains the replay vocabulary: both digests, the manifest and initial /
-final adapter SHA256, the skipped flags (all false: the source ran every stage).
+final adapter SHA256, the skipped flags (all false: the source ran every stage), and the same
+timing and memory fields a replay's row has (train/hooks/timing.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from twinrun.core.digest import sha256_bytes, sha256_file, sha256_json
 from twinrun.core.errors import ConfigError, ContractError
 from twinrun.core.fileio import atomic_write_json
 from twinrun.core.rng import capture_torch_rng, float_bits
+from twinrun.train.hooks.timing import step_timing_fields
 from twinrun.train.loop import Hook, StepContext
 
 SKIPPED = ("dataset", "environment", "rollout", "sampling")
@@ -63,6 +65,7 @@ class CaptureHook(Hook):
     def after_step(self, ctx: StepContext, row: dict[str, Any]) -> None:
         if ctx.step in self.steps:
             self.after(ctx.step, row)
+            row.update(step_timing_fields(ctx, row, self.s.cfg.device))
 
     def files(self, step: int) -> list[Path]:
         out = self.s.out
@@ -185,7 +188,6 @@ class CaptureHook(Hook):
             if head is not None:
                 write_new(folder / mf.STATE_FILES["reward_head"], head_bytes(head))
         row["optimizer_batch/final_adapter_sha256"] = sha256_bytes(data)
-        row["local_train_wall_s"] = row.get("wall_s")
 
 
 def capture_hook(s: Any, total_steps: int) -> CaptureHook:

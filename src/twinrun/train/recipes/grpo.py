@@ -148,13 +148,13 @@ class GrpoRecipe:
         advantages, zero_frac = compute_advantages(rewards, cfg.advantage_clip)
         for r, adv in zip(fresh, advantages.reshape(-1).tolist(), strict=True):
             r.advantage = adv
-        replayed, slots = replay_draws(s, state, step)
+        replayed, replay_leaves = replay_draws(s, state, step)
         rollout_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         update = yield from update_forwards(s, fresh + replayed, step)
         leaves: dict[str, Any] = {"batch.sample_indices": torch.tensor(examples, dtype=torch.int64)}
         if state.replay is not None:
-            leaves["replay.sample_indices"] = torch.tensor(slots, dtype=torch.int64)
+            leaves |= replay_leaves
         leaves |= {
             "rollout.tokens": [torch.tensor(r.tokens, dtype=torch.int64) for r in fresh],
             "rollout.rewards": rewards,
@@ -272,23 +272,36 @@ def remember(state: GrpoState, fresh: list[Rollout]) -> None:
         state.replay.add(r, abs(r.advantage))
 
 
-def replay_draws(s: Session, state: GrpoState, step: int) -> tuple[list[Rollout], list[int]]:
+def replay_draws(s: Session, state: GrpoState, step: int) -> tuple[list[Rollout], dict[str, Any]]:
+    """The replayed rollouts of this step and their diag leaves, in dataflow order: the buffer's
+    priorities, the draws' uniforms, the slots drawn, the importance weights."""
     buf = state.replay
     if buf is None or len(buf) == 0:
-        return [], []
+        return [], per_leaves([], [], [])
     cfg = s.cfg
     m = max(1, round(cfg.replay_fraction * cfg.prompts_per_step * cfg.group_size))  # type: ignore[operator]
     seed = cfg.seed
     assert seed is not None
-    if s.faults.once("sampler", step):  # the planted fault: an unseeded draw
+    priorities = buf.priorities()
+    if s.faults.once("replay", step) or s.faults.once("sampler", step):  # planted: unseeded
         unseeded = random.SystemRandom()
-        draws = buf.sample(m, lambda i: unseeded.random())
+        draws, us = buf.sample_traced(m, lambda i: unseeded.random())
     else:
-        draws = buf.sample(m, lambda i: stream(seed, "replay", step, i).uniform())
+        draws, us = buf.sample_traced(m, lambda i: stream(seed, "replay", step, i).uniform())
     replayed = []
     for _, item, weight in draws:
         replayed.append(Rollout(**{**item.__dict__, "weight": weight}))
-    return replayed, [slot for slot, _, _ in draws]
+    return replayed, per_leaves(priorities, us, draws)
+
+
+def per_leaves(priorities: list[float], us: list[float], draws: list[Any]) -> dict[str, Any]:
+    f64 = torch.float64
+    return {
+        "replay.priorities": torch.tensor(priorities, dtype=f64),
+        "replay.draws": torch.tensor(us, dtype=f64),
+        "replay.sample_indices": torch.tensor([d[0] for d in draws], dtype=torch.int64),
+        "replay.weights": torch.tensor([d[2] for d in draws], dtype=f64),
+    }
 
 
 @dataclass

@@ -1,0 +1,137 @@
+"""Golden files: `DIR/golden-<fingerprint>.json` holds the suite's items for one platform.
+
+    {"format": "twinrun.golden.v1", "fingerprint": {"torch": ..., "device": ..., "precision":
+     ...}, "items": {"sft.adapter_sha256": "...", ..., "extract.hidden": [512 floats]}}
+
+`write_golden` computes the suite and writes the file atomically (refusing to replace one
+without `overwrite`). `check_golden` computes the suite and compares it with the file of this
+platform, item by item in the suite's order, exactly (floats are stored with `repr`, so they read
+back bit for bit). A platform without a file is a `GoldenMissing` error (exit 2) naming the
+files DIR has.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from twinrun.core.errors import DataError, OutputError
+from twinrun.core.fileio import atomic_write_json
+from twinrun.golden.fingerprint import fingerprint, slug
+from twinrun.golden.suite import run_suite
+
+FORMAT = "twinrun.golden.v1"
+
+
+class GoldenMissing(DataError):
+    """DIR holds no golden file for this platform's fingerprint."""
+
+
+def golden_path(folder: Path, fp: dict[str, Any]) -> Path:
+    return folder / f"golden-{slug(fp)}.json"
+
+
+def write_golden(folder: str | Path, device: str = "cpu", overwrite: bool = False) -> Path:
+    """Compute the suite and write this platform's golden file into `folder`."""
+    fp = fingerprint(device)
+    path = golden_path(Path(folder), fp)
+    if path.exists() and not overwrite:
+        raise OutputError(f"{path} exists", "pass --overwrite to replace it (after review)")
+    items = run_suite(device)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"format": FORMAT, "fingerprint": fp, "items": items})
+    return path
+
+
+@dataclass
+class Moved:
+    """An item whose value moved: where (`item`, or `item[i]` for a list), expected and got."""
+
+    item: str
+    expected: Any
+    got: Any
+
+
+@dataclass
+class GoldenResult:
+    path: Path
+    fingerprint: dict[str, Any]
+    items: int
+    moved: list[Moved]
+
+    @property
+    def ok(self) -> bool:
+        return not self.moved
+
+    def lines(self) -> list[str]:
+        fp = self.fingerprint
+        where = f"torch {fp['torch']}, {fp['device']}, {fp['precision']}"
+        if self.ok:
+            return [f"golden: PASS — {self.items} items equal {self.path} ({where})"]
+        first = self.moved[0]
+        names = ", ".join(m.item for m in self.moved[:8]) + (" ..." if len(self.moved) > 8 else "")
+        return [
+            f"golden: FAIL — first moved item {first.item}: expected {show(first.expected)}, "
+            f"got {show(first.got)}",
+            f"  {len(self.moved)} of {self.items} items moved: {names}",
+            f"  {self.path} ({where})",
+            "  if the change is intended (it moves every run alike: say why in the commit), run "
+            f"`twinrun golden write {self.path.parent} --overwrite` on this platform and commit "
+            f"{self.path.name}",
+        ]
+
+
+def show(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def compare_items(expected: dict[str, Any], got: dict[str, Any]) -> list[Moved]:
+    """Every moved item, in the suite's order (`got`'s), then items only the file has."""
+    moved = []
+    for name, value in got.items():
+        want = expected.get(name)
+        if name not in expected:
+            moved.append(Moved(name, None, value))
+        elif isinstance(value, list) and isinstance(want, list) and len(value) == len(want):
+            at = next((i for i, (a, b) in enumerate(zip(want, value, strict=True)) if a != b), None)
+            if at is not None:
+                moved.append(Moved(f"{name}[{at}]", want[at], value[at]))
+        elif want != value:
+            moved.append(Moved(name, want, value))
+    moved += [Moved(name, expected[name], None) for name in expected if name not in got]
+    return moved
+
+
+def read_golden(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataError(
+            f"cannot read {path}: {exc}", "rewrite it with twinrun golden write"
+        ) from exc
+    if (
+        not isinstance(doc, dict)
+        or doc.get("format") != FORMAT
+        or not isinstance(doc.get("items"), dict)
+    ):
+        raise DataError(f"{path} is not a {FORMAT} file", "rewrite it with twinrun golden write")
+    return doc
+
+
+def check_golden(folder: str | Path, device: str = "cpu") -> GoldenResult:
+    """Compute the suite and compare it with this platform's golden file in `folder`."""
+    fp = fingerprint(device)
+    path = golden_path(Path(folder), fp)
+    if not path.is_file():
+        have = sorted(p.name for p in Path(folder).glob("golden-*.json"))
+        raise GoldenMissing(
+            f"no golden file for this platform ({path.name}) in {folder}; it has: "
+            f"{', '.join(have) or 'none'}",
+            f"run `twinrun golden write {folder}` on this platform and commit the file",
+        )
+    doc = read_golden(path)
+    moved = compare_items(doc["items"], run_suite(device))
+    return GoldenResult(path, fp, len(doc["items"]), moved)

@@ -1,0 +1,86 @@
+"""`twinrun tune text`: continued pre-training with LoRA on plain text — the next-token loss on
+every token of windows drawn from the corpus (data/corpus.py says how the corpus is tokenized and
+how the windows are drawn).
+
+A step is `--windows-per-step` windows of `--window` tokens, split into forwards of
+`--batch-size` windows (the last may be short). Each forward's loss is its windows' NLL sums
+divided by the step's target count (every token after a window's first), so the forwards'
+gradients sum to the gradient of the step's mean token loss — SFT's forwards with a loss mask
+that covers the whole window, and the same code runs them. In diag, `batch.sample_indices` holds
+the step's window starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from twinrun.config.run import RunConfig
+from twinrun.data.corpus import check_window, read_corpus, tokenize_corpus, window_row
+from twinrun.data.corpus import window_start as start_of
+from twinrun.train.driver import drive, make_loop, spikes_of
+from twinrun.train.loop import StepForwards
+from twinrun.train.recipes.sft import sft_forwards
+from twinrun.train.session import Session, finish_session, open_session
+
+
+@dataclass
+class TextBatch:
+    """One step's windows: their starts in the token stream, and their rows per forward."""
+
+    starts: tuple[int, ...]
+    forwards: list[list[Any]]
+
+
+def window_starts(cfg: RunConfig, step: int, tokens: int) -> tuple[int, ...]:
+    """The starts of step `step`'s windows, each its own keyed draw."""
+    k, n = int(cfg.windows_per_step), int(cfg.window)  # type: ignore[arg-type]
+    return tuple(start_of(int(cfg.seed), step, i, tokens, n) for i in range(k))  # type: ignore[arg-type]
+
+
+def train_text(cfg: RunConfig) -> dict[str, Any]:
+    """Run continued pre-training end to end; returns the sidecar record."""
+    cfg.objective = "text"
+
+    def read(c: RunConfig) -> tuple[list[str], str]:
+        return read_corpus(list(c.corpus or []))
+
+    def encode(tok: Any, texts: list[str], max_length: int) -> list[int]:
+        ids = tokenize_corpus(tok, texts)
+        check_window(len(ids), int(cfg.window), max_length)  # type: ignore[arg-type]
+        return ids
+
+    session, ids = open_session(cfg, encode, read)
+    recipe = TextRecipe(session, ids)
+    steps = int(cfg.steps)  # type: ignore[arg-type]
+    loop = make_loop(session, recipe, steps)
+    drive(session, loop, recipe)
+    last = loop.metrics[-1]
+    summary = {
+        "final_loss": last["loss"],
+        "steps": steps,
+        "corpus_tokens": len(ids),
+        "spikes": spikes_of(loop),
+    }
+    return finish_session(session, loop.metrics, summary)
+
+
+@dataclass
+class TextRecipe:
+    s: Session
+    ids: list[int]
+
+    def prepare(self, step: int) -> TextBatch:
+        cfg = self.s.cfg
+        starts = window_starts(cfg, step, len(self.ids))
+        rows = [window_row(self.ids, a, int(cfg.window)) for a in starts]  # type: ignore[arg-type]
+        size = int(cfg.batch_size)  # type: ignore[arg-type]
+        return TextBatch(starts, [rows[i : i + size] for i in range(0, len(rows), size)])
+
+    def forwards(self, step: int, batch: TextBatch) -> StepForwards:
+        outcome = yield from sft_forwards(self.s, batch.forwards, step)
+        outcome.batch.objective = "text"
+        outcome.leaves = {"batch.sample_indices": torch.tensor(batch.starts), **outcome.leaves}
+        return outcome
