@@ -229,8 +229,10 @@ def test_capture_replay_evidence(smollm2_dir: Path, tmp_path: Path) -> None:
     for key in ("loss", "optimizer/logical_batch_sha256", "optimizer_batch/final_adapter_sha256"):
         assert row[key] == cap.row[key], key
     final = "final/adapter_model.safetensors"
-    assert sha(tmp_path / "rep" / final) == sha(tmp_path / "src" / final) != sha(
-        init / "adapter_model.safetensors"
+    assert (
+        sha(tmp_path / "rep" / final)
+        == sha(tmp_path / "src" / final)
+        != sha(init / "adapter_model.safetensors")
     )
     rc = run_cli(["evidence", str(tmp_path / "src"), str(tmp_path / "rep"), "--require", "B"])
     assert rc == 0
