@@ -1,20 +1,21 @@
 """The no-framework reference for bench/sft_epoch.py: a plain PyTorch + PEFT LoRA SFT loop.
 
-Hugging Face `LlamaForCausalLM` (transformers' default attention) + `peft.get_peft_model` with a
-LoRA on q/k/v/o (dropout 0), AdamW (weight decay 0, as twinrun), linear warmup then cosine to
-zero, one forward per optimizer step. The token rows and the per-epoch batches are twinrun's
-(its encoding and batching helpers), so both loops see the same data in the same order and take
-the same number of optimizer steps.
+Hugging Face `AutoModelForCausalLM` (`--attention`; by default transformers' own choice) +
+`peft.get_peft_model` with a LoRA on q/k/v/o (dropout 0), AdamW (weight decay 0, as twinrun),
+linear warmup then cosine to zero, one forward per optimizer step. The token rows and the
+per-epoch batches are twinrun's (its encoding and batching helpers), so both loops see the same
+data in the same order and take the same number of optimizer steps.
 The loss is HF's own (`labels`, -100 on prompt and padding tokens): a token mean per forward,
 which is twinrun's completion-only loss when each step is one forward.
 
     python bench/plain_sft.py --model DIR --examples FILE --output DIR --seed N --epochs N \
         --batch-size N --learning-rate F --warmup-steps N --lora-rank N --lora-alpha F \
-        [--chat-template on|off] [--threads N] [--twinrun-init]
+        [--chat-template on|off] [--threads N] [--twinrun-init] [--attention eager|sdpa]
 
 `--twinrun-init` draws the LoRA A factors from twinrun's stream (as twinrun does) instead of
 PEFT's torch-generator init, so the per-step losses can be checked against a twinrun run.
-Writes the adapter with `save_pretrained` and the per-step losses to `metrics.jsonl`.
+Writes the adapter with `save_pretrained`, and per step the loss and the wall time from setting
+the learning rate to the optimizer step (`wall_s`) to `metrics.jsonl`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ T0 = time.perf_counter()
 
 import torch  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
-from transformers import LlamaForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from twinrun.data.batching import plan_steps  # noqa: E402
@@ -93,6 +94,7 @@ def main() -> None:
     ap.add_argument("--chat-template", choices=["on", "off"], default="on")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--twinrun-init", action="store_true")
+    ap.add_argument("--attention", choices=["eager", "sdpa"], default=None)
     args = ap.parse_args()
 
     hf_logging.set_verbosity_error()
@@ -105,7 +107,9 @@ def main() -> None:
     rows = encode_sft_rows(tok, load_rows(args.examples), args.chat_template == "on", 1 << 30)
     plans = plan_steps(len(rows), args.epochs, args.batch_size, 1, args.seed)
 
-    model = LlamaForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model, dtype=torch.float32, attn_implementation=args.attention
+    )
     lora = LoraConfig(
         r=args.lora_rank,
         lora_alpha=args.lora_alpha,
@@ -121,9 +125,10 @@ def main() -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)  # as twinrun
 
-    losses = []
+    losses, walls = [], []
     t_loop = time.perf_counter()
     for plan in plans:
+        t_step = time.perf_counter()
         lr = lr_at(plan.step, args.learning_rate, args.warmup_steps, len(plans))
         for group in opt.param_groups:
             group["lr"] = lr
@@ -134,13 +139,14 @@ def main() -> None:
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        walls.append(time.perf_counter() - t_step)
     loop_s = time.perf_counter() - t_loop
 
     out = Path(args.output)
     model.save_pretrained(out)
     with open(out / "metrics.jsonl", "w", encoding="utf-8") as f:
-        for step, loss_value in enumerate(losses):
-            f.write(json.dumps({"step": step, "loss": loss_value}) + "\n")
+        for step, (loss_value, wall) in enumerate(zip(losses, walls, strict=True)):
+            f.write(json.dumps({"step": step, "loss": loss_value, "wall_s": wall}) + "\n")
     summary = {
         "steps": len(plans),
         "final_loss": losses[-1],

@@ -83,8 +83,8 @@ def main() -> None:
     write_s: list[float] = []
     code = (
         "import sys,time,torch; from twinrun.train.checkpoint import write_checkpoint;"
-        "from twinrun.model.llama import load_base_model; from twinrun.model.lora import "
-        "apply_lora, lora_parameters; torch.set_num_threads(1); m=load_base_model(sys.argv[1]);"
+        "from twinrun.model.build import load_causal_lm; from twinrun.model.lora import "
+        "apply_lora, lora_parameters; torch.set_num_threads(1); m=load_causal_lm(sys.argv[1]);"
         "apply_lora(m,8,16.0,1); p=lora_parameters(m); o=torch.optim.AdamW([x for _,x in p],"
         "foreach=False); [x.grad.__init__() if False else None for _,x in p];"
         "loss=sum((x*x).sum() for _,x in p); loss.backward(); o.step(); ts=[]\n"

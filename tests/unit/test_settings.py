@@ -144,8 +144,13 @@ def test_sidecar_records_resolved_values_instead_of_none() -> None:
     assert numbers["lora_targets"] == ["q_proj", "v_proj"] and numbers["max_length"] == 2048
     assert numbers["attention"] == "eager"
     given = RunConfig(objective="sft", lora_targets=["o_proj"], max_length=7)
-    numbers = shaping_numbers(given, resolved=resolved)
+    numbers = shaping_numbers(given, resolved={"lora_targets": ["o_proj"], "max_length": 2048})
     assert numbers["lora_targets"] == ["o_proj"] and numbers["max_length"] == 7
+    # the targets are always the names the model's LoRA layers wrap: all-linear, or any order
+    for spec in (["all-linear"], ["v_proj", "q_proj"]):
+        numbers = shaping_numbers(RunConfig(objective="sft", lora_targets=spec), resolved)
+        assert numbers["lora_targets"] == ["q_proj", "v_proj"], spec
+    assert shaping_numbers(given)["lora_targets"] == ["o_proj"]  # nothing resolved: as given
 
 
 def test_resolve_max_length() -> None:

@@ -384,7 +384,9 @@ def shaping_numbers(cfg: RunConfig, resolved: Mapping[str, Any] | None = None) -
     """Every setting that shaped the run, as recorded in the sidecar's `train` section.
 
     `resolved` holds what the model builder decided for settings left at "from the model"
-    (`lora_targets`, `max_length`): those values are recorded instead of None."""
+    (`lora_targets`, `max_length`): those values are recorded instead of None. `lora_targets` is
+    always recorded as resolved — the sorted names the LoRA layers wrap — so `all-linear` and
+    any order of the same names record the same run."""
     out: dict[str, Any] = {}
     for name, s in SETTINGS.items():
         if not s.shapes or not (cfg.objective in s.objectives or s.record_for_all):
@@ -392,7 +394,7 @@ def shaping_numbers(cfg: RunConfig, resolved: Mapping[str, Any] | None = None) -
         if name in REPLAY_FIELDS and cfg.replay != "per":
             continue
         value = getattr(cfg, name)
-        if resolved is not None and value is None and name in resolved:
+        if resolved is not None and name in resolved and (value is None or name == "lora_targets"):
             value = resolved[name]
         out[name] = list(value) if isinstance(value, tuple) else value
     if "env_args" in out:

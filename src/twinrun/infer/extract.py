@@ -1,11 +1,13 @@
 """`twinrun extract`: hidden states per example, and steering vectors from preference pairs.
 
-What is extracted. Each example is encoded exactly as training encodes it (`[bos] + prompt +
-completion + [eos]`; a row with only a `prompt` is `[bos] + prompt`, with the assistant turn opened
-when the chat template is on), run through the model (plus `--adapter`), and the residual stream
-is read at `--layer L` — HF's `hidden_states[L]`: 0 is the embeddings, L the output of decoder
-layer L-1, and L = num_layers the last layer's output before the final norm. `--pool last` takes
-the row's last real token (for a prompt + completion row: the eos that closes the completion);
+What is extracted. Each example is encoded exactly as training encodes it (TRL's tokens, see
+`twinrun.model.tokens`; a row with only a `prompt` is the prompt's ids, with the assistant turn
+opened when the chat template is on), run through the model (plus `--adapter`), and the
+residual stream is read at `--layer L` — HF's `hidden_states[L]`: 0 is the embeddings, L the
+output of decoder layer L-1, and L = num_layers the last layer's output before the final norm
+(transformers' own last entry has the final norm applied). `--pool last` takes the row's last
+real token (for a prompt + completion row: the last token of the completion — eos, or the
+template's end of turn and what follows it);
 `--pool mean` averages the row's real tokens, summed in float32 over the row alone. Results are
 float32 `[N, H]` in input order: key `hidden` for an examples file, keys `chosen` and `rejected`
 for a pair file.
