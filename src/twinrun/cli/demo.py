@@ -1,5 +1,5 @@
-"""`twinrun demo`: the guided tour on embedded defaults — toy model, shipped examples, three SFT
-runs (two at one seed, one at another), evaluate and generate."""
+"""`twinrun demo`: the guided tour — reproduce, learn, diverge and diagnose, capture and replay,
+check — on the embedded toy model and shipped examples, or on a checkpoint given with --model."""
 
 from __future__ import annotations
 
@@ -17,14 +17,20 @@ import click
     help="Where the demo writes (its own subdirectories are replaced on a rerun).",
 )
 @click.option(
+    "--model",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Run the tour on this Hugging Face checkpoint instead of the toy model.",
+)
+@click.option(
     "--threads",
-    type=int,
+    type=click.IntRange(min=1),
     default=1,
     show_default=True,
     help="torch threads (one is fastest for the toy model).",
 )
-def demo(directory: str, threads: int | None) -> None:
-    """Show that a run reproduces itself, on the toy model and shipped examples."""
+def demo(directory: str, model: str | None, threads: int) -> None:
+    """Reproduce, learn, diagnose, replay and check, each step saying what it proved."""
     from twinrun.demo.tour import run_demo
 
-    run_demo(Path(directory), threads=threads)
+    run_demo(Path(directory), threads=threads, model=Path(model) if model else None)

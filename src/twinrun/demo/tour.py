@@ -1,157 +1,162 @@
-"""The guided tour behind `twinrun demo`, as a library function."""
+"""The guided tour behind `twinrun demo`: reproduce, learn, diverge and diagnose, capture and
+replay, check — each step says in one line what it proved.
+
+On the embedded default (no `--model`) it writes the toy checkpoint at weight scale 0.2 (a toy
+LoRA can teach; see `model.toy`) and trains on the 64 shipped examples. With `--model DIR` the
+same tour runs on a checkpoint the user has, with a short training budget.
+"""
 
 from __future__ import annotations
 
 import time
-from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-DEMO_SEEDS = (1, 1, 2)
+from twinrun.core.errors import ContractError
+from twinrun.demo.steps import (
+    QUESTIONS,
+    REAL_BUDGET,
+    TOY_BUDGET,
+    Tour,
+    capture_and_replay,
+    compare_answers,
+    plant_and_find,
+    quick_check,
+    shipped_examples,
+)
+
+__all__ = ["run_demo", "shipped_examples"]
+SEEDS = {"run-a": 1, "run-b": 1, "run-c": 2}
+TOY_INIT_STD = 0.2
 
 
-def shipped_examples(name: str = "sft.jsonl") -> Path:
-    return Path(str(resources.files("twinrun") / "examples" / name))
-
-
-def run_demo(root: Path, threads: int | None = None) -> dict[str, str]:
-    from twinrun.config.run import RunConfig
-    from twinrun.infer.evaluate import EvalConfig, run_evaluate
-    from twinrun.infer.generate import GenerateConfig, run_generate
-    from twinrun.model.toy import write_toy_checkpoint
-    from twinrun.train.recipes.sft import train_sft
-
-    console = Console(stderr=False, highlight=False)
+def run_demo(root: Path, threads: int = 1, model: Path | None = None) -> dict[str, str]:
+    """Run the tour into `root`; returns the adapter SHA256 of every training run."""
+    console = Console(highlight=False)
     t0 = time.perf_counter()
     root.mkdir(parents=True, exist_ok=True)
-    model = root / "toy-model"
-    examples = shipped_examples()
-    console.print(f"[bold]1.[/] writing the toy Llama checkpoint to {model} (seed 0)")
-    write_toy_checkpoint(model, seed=0, overwrite=True)
+    tour = Tour(
+        root=root,
+        model=model if model is not None else root / "toy-model",
+        budget=TOY_BUDGET if model is None else REAL_BUDGET,
+        threads=threads,
+    )
+    if model is None:
+        from twinrun.model.toy import write_toy_checkpoint
 
-    shas: dict[str, str] = {}
-    losses: dict[str, float] = {}
-    for name, seed in zip(("run-a", "run-b", "run-c"), DEMO_SEEDS, strict=True):
-        console.print(f"[bold]2.[/] SFT {name} at seed {seed} on {examples.name} (64 examples)")
-        cfg = RunConfig(
-            objective="sft",
-            model=str(model),
-            examples=str(examples),
-            output=str(root / name),
-            seed=seed,
-            epochs=2,
-            batch_size=4,
-            accumulation=2,
-            learning_rate=5e-3,
-            warmup_steps=2,
-            lr_schedule="cosine",
-            lora_rank=8,
-            lora_alpha=16.0,
-            precision="f32",
-            chat_template="on",
-            diag=True,
-            threads=threads,
-            overwrite=True,
-            quiet=True,
-        )
-        record = train_sft(cfg)
-        shas[name] = record["adapter"]["sha256"]
-        losses[name] = record["metrics"]["final_loss"]
+        write_toy_checkpoint(tour.model, seed=0, overwrite=True, init_std=TOY_INIT_STD)
+        console.print(f"[bold]0.[/] wrote the toy Llama checkpoint to {tour.model}")
+    else:
+        console.print(f"[bold]0.[/] using the checkpoint in {tour.model}")
+    proved = [
+        reproduce(tour, console),
+        learn(tour, console),
+        diagnose(tour, console),
+        capture(tour, console),
+        check(tour, console),
+    ]
+    console.print("\n[bold]What the tour proved[/]")
+    for i, line in enumerate(proved, start=1):
+        console.print(f"  {i}. {line}")
+    console.print(f"  (everything it wrote is in {root}; the tour took "
+                  f"{time.perf_counter() - t0:.0f} s)")  # fmt: skip
+    return tour.shas
 
+
+def reproduce(tour: Tour, console: Console) -> str:
+    b = tour.budget
+    console.print(
+        f"\n[bold]1. Reproduce[/] — SFT three times on {QUESTIONS} shipped examples "
+        f"({b.epochs} epochs, batch {b.batch_size}, LoRA rank {b.lora_rank} on "
+        f"{', '.join(b.lora_targets or ['the attention projections'])}): seeds 1, 1, 2"
+    )
+    for name, seed in SEEDS.items():
+        record = tour.train(name, seed)
+        console.print(f"   {name} (seed {seed}): final loss {record['metrics']['final_loss']:.4f}")
     table = Table(title="adapter_model.safetensors SHA256")
     table.add_column("run")
     table.add_column("seed")
-    table.add_column("final loss")
     table.add_column("sha256 (first 24 hex digits)")
-    for (name, sha), seed in zip(shas.items(), DEMO_SEEDS, strict=True):
-        table.add_row(name, str(seed), f"{losses[name]:.6f}", sha[:24])
+    for name, seed in SEEDS.items():
+        table.add_row(name, str(seed), tour.shas[name][:24])
     console.print(table)
-    from twinrun.diag.compare import compare
-
-    same_diff = compare(root / "run-a", root / "run-b", bitwise=True)
-    other_diff = compare(root / "run-a", root / "run-c", bitwise=True)
-    console.print(
-        f"   twinrun diff run-a run-b --bitwise: "
-        f"{'DETERMINISTIC' if same_diff.deterministic else 'DIVERGED'} "
-        f"({same_diff.rows_compared} steps, every leaf bit-identical)"
-    )
-    if other_diff.first is not None:
-        console.print(
-            f"   twinrun diff run-a run-c --bitwise: first divergence at step "
-            f"{other_diff.first.step}, leaf {other_diff.first.leaf} (the seed changes the "
-            "shuffle and the LoRA init)"
-        )
-
-    report_path = root / "run-a" / "evaluate.json"
-    report = run_evaluate(
-        EvalConfig(
-            model=str(model),
-            adapter=str(root / "run-a"),
-            examples=str(examples),
-            chat_template="on",
-            precision="f32",
-            batch_size=8,
-            output=str(report_path),
-            threads=threads,
-            overwrite=True,
-        )
-    )
-    base = run_evaluate(
-        EvalConfig(
-            model=str(model),
-            examples=str(examples),
-            chat_template="on",
-            precision="f32",
-            batch_size=8,
-            output=str(root / "base-evaluate.json"),
-            threads=threads,
-            overwrite=True,
-        )
-    )
-    prompt = "What is 2 + 3?"
-    gen = run_generate(
-        GenerateConfig(
-            model=str(model),
-            adapter=str(root / "run-a"),
-            prompt=prompt,
-            max_new_tokens=8,
-            temperature=0.0,
-            chat_template="on",
-            seed=0,
-            precision="f32",
-            threads=threads,
-        )
-    )
-    same = shas["run-a"] == shas["run-b"]
-    differ = shas["run-a"] != shas["run-c"]
-    console.print(
-        f"[bold]3.[/] evaluate: mean loss {base['loss']:.4f} (base) -> "
-        f"{report['loss']:.4f} (run-a adapter) -> {report_path}"
-    )
-    console.print(
-        f"[bold]4.[/] generate (greedy) {prompt!r} -> {gen['text']!r} "
-        f"({len(gen['tokens'])} tokens; the toy model is random and tiny: it learns the shape "
-        "of the data, such as where an answer ends, not arithmetic)"
-    )
-    console.print()
-    console.print("[bold]Summary[/]")
-    console.print(f"  same seed, same bytes:      {'yes' if same else 'NO'} (run-a vs run-b)")
-    console.print(f"  other seed, other bytes:    {'yes' if differ else 'NO'} (run-a vs run-c)")
-    console.print(
-        f"  compare two runs step by step: twinrun diff {root / 'run-a'} {root / 'run-b'}"
-    )
-    console.print(f"  every number of a run is in {root / 'run-a' / 'twinrun.json'}")
-    console.print(
-        "  ask whether any command reproduces: twinrun check -- <command with {seed} {out}>"
-    )
-    console.print(f"  demo took {time.perf_counter() - t0:.1f} s")
-    if not (same and differ):
-        from twinrun.core.errors import ContractError
-
+    same = tour.shas["run-a"] == tour.shas["run-b"]
+    other = tour.shas["run-a"] != tour.shas["run-c"]
+    if not (same and other):
         raise ContractError(
-            "the demo's reproducibility check failed",
-            "report this with the demo directory's twinrun.json files",
+            "the demo's reproducibility check failed", "report this with the runs' twinrun.json"
         )
-    return shas
+    return "same seed, same adapter bytes (run-a = run-b); another seed, other bytes (run-c)"
+
+
+def learn(tour: Tour, console: Console) -> str:
+    console.print("\n[bold]2. Learn[/] — greedy answers of the base model and of run-a's adapter")
+    answers = compare_answers(tour, tour.root / "run-a")
+    table = Table()
+    for column in ("question", "base model", "with the adapter", "expected"):
+        table.add_column(column)
+    for question, base, trained, expected in answers.rows:
+        shown = base if len(base) <= 12 else base[:11] + "…"
+        table.add_row(question, repr(shown), repr(trained), repr(expected))
+    console.print(table)
+    console.print(
+        f"   exact answers over all {QUESTIONS} questions: base {answers.base_right}, "
+        f"with the adapter {answers.trained_right}"
+    )
+    return (
+        f"the adapter learned: {answers.trained_right}/{QUESTIONS} exact answers where the base "
+        f"model gave {answers.base_right}/{QUESTIONS}"
+    )
+
+
+def diagnose(tour: Tour, console: Console) -> str:
+    console.print(
+        "\n[bold]3. Diverge and diagnose[/] — two one-epoch runs at seed 1, the second with a "
+        "planted fault (--inject reduction@3: step 3's gradient summed row by row, last row "
+        "first)"
+    )
+    d = plant_and_find(tour)
+    console.print(
+        f"   twinrun diff clean faulty --bitwise: FIRST_DIVERGENCE step={d.step} leaf={d.leaf} "
+        f"({d.rows_diverged} of {d.rows_compared} steps diverged)"
+    )
+    console.print(f"   advice: {d.advice}")
+    console.print(f"   heatmap of every step and leaf: {d.picture}")
+    return f"diff localised the planted fault to its step and leaf (step {d.step}, {d.leaf})"
+
+
+def capture(tour: Tour, console: Console) -> str:
+    console.print(
+        "\n[bold]4. Capture and replay[/] — step 0 of a run captured (init-adapter, then run "
+        "with \\[optimizer_batch] capture = true), its examples deleted, replayed twice"
+    )
+    report = capture_and_replay(tour)
+    gates: dict[str, Any] = report["gates"]
+    for gate in ("A", "B"):
+        failed = [c["name"] for c in gates[gate]["criteria"] if not c["ok"]]
+        verdict = "passes" if gates[gate]["ok"] else f"fails ({', '.join(failed)})"
+        console.print(f"   gate {gate}: {verdict}")
+    if not (gates["A"]["ok"] and gates["B"]["ok"]):
+        raise ContractError("the demo's replays did not pass gates A and B", "report this")
+    return (
+        "a captured step replays without its data: same inputs (gate A) and the same adapter "
+        "bytes (gate B)"
+    )
+
+
+def check(tour: Tour, console: Console) -> str:
+    console.print(
+        "\n[bold]5. Check[/] — twinrun check --quick -- twinrun tune sft ... --seed {seed} "
+        "--output {out}  (three processes: seeds 0, 0, 1; the first 3 steps)"
+    )
+    from twinrun.harness.metrics import format_verdict
+
+    verdict = quick_check(tour)
+    for line in format_verdict(verdict):
+        console.print(f"   {line}")
+    if not verdict.passed:
+        raise ContractError("the demo's determinism check failed", "report this")
+    return "separate processes at one seed agree bit for bit; another seed differs"
