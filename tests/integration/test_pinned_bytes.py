@@ -34,8 +34,8 @@ PINNED: dict[str, dict[str, str]] = {
         "head": "79ad729d083354c5f81d8e22222fe46a0f073724ade10ee97dcbbe01dc867d23",
     },
     "grpo": {
-        "adapter": "e068b8f88461e5ef43cf128b3f80e27434f11a23cd0c9d32090c676d5faf8587",
-        "diag": "443346e95e23bfb7c4b49ba7619990533e17c5e707bef2523acb0d19d3df495d",
+        "adapter": "9d401b2b1947d100df93b6c9aadb4c4b6213f19046f0c44858b62e49926992bb",
+        "diag": "c9e5e47cdb8d26abc665a5fea48d5a12937271528da5cf5abc6c949413be11e8",
     },
 }
 
