@@ -48,15 +48,26 @@ class GenerationResult:
 
 def sample_index(logits: torch.Tensor, temperature: float, u: float) -> tuple[int, float]:
     """Pick a token from 1-D logits with the uniform draw `u`; returns (token, logprob)."""
+    return sample_rows(logits.unsqueeze(0), temperature, [u])[0]
+
+
+def sample_rows(
+    logits: torch.Tensor, temperature: float, us: Sequence[float]
+) -> list[tuple[int, float]]:
+    """`sample_index` for each row of [R, V] logits, row i with draw `us[i]` (one softmax and one
+    cumulative sum over the block; each row's numbers are those of its own 1-D computation)."""
     scaled = logits.detach().to("cpu", torch.float64) / temperature
     logp = torch.log_softmax(scaled, dim=-1)
     probs = torch.softmax(scaled, dim=-1).numpy()
-    cum = np.cumsum(probs)  # numpy's 1-D cumsum is a sequential float64 sum
-    target = u * float(cum[-1])
-    idx = int(np.searchsorted(cum, target, side="right"))  # first i with cum[i] > target
-    if idx >= len(cum):  # u * total rounded up to total: the last token with mass
-        idx = int(np.flatnonzero(probs > 0)[-1])
-    return idx, float(logp[idx])
+    cum = np.cumsum(probs, axis=1)  # numpy's cumsum is a sequential float64 sum along each row
+    out = []
+    for i, u in enumerate(us):
+        target = u * float(cum[i, -1])
+        idx = int(np.searchsorted(cum[i], target, side="right"))  # first j with cum[j] > target
+        if idx >= cum.shape[1]:  # u * total rounded up to total: the last token with mass
+            idx = int(np.flatnonzero(probs[i] > 0)[-1])
+        out.append((idx, float(logp[i, idx])))
+    return out
 
 
 def greedy_index(logits: torch.Tensor) -> tuple[int, float]:
@@ -110,17 +121,27 @@ def check_request(max_new_tokens: int, temperature: float, draws: Sequence[Draw 
         raise ValueError("sampling at temperature > 0 needs a draw function")
 
 
-def pick(
-    logits: torch.Tensor, temperature: float, draw: Draw | None, position: int
-) -> tuple[int, float]:
-    """The token at `position` from 1-D logits: greedy, or sampled with `draw(position)`."""
-    if temperature == 0:
-        return greedy_index(logits)
+def checked_draw(draw: Draw | None, position: int) -> float:
     assert draw is not None
     u = float(draw(position))
     if not 0.0 <= u < 1.0:
         raise ValueError(f"draw({position}) returned {u}, not a float in [0, 1)")
-    return sample_index(logits, temperature, u)
+    return u
+
+
+def pick_rows(
+    table: torch.Tensor,
+    rows: list[int],
+    temperature: float,
+    draws: Sequence[Draw | None],
+    position: int,
+) -> list[tuple[int, float]]:
+    """The token at `position` of each of `rows` from their float64 logits in `table`: greedy, or
+    sampled with `draws[r](position)`."""
+    if temperature == 0:
+        return [greedy_index(table[r]) for r in rows]
+    us = [checked_draw(draws[r], position) for r in rows]
+    return sample_rows(table[rows], temperature, us)
 
 
 def generate(
@@ -191,8 +212,9 @@ def decode_rows(
     table = prefix.logits.detach().to("cpu", torch.float64).unsqueeze(0).expand(rows, -1)
     with torch.no_grad():
         for position in range(max_new_tokens):
-            for r in list(live):
-                token, logprob = pick(table[r], temperature, draws[r], position)
+            for r, (token, logprob) in zip(
+                list(live), pick_rows(table, live, temperature, draws, position), strict=True
+            ):
                 results[r].tokens.append(token)
                 results[r].logprobs.append(logprob)
                 last[r] = token
