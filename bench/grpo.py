@@ -186,11 +186,11 @@ def measure_generation(
 ) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
+    from twinrun.model.llama import load_base_model
 
     from twinrun.core.rng import stream
     from twinrun.data.examples import load_rows
     from twinrun.model.decoding import generate
-    from twinrun.model.llama import load_base_model
     from twinrun.model.tokens import load_tokenizer
 
     torch.set_num_threads(1)

@@ -223,17 +223,17 @@ def main() -> None:
         if result["toy"]["ratio"] > GOAL:
             result["toy"]["rollout_profile"] = rollout_profile(toy)
         if a.smollm2:
-            sm = subprocess.run(
+            out = subprocess.run(
                 [sys.executable, "-m", "tests.real.smollm2"],
                 cwd=ROOT,
                 capture_output=True,
                 text=True,
                 check=True,
-            ).stdout.strip()
-            result["smollm2"] = compare(py, Path(sm.splitlines()[-1]), work, max(1, rounds - 1),
-                                        max(3, steps // 2))  # fmt: skip
+            ).stdout
+            sm = Path(out.strip().splitlines()[-1].split(" (")[0])  # "PATH (present, N MiB)"
+            result["smollm2"] = compare(py, sm, work, max(1, rounds - 1), max(3, steps // 2))
             if result["smollm2"]["ratio"] > GOAL:
-                result["smollm2"]["rollout_profile"] = rollout_profile(Path(sm.splitlines()[-1]))
+                result["smollm2"]["rollout_profile"] = rollout_profile(sm)
     meta = {
         "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python bench/grpo_vs_trl.py" + (" --smollm2" if a.smollm2 else ""),

@@ -1,4 +1,4 @@
-"""The diag.jsonl recorder (format `twinrun.diag.v1`, DESIGN §4).
+"""The diag.jsonl recorder (format `twinrun.diag.v1`).
 
 One JSON object per line, appended and flushed as each step is committed (the file is a log,
 never rewritten):
@@ -22,6 +22,12 @@ Usage in a user's own loop:
     row.add_parts("grads.lora", [g for g in lora_grads])
     rec.commit(row)
 
+`record_later(step, leaves)` computes a row on the recorder's one background thread instead, so
+the checksums overlap the next step; rows are written in the order they were handed over, with
+the same bytes `record` writes. The caller must not change the tensors it hands over (snapshot
+what the next step updates in place); `flush()` waits until every row handed over is on disk and
+raises the first error the background thread met; `close()` flushes.
+
 The reading side (`resolve_diag_path`, `iter_lines`, `parse_row`, `decode_float`, `DiagRow`)
 lives here too, next to the format it reads; `twinrun.diag.compare` uses it.
 """
@@ -32,6 +38,7 @@ import json
 import math
 import os
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -60,7 +67,7 @@ DIAG_FILENAME = "diag.jsonl"
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _HINT = "each line of diag.jsonl must be one JSON object written by twinrun --diag"
 
-#: The standard leaves in dataflow order (DESIGN §4; the GRPO leaves follow the sample indices).
+#: The standard leaves in dataflow order (the GRPO leaves follow the sample indices).
 STANDARD_LEAVES: tuple[str, ...] = (
     "batch.sample_indices",
     "replay.sample_indices",
@@ -178,6 +185,8 @@ class DiagRecorder:
         self._append = append
         self._fsync = fsync
         self._fh: TextIO | None = None
+        self._worker: ThreadPoolExecutor | None = None
+        self._pending: list[Future[dict[str, Any]]] = []
 
     def _file(self) -> TextIO:
         if self._fh is None:
@@ -206,10 +215,34 @@ class DiagRecorder:
             row.add(leaf, value)
         return self.commit(row)
 
+    def record_later(self, step: int, leaves: dict[str, Any], phase: str | None = None) -> None:
+        """`record` on the background thread (rows keep their order); see the module docstring.
+        A row that could not be written raises here, at the next hand-over, or at `flush`."""
+        self.begin(step, phase)  # a bad step or phase fails now, in the caller
+        done = [f for f in self._pending if f.done()]
+        self._pending = [f for f in self._pending if not f.done()]
+        for f in done:
+            f.result()
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="twinrun-diag")
+        self._pending.append(self._worker.submit(self.record, step, leaves, phase))
+
+    def flush(self) -> None:
+        """Wait until every row handed to `record_later` is written; raise the first error."""
+        pending, self._pending = self._pending, []
+        for f in pending:
+            f.result()
+
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        try:
+            self.flush()
+        finally:
+            if self._worker is not None:
+                self._worker.shutdown(wait=True, cancel_futures=True)
+                self._worker = None
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
 
     def __enter__(self) -> DiagRecorder:
         return self
