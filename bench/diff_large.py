@@ -8,16 +8,21 @@ process (wall time, interpreter start included) and reads that process's peak RS
 
     python bench/diff_large.py [--rows 10000 100000] [--repeats 3]
 
-Writes bench/results/diff_large.json and bench/results/diff_large.md.
+Writes bench/results/diff_large.json, bench/results/diff_large.md and the `diff_large` section of
+docs/benchmarks.md; when the time goal is not met, a cProfile of `compare` on the largest drift
+case (top entries) goes into the results.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import hashlib
+import io
 import json
 import os
 import platform
+import pstats
 import random
 import statistics
 import subprocess
@@ -25,6 +30,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchkit import update_docs_section
 
 from twinrun.diag.recorder import DIAG_FORMAT, STANDARD_LEAVES
 
@@ -73,6 +80,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     results = []
+    profile: list[str] = []
     with tempfile.TemporaryDirectory(prefix="twinrun-diff-bench-") as tmp:
         for rows in args.rows:
             a, same, drift = write_files(Path(tmp), rows)
@@ -96,12 +104,15 @@ def main() -> None:
                     }
                 )
                 print(results[-1], flush=True)
+            if rows == max(args.rows) and statistics.median(walls) > GOAL_S:
+                profile = compare_profile(a, drift)
     big = [r for r in results if r["rows"] == max(args.rows)]
     out = {
         "benchmark": "diff_large",
         "goal": f"<= {GOAL_S} s at {max(args.rows):,} rows; peak memory flat in row count",
         "pass_time": all(r["wall_s_median"] <= GOAL_S for r in big),
         "results": results,
+        "profile": profile,
         "env": {
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
@@ -128,8 +139,26 @@ def main() -> None:
         )
     verdict = "PASS" if out["pass_time"] else "FAIL"
     lines += ["", f"Goal: {out['goal']} — time {verdict}.", ""]
+    if profile:
+        lines += ["Where the time goes (cProfile of `compare` on the largest drift case):", "",
+                  "```", *profile, "```", ""]  # fmt: skip
     (RESULTS / "diff_large.md").write_text("\n".join(lines))
     print("\n".join(lines))
+    intro = "`twinrun diff` on two large diag.jsonl files (`python bench/diff_large.py`)."
+    update_docs_section("diff_large", "twinrun diff on large diag files", intro,
+                        "\n".join(lines[2:]))  # fmt: skip
+
+
+def compare_profile(a: Path, b: Path) -> list[str]:
+    from twinrun.diag.compare import compare
+
+    prof = cProfile.Profile()
+    prof.enable()
+    compare(a, b)
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(12)
+    return [ln.rstrip() for ln in buf.getvalue().splitlines() if ln.strip()][:24]
 
 
 if __name__ == "__main__":
