@@ -10,7 +10,7 @@ temporary directory), one torch thread and f32.
    forwards + backwards) are read from its metrics.jsonl; `wall_s` minus both is the rest (AdamW
    step, bookkeeping). Step 0 is a warm-up and is left out of the medians (it is reported).
 2. Generation tokens/s, in this process: twinrun's KV-cached sampler
-   (`twinrun.model.decoding.generate`, uniform draws from `twinrun.core.rng.stream`, `eos_id=None`)
+   (`twinrun.model.decoding.generate`, uniform draws from `twinrun.core.rng.stream`, no end ids)
    against HF `AutoModelForCausalLM.from_pretrained(toy, attn_implementation="eager").generate(
    do_sample=True, top_k=0, top_p=1.0, temperature=1.0, max_new_tokens=32)` with the EOS token
    removed from its generation config, so both always emit exactly 32 tokens (checked on every
@@ -186,21 +186,21 @@ def measure_generation(
 ) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
-    from twinrun.model.llama import load_base_model
 
     from twinrun.core.rng import stream
     from twinrun.data.examples import load_rows
+    from twinrun.model.build import load_causal_lm
     from twinrun.model.decoding import generate
     from twinrun.model.tokens import load_tokenizer
 
     torch.set_num_threads(1)
     torch.manual_seed(0)  # HF samples with torch's global generator
     tok = load_tokenizer(model_dir)
-    twin = load_base_model(model_dir, precision="f32", device="cpu")
+    twin = load_causal_lm(model_dir, precision="f32", device="cpu")
     hf = AutoModelForCausalLM.from_pretrained(
         str(model_dir), attn_implementation="eager", dtype=torch.float32
     ).eval()
-    # Never stop early: exactly `new_tokens` tokens, as twinrun with eos_id=None. generate()
+    # Never stop early: exactly `new_tokens` tokens, as twinrun with no end ids. generate()
     # fills a None in the passed config from the model's own config, so clear it there too.
     hf.generation_config.eos_token_id = None
     gen_cfg = copy.deepcopy(hf.generation_config)
@@ -220,7 +220,7 @@ def measure_generation(
         def draw(position: int) -> float:
             return stream(7, "bench", rep, i, position).uniform()
 
-        return generate(twin, prompts[i], new_tokens, 1.0, draw=draw, eos_id=None).tokens
+        return generate(twin, prompts[i], new_tokens, 1.0, draw=draw).tokens
 
     def run_hf(i: int, rep: int) -> list[int]:
         ids = torch.tensor([prompts[i]], dtype=torch.long)
@@ -314,8 +314,8 @@ def profile_twinrun(run_twinrun: Any, n_prompts: int) -> dict[str, Any]:
 
     total = cum("model/decoding.py", "generate")
     parts = {
-        "model_forward (TwinLlama.run)": cum("model/llama.py", "run"),
-        "sample_index (softmax, cumsum, search)": cum("model/decoding.py", "sample_index"),
+        "model_forward (CausalLM.run)": cum("model/build.py", "run"),
+        "sample_rows (softmax, cumsum, search)": cum("model/decoding.py", "sample_rows"),
         "draw (twinrun.core.rng.stream(...).uniform())": cum("bench/grpo.py", "draw"),
     }
     parts["rest (loop, tensor creation)"] = total - sum(parts.values())
