@@ -333,8 +333,15 @@ class DiagRow:
         return out
 
 
+_KEYS: dict[str, bytes] = {}
+
+
 def _key_bytes(key: str) -> bytes:
-    return json.dumps(key).encode() + b': "'
+    """`"key": "` as the recorder writes it (cached: a run has a handful of leaf names)."""
+    got = _KEYS.get(key)
+    if got is None:
+        got = _KEYS[key] = json.dumps(key).encode() + b': "'
+    return got
 
 
 def _parse_digests(raw: bytes, path: Path | None, lineno: int) -> dict:
