@@ -10,8 +10,7 @@ only one run has is a divergence.
 Both files are streamed line by line in lockstep; only rows not yet matched are held (a small
 dict when the files are aligned), so memory is flat in the number of rows unless `keep_matrix`
 is asked for (the per-row relative differences the heatmap report draws). Byte-identical lines
-are parsed once and not compared leaf by leaf. Digests are parsed only when they
-are used: in bitwise mode, or for a leaf that has a digest and no checksum.
+are parsed once and not compared leaf by leaf.
 
 Reading: blank lines are skipped; unknown keys in a row are ignored; rows whose `format` is
 another `twinrun.*` format (e.g. step traces) are skipped; checksums may be numbers or the
@@ -179,11 +178,11 @@ class _Comparer:
             self.matrix.append((row.phase, row.step, dict.fromkeys(names, 0.0), set()))
 
     def pair(self, ra: DiagRow, rb: DiagRow) -> None:
-        ca_d, cb_d = ra.checks, rb.checks
-        if ca_d.keys() == cb_d.keys() and ra.digest_keys_match() and rb.digest_keys_match():
+        ca_d, cb_d, da_d, db_d = ra.checks, rb.checks, ra.digs, rb.digs
+        if ca_d.keys() == cb_d.keys() == da_d.keys() == db_d.keys():
             names = list(ca_d)  # the usual case: the same leaves everywhere
         else:
-            names = ra.leaves() + [k for k in rb.leaves() if k not in ca_d and k not in ra.digs]
+            names = ra.leaves() + [k for k in rb.leaves() if k not in ca_d and k not in da_d]
         self._see_leaves(names)
         self.rows += 1
         self.values += len(names)
@@ -195,8 +194,8 @@ class _Comparer:
         detail = self.matrix is not None or cur is None or ra.step < cur[0]
         for pos, leaf in enumerate(names):
             if bitwise:
-                da = ra.digs.get(leaf)
-                if da is not None and da == rb.digs.get(leaf):
+                da = da_d.get(leaf)
+                if da is not None and da == db_d.get(leaf):
                     continue  # bitwise equal
             else:
                 ca = ca_d.get(leaf)
@@ -232,10 +231,7 @@ class _Comparer:
             delta = 0.0 if rel == 0.0 else abs(a - b)
         else:
             rel, delta = math.inf, math.inf
-        if self.bitwise or ca is None or cb is None:  # only then are the digests needed
-            da, db = ra.digs.get(leaf), rb.digs.get(leaf)
-        else:
-            da = db = None
+        da, db = ra.digs.get(leaf), rb.digs.get(leaf)
         if self.bitwise and da is not None and db is not None:
             equal, kind = da == db, "digest"
         elif self.bitwise and da is None and db is None and a is not None and b is not None:
@@ -338,7 +334,7 @@ def compare(
                 st.note_phase(row, st.phase_b)
                 st.identical(row)
                 continue
-            ra, rb = row, row.with_lineno(lb[0])
+            ra, rb = row, DiagRow(row.phase, row.step, row.checks, row.digs, lb[0])
         else:
             ra = None if la is None else parse_row(la[1], pa, la[0])
             rb = None if lb is None else parse_row(lb[1], pb, lb[0])

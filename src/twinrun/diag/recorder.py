@@ -278,81 +278,22 @@ def resolve_diag_path(path: str | os.PathLike[str]) -> Path:
 
 
 class DiagRow:
-    """One parsed diag row: leaf -> checksum (raw JSON value) and leaf -> digest.
+    """One parsed diag row: leaf -> checksum (raw JSON value) and leaf -> digest."""
 
-    A row read by `parse_row` keeps its digests as text and parses them on first use (`digs`):
-    a comparison within tolerance never needs them when each row's digests name the same leaves
-    as its checksums, which `digest_keys_match` checks without parsing."""
+    __slots__ = ("phase", "step", "checks", "digs", "lineno")
 
-    __slots__ = ("phase", "step", "checks", "_digs", "_digs_raw", "_path", "lineno")
-
-    def __init__(
-        self,
-        phase: str,
-        step: int,
-        checks: dict,
-        digs: dict | None,
-        lineno: int,
-        digs_raw: bytes | None = None,
-        path: Path | None = None,
-    ) -> None:
+    def __init__(self, phase: str, step: int, checks: dict, digs: dict, lineno: int) -> None:
         self.phase = phase
         self.step = step
         self.checks = checks
-        self._digs = digs
-        self._digs_raw = digs_raw
-        self._path = path
+        self.digs = digs
         self.lineno = lineno
-
-    @property
-    def digs(self) -> dict:
-        if self._digs is None:
-            self._digs = _parse_digests(self._digs_raw or b"{}", self._path, self.lineno)
-        return self._digs
-
-    def with_lineno(self, lineno: int) -> DiagRow:
-        """The same row as read from another line (an identical line of the other run)."""
-        return DiagRow(self.phase, self.step, self.checks, self._digs, lineno, self._digs_raw,
-                       self._path)  # fmt: skip
-
-    def digest_keys_match(self) -> bool:
-        """Whether the digests name exactly the checksums' leaves (unparsed text: one entry per
-        leaf and every leaf's `"name": "` present; anything else is parsed and compared)."""
-        raw = self._digs_raw
-        if self._digs is None and raw is not None:
-            if raw.count(b'": "') == len(self.checks) and all(
-                _key_bytes(k) in raw for k in self.checks
-            ):
-                return True
-        return self.digs.keys() == self.checks.keys()
 
     def leaves(self) -> list[str]:
         out = list(self.checks)
-        if not self.digest_keys_match():
+        if len(self.digs) != len(out) or any(k not in self.checks for k in self.digs):
             out += [k for k in self.digs if k not in self.checks]
         return out
-
-
-_KEYS: dict[str, bytes] = {}
-
-
-def _key_bytes(key: str) -> bytes:
-    """`"key": "` as the recorder writes it (cached: a run has a handful of leaf names)."""
-    got = _KEYS.get(key)
-    if got is None:
-        got = _KEYS[key] = json.dumps(key).encode() + b': "'
-    return got
-
-
-def _parse_digests(raw: bytes, path: Path | None, lineno: int) -> dict:
-    where = f"{path}:{lineno}"
-    try:
-        digs = _loads(raw.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{where}: 'digests' is not a valid JSON object", _HINT) from exc
-    if type(digs) is not dict:
-        raise DataError(f"{where}: 'checksums' and 'digests' must be JSON objects", _HINT)
-    return digs
 
 
 def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -369,21 +310,10 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
 
 
 _loads = json.JSONDecoder().decode
-_DIGESTS = b', "digests": {'
 
 
 def parse_row(raw: bytes, path: Path, lineno: int) -> DiagRow | None:
-    """Parse one line; None for another twinrun row kind (e.g. a step trace) to skip. A line laid
-    out as the recorder writes it (digests last) has its digests parsed only when used."""
-    i = raw.rfind(_DIGESTS)
-    if i > 0 and raw.endswith(b"}}"):
-        try:
-            head = _loads(raw[:i].decode("utf-8") + "}")
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            head = None  # not the recorder's layout after all: parse it whole, below
-        if type(head) is dict and "digests" not in head:
-            section = raw[i + len(_DIGESTS) - 1 : -1]
-            return _checked_row(head, None, section, path, lineno)
+    """Parse one line; None for another twinrun row kind (e.g. a step trace) to skip."""
     try:
         obj = _loads(raw.decode("utf-8"))  # str in: json skips its encoding detection
     except json.JSONDecodeError as exc:
@@ -393,25 +323,20 @@ def parse_row(raw: bytes, path: Path, lineno: int) -> DiagRow | None:
         raise DataError(f"{path}:{lineno}: not UTF-8 text — {exc.reason}", _HINT) from exc
     if type(obj) is not dict:
         raise DataError(f"{path}:{lineno}: a row must be a JSON object", _HINT)
-    return _checked_row(obj, obj.get("digests", {}), None, path, lineno)
-
-
-def _checked_row(
-    obj: dict, digs: Any, digs_raw: bytes | None, path: Path, lineno: int
-) -> DiagRow | None:
     fmt = obj.get("format", DIAG_FORMAT)
     step = obj.get("step")
     phase = obj.get("phase", "train")
     checks = obj.get("checksums", {})
+    digs = obj.get("digests", {})
     if (
         fmt == DIAG_FORMAT
         and type(step) is int
         and type(phase) is str
         and phase
         and type(checks) is dict
-        and (digs_raw is not None or type(digs) is dict)
+        and type(digs) is dict
     ):
-        return DiagRow(phase, step, checks, digs, lineno, digs_raw, path)
+        return DiagRow(phase, step, checks, digs, lineno)
     where = f"{path}:{lineno}"
     if fmt != DIAG_FORMAT:
         if isinstance(fmt, str) and fmt.startswith("twinrun."):
