@@ -281,9 +281,10 @@ def markdown(res: dict[str, Any]) -> str:
         prof = res["row_profile_ms"]
         lines += ["", "What one row costs (checksum + digest per leaf, ms, measured in the "
                   "benchmark process on the toy's shapes): "
-                  + ", ".join(f"{k} {v:.3f}" for k, v in prof.items()) + ". The row's work is "
-                  "about a millisecond; on a machine with a free core it overlaps the next step, "
-                  "on a busy one the thread takes that time from the step."]  # fmt: skip
+                  + ", ".join(f"{k} {v:.3f}" for k, v in prof.items())
+                  + f". That {prof['row total']:.1f} ms of work per step overlaps the next step "
+                  "where a core is free; on a busy machine the thread takes it from the step, "
+                  "and the four LoRA leaves (each 32 small parts) are most of it."]  # fmt: skip
     if res.get("quick"):
         lines += ["", "Note: a `--quick` run (fewer pairs and steps)."]
     return "\n".join(lines) + "\n"
