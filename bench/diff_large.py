@@ -6,18 +6,28 @@ line is parsed and compared leaf by leaf), then times `python -m twinrun diff A 
 process (wall time, interpreter start included) and reads that process's peak RSS from
 `os.wait4`. Goal: <= 3 s at 100,000 rows, and memory flat in the row count.
 
-    python bench/diff_large.py [--rows 10000 100000] [--repeats 3]
+    python bench/diff_large.py [--rows 10000 100000] [--repeats 3] [--baseline REF]
 
-Writes bench/results/diff_large.json and bench/results/diff_large.md.
+`--baseline REF` also times the `twinrun diff` of git commit REF (its `src/` extracted with
+`git archive` into a temporary directory) on the same files, alternating with the current code,
+and reports current / baseline per case: a side-by-side figure that the machine's speed and load
+do not move.
+
+Writes bench/results/diff_large.json, bench/results/diff_large.md and the `diff_large` section of
+docs/benchmarks.md; when the time goal is not met, a cProfile of `compare` on the largest drift
+case (top entries) goes into the results.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import hashlib
+import io
 import json
 import os
 import platform
+import pstats
 import random
 import statistics
 import subprocess
@@ -25,6 +35,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchkit import update_docs_section
 
 from twinrun.diag.recorder import DIAG_FORMAT, STANDARD_LEAVES
 
@@ -56,11 +68,12 @@ def write_files(d: Path, rows: int) -> tuple[Path, Path, Path]:
     return a, same, drift
 
 
-def run_diff(a: Path, b: Path) -> tuple[float, int, int]:
+def run_diff(a: Path, b: Path, src: Path | None = None) -> tuple[float, int, int]:
     """(wall seconds, peak RSS bytes, exit code) of one `python -m twinrun diff a b`."""
     cmd = [sys.executable, "-m", "twinrun", "diff", str(a), str(b)]
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = None if src is None else {**os.environ, "PYTHONPATH": str(src)}
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     _, status, usage = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
     p.returncode = os.waitstatus_to_exitcode(status)
@@ -71,13 +84,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--baseline", default=None, help="a git commit to time side by side")
     args = ap.parse_args()
     results = []
+    profile: list[str] = []
     with tempfile.TemporaryDirectory(prefix="twinrun-diff-bench-") as tmp:
+        base = baseline_src(args.baseline, Path(tmp)) if args.baseline else None
         for rows in args.rows:
             a, same, drift = write_files(Path(tmp), rows)
             for case, b, want in (("identical", same, 0), ("drift", drift, 1)):
-                runs = [run_diff(a, b) for _ in range(args.repeats)]
+                runs, base_walls = [], []
+                for _ in range(args.repeats):
+                    runs.append(run_diff(a, b))
+                    if base is not None:
+                        base_walls.append(run_diff(a, b, base)[0])
                 codes = {r[2] for r in runs}
                 if codes != {want}:
                     raise SystemExit(f"{case} {rows}: exit codes {codes}, expected {want}")
@@ -95,13 +115,22 @@ def main() -> None:
                         "exit_code": want,
                     }
                 )
+                if base_walls:
+                    results[-1]["baseline_wall_s_median"] = statistics.median(base_walls)
+                    results[-1]["ratio_to_baseline"] = statistics.median(walls) / statistics.median(
+                        base_walls
+                    )
                 print(results[-1], flush=True)
+            if rows == max(args.rows) and statistics.median(walls) > GOAL_S:
+                profile = compare_profile(a, drift)
     big = [r for r in results if r["rows"] == max(args.rows)]
     out = {
         "benchmark": "diff_large",
         "goal": f"<= {GOAL_S} s at {max(args.rows):,} rows; peak memory flat in row count",
         "pass_time": all(r["wall_s_median"] <= GOAL_S for r in big),
         "results": results,
+        "profile": profile,
+        "baseline": args.baseline,
         "env": {
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
@@ -117,19 +146,51 @@ def main() -> None:
         f"{args.repeats} repeats; {os.cpu_count()} CPUs, 1-min load average "
         f"{out['env']['loadavg_1min']:.2f} at the end.",
         "",
-        "| rows | leaves | case | file MB | wall s median (min–max) | peak RSS MB | exit |",
-        "|---|---|---|---|---|---|---|",
+        "| rows | leaves | case | file MB | wall s median (min–max) | peak RSS MB | exit "
+        f"| baseline {args.baseline or '–'} wall s | current / baseline |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        base_s = r.get("baseline_wall_s_median")
         lines.append(
             f"| {r['rows']:,} | {r['leaves']} | {r['case']} | {r['file_mb']} "
             f"| {r['wall_s_median']:.2f} ({r['wall_s_min']:.2f}–{r['wall_s_max']:.2f}) "
-            f"| {r['peak_rss_mb']} | {r['exit_code']} |"
+            f"| {r['peak_rss_mb']} | {r['exit_code']} "
+            + (f"| {base_s:.2f} | **{r['ratio_to_baseline']:.2f}** |" if base_s else "| – | – |")
         )
     verdict = "PASS" if out["pass_time"] else "FAIL"
     lines += ["", f"Goal: {out['goal']} — time {verdict}.", ""]
+    if profile:
+        lines += ["Where the time goes (cProfile of `compare` on the largest drift case):", "",
+                  "```", *profile, "```", ""]  # fmt: skip
     (RESULTS / "diff_large.md").write_text("\n".join(lines))
     print("\n".join(lines))
+    intro = "`twinrun diff` on two large diag.jsonl files (`python bench/diff_large.py`)."
+    update_docs_section("diff_large", "twinrun diff on large diag files", intro,
+                        "\n".join(lines[2:]))  # fmt: skip
+
+
+def baseline_src(ref: str, tmp: Path) -> Path:
+    """The `src/` of git commit `ref`, extracted into `tmp`."""
+    root = Path(__file__).resolve().parent.parent
+    out = tmp / "baseline"
+    out.mkdir()
+    archive = subprocess.run(["git", "archive", ref, "src"], cwd=root, capture_output=True,
+                             check=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out / "src"
+
+
+def compare_profile(a: Path, b: Path) -> list[str]:
+    from twinrun.diag.compare import compare
+
+    prof = cProfile.Profile()
+    prof.enable()
+    compare(a, b)
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(12)
+    return [ln.rstrip() for ln in buf.getvalue().splitlines() if ln.strip()][:24]
 
 
 if __name__ == "__main__":

@@ -222,7 +222,7 @@ def measure_generation(
         def draw(position: int) -> float:
             return stream(7, "bench", rep, i, position).uniform()
 
-        return generate(twin, prompts[i], new_tokens, 1.0, draw=draw, end_ids=()).tokens
+        return generate(twin, prompts[i], new_tokens, 1.0, draw=draw).tokens
 
     def run_hf(i: int, rep: int) -> list[int]:
         ids = torch.tensor([prompts[i]], dtype=torch.long)
@@ -317,7 +317,7 @@ def profile_twinrun(run_twinrun: Any, n_prompts: int) -> dict[str, Any]:
     total = cum("model/decoding.py", "generate")
     parts = {
         "model_forward (CausalLM.run)": cum("model/build.py", "run"),
-        "sample_index (softmax, cumsum, search)": cum("model/decoding.py", "sample_index"),
+        "sample_rows (softmax, cumsum, search)": cum("model/decoding.py", "sample_rows"),
         "draw (twinrun.core.rng.stream(...).uniform())": cum("bench/grpo.py", "draw"),
     }
     parts["rest (loop, tensor creation)"] = total - sum(parts.values())

@@ -34,8 +34,8 @@ PINNED: dict[str, dict[str, str]] = {
         "head": "79ad729d083354c5f81d8e22222fe46a0f073724ade10ee97dcbbe01dc867d23",
     },
     "grpo": {
-        "adapter": "e068b8f88461e5ef43cf128b3f80e27434f11a23cd0c9d32090c676d5faf8587",
-        "diag": "53d047799c14d203070b4ce54514525ea993bbfabebb55dc196a7c5d32300452",
+        "adapter": "9d401b2b1947d100df93b6c9aadb4c4b6213f19046f0c44858b62e49926992bb",
+        "diag": "b55d0731dbdca4cbfcb8e3d9dae318ba889bbe1109e243140573b5c7af84f35b",
     },
 }
 

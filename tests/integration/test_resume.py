@@ -169,3 +169,24 @@ def test_planted_spike_is_intrinsic_and_rng_glitch_transient(
     side = json.loads((tmp_path / "b" / "twinrun.json").read_text())
     spikes = {s["step"]: s for s in side["metrics"]["spikes"]}
     assert spikes[step]["kind"] == "transient"
+
+
+def test_diag_rows_are_on_disk_before_each_checkpoint(
+    tmp_path: Path, toy_model_dir: Path, sft_examples: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """diag rows are computed in the background; a checkpoint of N steps finds N rows written."""
+    import twinrun.train.hooks.checkpoint as checkpoint_hook
+
+    out, seen = tmp_path / "run", []
+    write = checkpoint_hook.write_checkpoint
+
+    def checked(run: Path, steps_done: int, *args: object, **kwargs: object) -> Path:
+        seen.append(((run / "diag.jsonl").read_text().count("\n"), steps_done))
+        return write(run, steps_done, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(checkpoint_hook, "write_checkpoint", checked)
+    assert (
+        run_cli(sft_args(toy_model_dir, sft_examples, out, 1, "--diag", "--checkpoint-every", "2"))
+        == 0
+    )
+    assert seen and all(rows == steps for rows, steps in seen)

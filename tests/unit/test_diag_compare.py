@@ -228,3 +228,19 @@ def test_advice_table() -> None:
     assert advice_for("grads.lora.layer0").cause == advice_for("grads.lora").cause
     assert advice_for("my.leaf").cause == GENERIC[0]
     assert "stopped early" in advice_for(None).cause
+
+
+def row_line(step: int, checks: dict, digests_text: str) -> str:
+    head = json.dumps({"format": "twinrun.diag.v1", "step": step, "phase": "train",
+                       "checksums": checks})  # fmt: skip
+    return head[:-1] + ', "digests": ' + digests_text + "}\n"
+
+
+def test_a_digest_only_leaf_is_compared_in_tolerance_mode(tmp_path: Path) -> None:
+    """A leaf with a digest and no checksum: compared by digest without --bitwise too."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(row_line(0, {"loss": 1.0}, json.dumps({"loss": "0" * 64, "x": "1" * 64})))
+    b.write_text(row_line(0, {"loss": 1.0}, json.dumps({"loss": "0" * 64, "x": "2" * 64})))
+    r = compare(a, b)
+    assert (r.first.leaf, r.first.kind) == ("x", "digest")
+    assert r.leaves == ["loss", "x"]

@@ -1,4 +1,4 @@
-"""First divergence between two diag.jsonl files (DESIGN §4, "twinrun diff semantics").
+"""First divergence between two diag.jsonl files (`twinrun diff`).
 
 Rows are matched by (phase, step). Two checksums are equal when
 `|a-b| <= abs_tol + rel_tol * max(|a|, |b|)`; NaN equals NaN only; with `bitwise=True` the

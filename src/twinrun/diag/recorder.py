@@ -1,4 +1,4 @@
-"""The diag.jsonl recorder (format `twinrun.diag.v1`, DESIGN §4).
+"""The diag.jsonl recorder (format `twinrun.diag.v1`).
 
 One JSON object per line, appended and flushed as each step is committed (the file is a log,
 never rewritten):
@@ -22,6 +22,15 @@ Usage in a user's own loop:
     row.add_parts("grads.lora", [g for g in lora_grads])
     rec.commit(row)
 
+`record_later(step, leaves)` computes a row on the recorder's one background thread instead, so
+the checksums overlap the next step; rows are written in the order they were handed over, with
+the same bytes `record` writes. The caller must not change the tensors it hands over (snapshot
+what the next step updates in place). While the thread exists the interpreter's GIL switch
+interval is at most 0.5 ms (restored by `close`): at CPython's default 5 ms, a training step
+that wants the GIL back from the checksum thread waits up to 5 ms each time. `flush()` waits
+until every row handed over is on disk and raises the first error the background thread met;
+`close()` flushes.
+
 The reading side (`resolve_diag_path`, `iter_lines`, `parse_row`, `decode_float`, `DiagRow`)
 lives here too, next to the format it reads; `twinrun.diag.compare` uses it.
 """
@@ -31,7 +40,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -58,10 +69,11 @@ __all__ = [
 
 DIAG_FORMAT = "twinrun.diag.v1"
 DIAG_FILENAME = "diag.jsonl"
+SWITCH_INTERVAL_S = 0.0005  # while rows are computed in the background (see record_later)
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _HINT = "each line of diag.jsonl must be one JSON object written by twinrun --diag"
 
-#: The standard leaves in dataflow order (DESIGN §4; the GRPO leaves follow the sample indices).
+#: The standard leaves in dataflow order (the GRPO leaves follow the sample indices).
 STANDARD_LEAVES: tuple[str, ...] = (
     "batch.sample_indices",
     "replay.priorities",
@@ -182,6 +194,9 @@ class DiagRecorder:
         self._append = append
         self._fsync = fsync
         self._fh: TextIO | None = None
+        self._worker: ThreadPoolExecutor | None = None
+        self._pending: list[Future[dict[str, Any]]] = []
+        self._switch = 0.0
 
     def _file(self) -> TextIO:
         if self._fh is None:
@@ -210,10 +225,38 @@ class DiagRecorder:
             row.add(leaf, value)
         return self.commit(row)
 
+    def record_later(self, step: int, leaves: dict[str, Any], phase: str | None = None) -> None:
+        """`record` on the background thread (rows keep their order); see the module docstring.
+        A row that could not be written raises here, at the next hand-over, or at `flush`."""
+        self.begin(step, phase)  # a bad step or phase fails now, in the caller
+        done = [f for f in self._pending if f.done()]
+        self._pending = [f for f in self._pending if not f.done()]
+        for f in done:
+            f.result()
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="twinrun-diag")
+            # the main thread gets the GIL back within 0.5 ms, not CPython's default 5 ms
+            self._switch = sys.getswitchinterval()
+            sys.setswitchinterval(min(self._switch, SWITCH_INTERVAL_S))
+        self._pending.append(self._worker.submit(self.record, step, leaves, phase))
+
+    def flush(self) -> None:
+        """Wait until every row handed to `record_later` is written; raise the first error."""
+        pending, self._pending = self._pending, []
+        for f in pending:
+            f.result()
+
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        try:
+            self.flush()
+        finally:
+            if self._worker is not None:
+                self._worker.shutdown(wait=True, cancel_futures=True)
+                self._worker = None
+                sys.setswitchinterval(self._switch)
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
 
     def __enter__(self) -> DiagRecorder:
         return self

@@ -21,6 +21,9 @@ named points, in the order they were registered:
     after_update    AdamW stepped (diag writes its row)
     after_step      the metrics row is complete (capture's final pins, checkpoints, timings)
 
+A hook that works in the background (diag computes its rows on a thread) finishes in `flush`,
+which every checkpoint calls first, and in `close`, at the end of the run.
+
 Nothing is replaced at run time: a hook is an object in `Loop.hooks`, called where it runs.
 """
 
@@ -118,6 +121,9 @@ class Hook:
 
     def after_step(self, ctx: StepContext, row: dict[str, Any]) -> None:
         pass
+
+    def flush(self) -> None:
+        """Finish what the hook does in the background (a checkpoint is about to be written)."""
 
     def close(self) -> None:
         """The run ended (finished or raised): release what the hook holds open."""

@@ -32,6 +32,8 @@ class Checkpointer:
     objective: ObjectiveState | None = None
 
     def write(self, loop: Loop, steps_done: int, rng_state: torch.Tensor | None = None) -> Path:
+        for hook in loop.hooks:  # the logs cover every step the checkpoint holds
+            hook.flush()
         return write_checkpoint(
             self.out, steps_done, loop.params, loop.optimizer,
             {"train": self.shaping, "metrics": loop.metrics,

@@ -9,6 +9,10 @@ In a data-parallel run each process keeps its own forwards' tokens and logits; t
 in global forward order (the digests are SHA256 over the parts in that order, so rank 0 needs
 the bytes themselves: the cost is the step's logits, sent once per process) and rank 0 writes
 the row. Every other leaf is already the same on every process.
+
+The row is computed on the recorder's background thread while the next step runs (the tensors
+the next step updates in place — parameters and Adam moments — are handed over as copies); the
+loop's checkpoints flush it first, and closing the hook at the end of the run writes the rest.
 """
 
 from __future__ import annotations
@@ -52,7 +56,11 @@ class DiagHook(Hook):
             "loss": torch.tensor([outcome.loss], dtype=torch.float64),
             **late_leaves(ctx),
         }
-        self.recorder.record(ctx.step, leaves)
+        self.recorder.record_later(ctx.step, leaves)
+
+    def flush(self) -> None:
+        if self.recorder is not None:
+            self.recorder.flush()
 
     def close(self) -> None:
         if self.recorder is not None:
@@ -60,14 +68,15 @@ class DiagHook(Hook):
 
 
 def late_leaves(ctx: StepContext) -> dict[str, Any]:
-    """The leaves after the backward: gradients, Adam moments, parameters, lr, RNG state."""
+    """The leaves after the backward: gradients, Adam moments, parameters, lr, RNG state — copies,
+    since the next step updates them in place while the row is computed."""
     loop = ctx.loop
     states = [loop.optimizer.state.get(p, {}) for _, p in loop.params]
     return {
-        "grads.lora": [g.detach() for g in ctx.grads],
-        "adam.exp_avg": [s["exp_avg"] for s in states if "exp_avg" in s],
-        "adam.exp_avg_sq": [s["exp_avg_sq"] for s in states if "exp_avg_sq" in s],
-        "params.lora": [p.detach() for _, p in loop.params],
+        "grads.lora": [g.detach().clone() for g in ctx.grads],
+        "adam.exp_avg": [s["exp_avg"].clone() for s in states if "exp_avg" in s],
+        "adam.exp_avg_sq": [s["exp_avg_sq"].clone() for s in states if "exp_avg_sq" in s],
+        "params.lora": [p.detach().clone() for _, p in loop.params],
         "lr": torch.tensor([ctx.lr], dtype=torch.float64),
         "rng.state": rng_state_leaf(),
     }

@@ -3,9 +3,11 @@
 One optimizer step:
 1. pick `prompts_per_step` example rows (keyed per-epoch shuffle, as SFT);
 2. the environment turns each row into an observation (`stream(seed, "env", step, slot)`);
-3. sample `group_size` completions per prompt from the current policy, token by token, each
-   token drawn from `stream(seed, "sample", step, example_index, k, position)` — a completion
-   never depends on which other rows shared its step — keeping float64 old logprobs;
+3. sample `group_size` completions per prompt from the current policy, the group decoded as one
+   batch from one prefill of its prompt (`model/decoding.py` states what a row's bytes depend
+   on: its prompt, its own draws and the group size), each token drawn from
+   `stream(seed, "sample", step, example_index, k, position)` — a completion never depends on
+   which other prompts shared its step — keeping float64 old logprobs;
 4. rewards from the environment; advantages group-normalised, batch-normalised, clipped
    (`rl/advantages.py`); with `--replay per`, earlier rollouts re-enter with probability
    proportional to |advantage|^alpha and importance weights (`rl/prioritized.py`);
@@ -19,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +31,7 @@ from twinrun.config.run import RunConfig, validate
 from twinrun.core.rng import stream
 from twinrun.data.batching import epoch_order
 from twinrun.data.examples import EncodedRow, SourcedRow, check_length
-from twinrun.model.decoding import Prefix, generate, prefill
+from twinrun.model.decoding import generate_group
 from twinrun.objectives.grpo import grpo_loss
 from twinrun.rl.advantages import apply_token_cap, compute_advantages
 from twinrun.rl.environments import (
@@ -192,32 +195,28 @@ def prompt_ids_for(s: Session, observation: str) -> list[int]:
     return s.tok.prompt_ids(messages, s.cfg.chat_template == "on")
 
 
-def sample_completion(
-    s: Session,
-    prompt_ids: list[int],
-    step: int,
-    example: int,
-    k: int,
-    prefix: Prefix | None = None,
-) -> tuple[list[int], list[float]]:
-    """Completion k of a prompt: token i drawn from stream(seed, "sample", step, example, k, i)."""
-    seed = s.cfg.seed
-    assert seed is not None
+def sample_group(
+    s: Session, prompt_ids: list[int], step: int, example: int
+) -> list[tuple[list[int], list[float]]]:
+    """The `group_size` completions of one prompt, decoded as one batch from one prefill;
+    completion k's token i is drawn from stream(seed, "sample", step, example, k, i). Returns
+    (tokens, float64 old logprobs) per completion."""
+    seed, group = s.cfg.seed, s.cfg.group_size
+    assert seed is not None and group is not None
 
-    def draw(position: int) -> float:
-        return stream(seed, "sample", step, example, k, position).uniform()
+    def draw_for(k: int) -> Callable[[int], float]:
+        return lambda position: stream(seed, "sample", step, example, k, position).uniform()
 
     with torch.no_grad():
-        result = generate(
+        results = generate_group(
             s.model,
             prompt_ids,
             s.cfg.max_new_tokens,
             s.cfg.temperature,
-            draw=draw,
+            [draw_for(k) for k in range(group)],
             end_ids=s.tok.end_ids,
-            prefix=prefix,
         )
-    return list(result.tokens), [float(x) for x in result.logprobs]
+    return [(list(r.tokens), [float(x) for x in r.logprobs]) for r in results]
 
 
 def sampled_rollouts(s: Session, state: GrpoState, step: int, examples: list[int]) -> list[Rollout]:
@@ -239,8 +238,9 @@ def collect_rollouts(
     examples: list[int],
     slots: list[int] | None = None,
 ) -> list[Rollout]:
-    """The rollouts of these prompt groups; `slots` are their global group indices (default
-    0, 1, ...), which key the environment's observation draws."""
+    """The rollouts of these prompt groups, group after group (a group's bytes do not depend on
+    which other groups share the step); `slots` are their global group indices (default 0, 1,
+    ...), which key the environment's observation draws."""
     cfg = s.cfg
     out: list[Rollout] = []
     max_len = s.max_length
@@ -255,9 +255,7 @@ def collect_rollouts(
             observation = observation_fault(observation)
         ids = prompt_ids_for(s, observation)
         check_length(EncodedRow(tuple(ids), ()), row.where, max_len - cfg.max_new_tokens)
-        prompt = prefill(s.model, ids)  # the group shares one prefill of its prompt
-        for k in range(cfg.group_size):  # type: ignore[arg-type]
-            completion, logprobs = sample_completion(s, ids, step, example, k, prompt)
+        for k, (completion, logprobs) in enumerate(sample_group(s, ids, step, example)):
             reward = checked_reward(
                 state.env, state.env_name, dict(row.data), s.tok.decode(completion)
             )
