@@ -203,7 +203,7 @@ def logical(v: Verified) -> str:
 
 
 def initial_adapter(v: Verified) -> str:
-    from twinrun.train.init_adapter import read_trainer_state
+    from twinrun.capture.state import read_trainer_state
 
     folder = Path(v.run.cfg.init_adapter)  # type: ignore[arg-type]
     initial = v.manifest["initial_state"]
@@ -313,8 +313,8 @@ def contract(v: Verified) -> str:
 def schedule(v: Verified) -> None:
     """The learning rate of the captured step, recomputed from the replay config, must be the
     source's to the bit."""
+    from twinrun.config.schedule import lr_at
     from twinrun.core.rng import float_bits
-    from twinrun.train.schedule import lr_at
 
     cfg, m = v.run.cfg, v.manifest
     step, recorded = m["step"], m["schedule"]

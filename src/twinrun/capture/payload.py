@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from twinrun.capture.batch import OptimizerBatch
 from twinrun.core.errors import DataError
 from twinrun.core.jsonlimits import SMALL, parse_json
-from twinrun.train.batch import OptimizerBatch
 
 FORMAT = "twinrun.optimizer-batch.v1"
 META_KEY = "twinrun"

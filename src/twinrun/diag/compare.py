@@ -34,6 +34,7 @@ from typing import Any
 
 from twinrun.core.errors import DataError
 from twinrun.diag.recorder import DiagRow, decode_float, iter_lines, parse_row, resolve_diag_path
+from twinrun.diag.tolerance import relative_difference, values_equal
 from twinrun.diag.trace import TraceDivergence, compare_traces, read_trace, trace_path_for
 
 __all__ = [
@@ -144,27 +145,6 @@ def jsonable(x: Any) -> Any:
     if isinstance(x, list | tuple):
         return [jsonable(v) for v in x]
     return x
-
-
-def values_equal(a: float, b: float, rel_tol: float = 1e-5, abs_tol: float = 1e-7) -> bool:
-    """`|a-b| <= abs_tol + rel_tol*max(|a|,|b|)`; NaN equals NaN only; inf equals itself only."""
-    if a == b:
-        return True
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    if math.isinf(a) or math.isinf(b):
-        return False
-    return abs(a - b) <= abs_tol + rel_tol * max(abs(a), abs(b))
-
-
-def relative_difference(a: float, b: float) -> float:
-    """|a-b| / max(|a|,|b|): 0 when equal (NaN and NaN too), inf for NaN or inf against
-    anything else."""
-    if a == b or (math.isnan(a) and math.isnan(b)):
-        return 0.0
-    if math.isnan(a) or math.isnan(b) or math.isinf(a) or math.isinf(b):
-        return math.inf
-    return abs(a - b) / max(abs(a), abs(b))
 
 
 class _Comparer:

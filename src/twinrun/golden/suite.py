@@ -41,7 +41,7 @@ def common(model: Path, out: Path, objective: str, **more: Any) -> RunConfig:
 
 
 def write_inputs(root: Path) -> dict[str, Path]:
-    from twinrun.demo.tour import shipped_examples
+    from twinrun.data.examples import shipped_examples
 
     files = {}
     for name, n in (("sft.jsonl", 8), ("pairs.jsonl", 4), ("arith.jsonl", 4)):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from twinrun.diag.compare import CompareResult, Divergence, compare, divergence_line, jsonable
 
 if TYPE_CHECKING:
-    from twinrun.harness import RunResult
+    from twinrun.harness.plan import RunResult
 
 from twinrun.core.errors import ConfigError, DataError
 from twinrun.core.redact import redact_argv

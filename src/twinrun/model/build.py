@@ -42,15 +42,10 @@ from torch import nn
 
 from twinrun.core.errors import ModelError
 from twinrun.model.loading import read_model_config, weight_files
+from twinrun.model.output import ModelOutput
 
 PRECISIONS = {"f32": torch.float32, "bf16": torch.bfloat16}
 ATTENTIONS = ("eager", "sdpa")
-
-
-@dataclass
-class ModelOutput:
-    logits: torch.Tensor  # [B, T, V] float32
-    hidden: torch.Tensor | None = None  # [B, T, H], when `hidden_layer` was asked
 
 
 class CausalLM:

@@ -20,23 +20,23 @@ from typing import Any
 
 import torch
 
+from twinrun.capture.batch import OptimizerBatch
 from twinrun.capture.checks import Verified, run_checks
 from twinrun.capture.digests import effective_rows_sha256, logical_sha256, padding_fraction
 from twinrun.capture.payload import BatchArrays
+from twinrun.capture.source import FINAL, RESOLVED
 from twinrun.capture.state import HEAD_PARAM, load_optimizer_state
+from twinrun.config.schedule import lr_at
 from twinrun.config.toml import TomlRun, resolved_tree
 from twinrun.core.determinism import establish, runtime_versions
 from twinrun.core.digest import sha256_file
 from twinrun.core.errors import ConfigError, ContractError
 from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.core.rng import float_bits, restore_torch_rng
-from twinrun.dispatch.toml_runs import FINAL, RESOLVED
-from twinrun.train.batch import OptimizerBatch
 from twinrun.train.hooks.capture import SKIPPED
 from twinrun.train.hooks.timing import TimingHook, peak_memory
 from twinrun.train.loop import Hook, Loop, StepContext, StepForwards, make_optimizer
 from twinrun.train.outputs import begin_output_dir
-from twinrun.train.schedule import lr_at
 
 
 @dataclass

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from twinrun.config.schedule import check_schedule
 from twinrun.core.fileio import atomic_write_text
 from twinrun.core.progress import Progress
 from twinrun.train import distributed
@@ -20,7 +21,6 @@ from twinrun.train.hooks.faults import FaultHook
 from twinrun.train.hooks.nonfinite import NonFiniteHook
 from twinrun.train.hooks.spike import SpikeHook
 from twinrun.train.loop import Hook, Loop, Recipe, make_optimizer
-from twinrun.train.schedule import check_schedule
 from twinrun.train.session import Session
 
 LOGS = ("diag.jsonl", "trace.jsonl")

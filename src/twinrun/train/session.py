@@ -203,8 +203,8 @@ def read_eval_rows(cfg: RunConfig, tok: Any, max_length: int) -> list[Any]:
 def check_run_schedule(cfg: RunConfig, encoded: list[Any]) -> None:
     """The learning-rate schedule fits the run's steps (checked before anything is written):
     `--steps`, or the epochs over the encoded examples (pairs for dpo/reward)."""
+    from twinrun.config.schedule import check_schedule
     from twinrun.data.batching import steps_per_epoch
-    from twinrun.train.schedule import check_schedule
 
     if cfg.steps is not None:
         total = cfg.steps

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from twinrun.capture.batch import OptimizerBatch
 from twinrun.config.run import RunConfig, validate
 from twinrun.core.rng import stream
 from twinrun.data.batching import epoch_order
@@ -40,7 +41,6 @@ from twinrun.rl.environments import (
     validated_rows,
 )
 from twinrun.rl.prioritized import PrioritizedReplay
-from twinrun.train.batch import OptimizerBatch
 from twinrun.train.distributed import in_global_order, mine
 from twinrun.train.driver import ObjectiveState, drive, make_loop, spikes_of
 from twinrun.train.faults import unseeded_plans

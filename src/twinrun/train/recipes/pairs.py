@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
+from twinrun.capture.batch import OptimizerBatch
 from twinrun.config.run import RunConfig
 from twinrun.data.batching import StepPlan, pad_rows, plan_steps
 from twinrun.data.pairs import EncodedPair, encode_pairs
 from twinrun.model.lora import lora_disabled
 from twinrun.objectives.dpo import dpo_loss, sequence_logprob
 from twinrun.objectives.reward import bradley_terry_loss
-from twinrun.train.batch import OptimizerBatch
 from twinrun.train.distributed import in_global_order, is_root, mine
 from twinrun.train.driver import drive, make_loop, spikes_of
 from twinrun.train.faults import unseeded_plans

@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
+from twinrun.capture.batch import OptimizerBatch
 from twinrun.config.run import RunConfig
 from twinrun.data.batching import StepPlan, pad_rows, padding_fraction, plan_steps
 from twinrun.data.examples import EncodedRow, encode_sft_rows
 from twinrun.objectives.sft import completion_nll
-from twinrun.train.batch import OptimizerBatch
 from twinrun.train.distributed import in_global_order, mine
 from twinrun.train.driver import drive, make_loop, spikes_of
 from twinrun.train.faults import unseeded_plans
