@@ -4,6 +4,7 @@ pyproject.toml), a clean type check of src/ (mypy), and no unexplained `# type: 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,3 +27,40 @@ def test_import_contracts_hold() -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3 kept, 0 broken" in proc.stdout, proc.stdout
+
+
+def test_type_check_is_clean(tmp_path_factory) -> None:
+    # the incremental cache lives under pytest's cache dir when there is one (warm runs ~5 s)
+    cache = ROOT / ".pytest_cache" / "mypy"
+    if not cache.parent.is_dir():
+        cache = tmp_path_factory.mktemp("mypy")
+    proc = subprocess.run(
+        [str(BIN / "mypy"), "--cache-dir", str(cache)],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("Success: no issues found"), proc.stdout
+
+
+def test_every_type_ignore_names_its_code_and_says_why() -> None:
+    justified = re.compile(r"# type: ignore\[[a-z-]+(,[a-z-]+)*\]  # \S")
+    bare = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sorted(SRC.rglob("*.py"))
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "# type: ignore" in line and not justified.search(line)
+    ]
+    assert bare == []
+
+
+def test_valid_run_view_lists_the_required_settings_without_none() -> None:
+    import typing
+
+    from twinrun.config.run import OBJECTIVES, REPLAY_FIELDS, RunConfig, ValidRun, required_fields
+
+    declared = typing.get_type_hints(RunConfig)
+    view = typing.get_type_hints(ValidRun)
+    required = {n for o in OBJECTIVES for n in required_fields(o)} | set(REPLAY_FIELDS)
+    assert set(view) == required
+    for name, kind in view.items():
+        assert declared[name] == kind | None, name

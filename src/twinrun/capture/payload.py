@@ -37,7 +37,14 @@ REQUIRED_EXTRAS: dict[str, dict[str, str]] = {
         "ints.prompt_lengths": "row",
     },
 }
-BASE = ("row_offsets", "tokens", "loss_mask", "active_counts", "denominator", "forward_sizes")
+BASE: tuple[str, ...] = (
+    "row_offsets",
+    "tokens",
+    "loss_mask",
+    "active_counts",
+    "denominator",
+    "forward_sizes",
+)
 BASE += ("step", "stream_position")
 
 

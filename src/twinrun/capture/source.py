@@ -11,6 +11,7 @@ and the names of the files a TOML run leaves in its directory.
 
 from __future__ import annotations
 
+from twinrun.config.run import valid
 from twinrun.config.toml import EPOCH_TRAINERS, TomlRun
 from twinrun.core.errors import TwinrunError
 
@@ -23,12 +24,12 @@ def planned_steps(run: TomlRun) -> int:
     """The optimizer steps the run will take (epoch trainers: from the examples count)."""
     cfg = run.cfg
     if run.trainer in ("grpo", "text"):
-        return int(cfg.steps)  # type: ignore[arg-type]
+        return int(valid(cfg).steps)
     from twinrun.data.batching import steps_per_epoch
     from twinrun.data.examples import load_rows
 
-    n = len(load_rows(cfg.examples))  # type: ignore[arg-type]
-    return cfg.epochs * steps_per_epoch(n, cfg.batch_size, cfg.accumulation)  # type: ignore[arg-type,operator]
+    n = len(load_rows(valid(cfg).examples))
+    return valid(cfg).epochs * steps_per_epoch(n, valid(cfg).batch_size, valid(cfg).accumulation)
 
 
 def source_problems(run: TomlRun) -> list[str]:

@@ -12,7 +12,7 @@ and the parameter names in order in its metadata; loading refuses a different pa
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -23,6 +23,13 @@ OPTIMIZER_FORMAT = "twinrun.adamw-state.v1"
 HEAD_PARAM = "reward_head.score.weight"
 TRAINER_STATE = "trainer_state.json"
 STATE_FORMAT = "twinrun.trainer-state.v1"
+
+
+class HasAdamState(Protocol):
+    """An optimizer whose per-parameter state is a dict of tensors (`exp_avg`, ...), as torch's
+    AdamW and twinrun's `train.adamw.AdamW` keep it."""
+
+    state: dict[Any, dict[str, Any]]
 
 
 def adapter_bytes(model: torch.nn.Module) -> bytes:
@@ -43,9 +50,7 @@ def head_bytes(weight: torch.Tensor) -> bytes:
     return save({HEAD_KEY: weight.detach().float().cpu().contiguous()}, metadata={"format": "pt"})
 
 
-def optimizer_bytes(
-    params: list[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer
-) -> bytes:
+def optimizer_bytes(params: list[tuple[str, torch.nn.Parameter]], optimizer: HasAdamState) -> bytes:
     from safetensors.torch import save
 
     tensors: dict[str, torch.Tensor] = {}
@@ -61,7 +66,7 @@ def optimizer_bytes(
 def load_optimizer_state(
     data: bytes,
     params: list[tuple[str, torch.nn.Parameter]],
-    optimizer: torch.optim.Optimizer,
+    optimizer: HasAdamState,
     where: str,
 ) -> None:
     """Put a saved AdamW state into a fresh optimizer over the same parameters."""

@@ -335,7 +335,8 @@ def compare(
                 st.note_phase(row, st.phase_b)
                 st.identical(row)
                 continue
-            ra, rb = row, DiagRow(row.phase, row.step, row.checks, row.digs, lb[0])
+            ra: DiagRow | None = row
+            rb: DiagRow | None = DiagRow(row.phase, row.step, row.checks, row.digs, lb[0])
         else:
             ra = None if la is None else parse_row(la[1], pa, la[0])
             rb = None if lb is None else parse_row(lb[1], pb, lb[0])

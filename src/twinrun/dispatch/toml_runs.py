@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.capture.source import FINAL, FINAL_FILES, RESOLVED, source_problems
+from twinrun.config.run import valid
 from twinrun.config.toml import load_toml, resolved_tree
 from twinrun.core.errors import ConfigError
 from twinrun.core.fileio import atomic_write_bytes, atomic_write_json
@@ -59,7 +60,7 @@ def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -
         record = train_pairs(cfg, run.trainer)
     if not record:  # a process of a data-parallel run other than rank 0: it writes nothing
         return record
-    out = Path(cfg.output)  # type: ignore[arg-type]
+    out = Path(valid(cfg).output)
     for name in FINAL_FILES:
         if (out / name).is_file():
             atomic_write_bytes(out / FINAL / name, (out / name).read_bytes())

@@ -156,7 +156,7 @@ def inference_items(
     from twinrun.infer.evaluate import EvalConfig, run_evaluate
     from twinrun.infer.extract import ExtractConfig, run_extract
 
-    shared = {"model": str(model), "adapter": str(adapter), "chat_template": "on",
+    shared: dict[str, Any] = {"model": str(model), "adapter": str(adapter), "chat_template": "on",
               "precision": "f32", "device": device, "threads": 1}  # fmt: skip
     report = run_evaluate(
         EvalConfig(

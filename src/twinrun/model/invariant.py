@@ -103,7 +103,7 @@ class RowAliases(torch.autograd.Function):
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[None, None, None]:
         n = len(ctx.leaves)
         if not _Pending.queued:
-            torch.autograd.Variable._execution_engine.queue_callback(_flush)  # type: ignore[attr-defined]
+            torch.autograd.Variable._execution_engine.queue_callback(_flush)
             _Pending.queued = True
         for row in range(ctx.rows):
             _Pending.entries.append((row, ctx.order, ctx.leaves, grads[row * n : (row + 1) * n]))
@@ -148,7 +148,7 @@ def swapped(trainable: Trainable, aliases: tuple[torch.Tensor, ...]) -> Iterator
         yield
         return
     for (mod, name, _), alias in zip(trainable, aliases, strict=True):
-        mod._parameters[name] = alias  # type: ignore[assignment]
+        mod._parameters[name] = alias  # type: ignore[assignment]  # a tensor alias of the parameter
     try:
         yield
     finally:

@@ -1,5 +1,6 @@
-"""What a forward of `CausalLM` returns, and the surface batch-invariant mode needs from the model
-(so `model.invariant` does not import `model.build`, which imports it)."""
+"""What a forward of `CausalLM` returns, and the surfaces of the model that `model.invariant` and
+`model.lora` take (so neither imports `model.build`, which imports them): `CausalLM` and torch
+modules both satisfy `ModuleTree`."""
 
 from __future__ import annotations
 
@@ -30,3 +31,15 @@ class RowModel(Protocol):
         hidden_layer: int | None,
         steer: tuple[int, torch.Tensor] | None,
     ) -> ModelOutput: ...
+
+
+class ModuleTree(Protocol):
+    """A tree of torch modules: an `nn.Module`, or `CausalLM` (which forwards to its model)."""
+
+    def named_modules(self) -> Iterator[tuple[str, nn.Module]]: ...
+
+    def modules(self) -> Iterator[nn.Module]: ...
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
+
+    def get_submodule(self, target: str) -> nn.Module: ...

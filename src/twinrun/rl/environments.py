@@ -191,7 +191,7 @@ def make_environment(name: str, args: Mapping[str, Any] | None = None) -> Enviro
             "check [environment.args] / --env-arg against the factory's parameters",
         ) from exc
     _check_methods(env, name)
-    return env  # type: ignore[no-any-return]
+    return env
 
 
 def checked_prompt(env: Environment, name: str, row: dict[str, Any], rng: Stream) -> str:
