@@ -1,4 +1,4 @@
-"""Benchmark: optimizer-batch capture and replay (DESIGN §5).
+"""Benchmark: optimizer-batch capture and replay (docs/capture.md).
 
 1. `explain` throughput. Large synthetic captures (`--sizes`: payload and adapter MiB; ragged
    GRPO rows of 512 tokens; the toy model) are checked by

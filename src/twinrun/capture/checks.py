@@ -1,4 +1,4 @@
-"""The replay checks, in the order DESIGN §5 fixes, shared by `replay` and `explain`:
+"""The replay checks, in a fixed order (docs/capture.md), shared by `replay` and `explain`:
 
 1. fresh output paths — a replay never writes into an existing run;
 2. manifest pin — the manifest file's SHA256 against `expected_manifest_sha256`, *before* a byte

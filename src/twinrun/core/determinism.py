@@ -1,4 +1,4 @@
-"""Strict determinism mode (DESIGN §1): establish, verify, and record as provenance.
+"""Strict determinism mode (docs/determinism.md): establish, verify, and record as provenance.
 
 `establish(strict, threads, device, attention)` runs before any model or CUDA state exists. In
 strict mode it sets

@@ -1,4 +1,4 @@
-"""First divergence between two diag.jsonl files (DESIGN §4, "twinrun diff semantics").
+"""First divergence between two diag.jsonl files (docs/diagnostics.md).
 
 Rows are matched by (phase, step). Two checksums are equal when
 `|a-b| <= abs_tol + rel_tol * max(|a|, |b|)`; NaN equals NaN only; with `bitwise=True` the
@@ -439,7 +439,7 @@ def format_number(x: float | None) -> str:
 
 
 def divergence_line(first: Divergence) -> str:
-    """The `FIRST_DIVERGENCE: ...` line of DESIGN §4 (phase added when it is not train)."""
+    """The `FIRST_DIVERGENCE: ...` line `twinrun diff` prints (phase added when it is not train)."""
     leaf = first.leaf if first.leaf is not None else "*"
     if first.kind == "missing_row":
         a = "missing" if first.missing_in == "A" else "row"

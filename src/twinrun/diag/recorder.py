@@ -1,4 +1,4 @@
-"""The diag.jsonl recorder (format `twinrun.diag.v1`, DESIGN §4).
+"""The diag.jsonl recorder (format `twinrun.diag.v1`, docs/diagnostics.md).
 
 One JSON object per line, appended and flushed as each step is committed (the file is a log,
 never rewritten):
@@ -61,7 +61,7 @@ DIAG_FILENAME = "diag.jsonl"
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _HINT = "each line of diag.jsonl must be one JSON object written by twinrun --diag"
 
-#: The standard leaves in dataflow order (DESIGN §4; the GRPO leaves follow the sample indices).
+#: The standard leaves in dataflow order (the GRPO leaves follow the sample indices).
 STANDARD_LEAVES: tuple[str, ...] = (
     "batch.sample_indices",
     "replay.priorities",

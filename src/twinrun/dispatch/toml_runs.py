@@ -1,6 +1,6 @@
-"""`twinrun run CONFIG.toml`: a TOML config to its trainer (DESIGN §5).
+"""`twinrun run CONFIG.toml`: a TOML config to its trainer (docs/capture.md).
 
-`[logging] dir` is the run directory: the trainer's files (DESIGN §4), the captures, `final/`
+`[logging] dir` is the run directory: the trainer's files, the captures, `final/`
 (the final adapter) and `resolved_config.json` (the redacted resolved config). A source capture
 is checked before anything is written:
 
@@ -40,7 +40,8 @@ def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -
         return replay(run)
     problems = source_problems(run)
     if problems:
-        raise ConfigError(f"{path}: " + "; ".join(problems), "see DESIGN §5 (capture)")
+        hint = 'see docs/capture.md, "Capture a source step"'
+        raise ConfigError(f"{path}: " + "; ".join(problems), hint)
     cfg = run.cfg
     if run.trainer == "sft":
         from twinrun.train.recipes.sft import train_sft

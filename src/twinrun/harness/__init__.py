@@ -1,4 +1,4 @@
-"""The determinism harness behind `twinrun check` (DESIGN §1 item 4, posttrainllm's C9 harness).
+"""The determinism harness behind `twinrun check` (docs/determinism.md).
 
 A training command containing the placeholders `{seed}` and `{out}` is run three times as a real
 subprocess: twice at seed S (runs "a" and "b") and once at seed T (run "c"), each writing into

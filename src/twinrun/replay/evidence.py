@@ -1,4 +1,4 @@
-"""`twinrun evidence SOURCE REPLAY...`: what a capture and its replays prove (DESIGN §5).
+"""`twinrun evidence SOURCE REPLAY...`: what a capture and its replays prove (docs/capture.md).
 
 - **Gate A — exact-input systems claim** (the admission gate for runtime and memory
   comparisons): every run reports the same logical and effective-rows digests and the same
