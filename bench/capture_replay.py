@@ -1,4 +1,4 @@
-"""Benchmark: optimizer-batch capture and replay (DESIGN §5).
+"""Benchmark: optimizer-batch capture and replay (docs/capture.md).
 
 1. `explain` throughput. Large synthetic captures (`--sizes`: payload and adapter MiB; ragged
    GRPO rows of 512 tokens; the toy model) are checked by
@@ -226,7 +226,7 @@ def bench_explain(root: Path, model: Path, sizes: str, repeats: int) -> dict[str
 
 
 def bench_replay(root: Path, model: Path, repeats: int) -> dict[str, Any]:
-    from twinrun.demo.tour import shipped_examples
+    from twinrun.data.examples import shipped_examples
 
     twinrun("init-adapter", str(root / "init"), "--model", str(model), "--seed", "7",
             "--lora-rank", "8", "--lora-alpha", "16")  # fmt: skip

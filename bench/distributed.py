@@ -75,7 +75,7 @@ def measure_steps(work: Path, repeats: int) -> dict[str, Any]:
     model, examples = work / "model", work / "sft.jsonl"
     py = [sys.executable, "-m", "twinrun"]
     subprocess.run([*py, "toy-model", str(model), "--seed", "0"], env=env(), check=True)
-    from twinrun.demo.tour import shipped_examples
+    from twinrun.data.examples import shipped_examples
 
     examples.write_bytes(shipped_examples("sft.jsonl").read_bytes())
     times: dict[str, list[float]] = {"1": [], "2": []}

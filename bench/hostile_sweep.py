@@ -124,7 +124,7 @@ def sweep_flips(work: Path, model: Path, rng: random.Random, per_file: int) -> d
 
 def sweep_kills(work: Path, model: Path, rng: random.Random, kills: int) -> dict[str, Any]:
     from tests.integration.conftest import sft_args
-    from twinrun.demo.tour import shipped_examples
+    from twinrun.data.examples import shipped_examples
 
     ex = work / "ex.jsonl"
     ex.write_text("\n".join(shipped_examples("sft.jsonl").read_text().splitlines()[:16]) + "\n")

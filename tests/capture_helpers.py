@@ -1,5 +1,5 @@
 """Shared set-up for the capture/replay tests: tiny GRPO (and SFT/DPO/reward) TOML configs on the
-toy model, a source capture, and replay configs copied from it as DESIGN §5 describes."""
+toy model, a source capture, and replay configs copied from it as docs/capture.md describes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import tomli_w
 
 from twinrun.cli.main import run_cli
-from twinrun.demo.tour import shipped_examples
+from twinrun.data.examples import shipped_examples
 
 PLUGIN = '''
 class Shaped:
@@ -122,7 +122,7 @@ class Capture:
         return next(r for r in metrics(self.out) if r["step"] == self.step)
 
     def replay_config(self, out: Path, **sections: dict[str, Any]) -> dict[str, Any]:
-        """The source config with the runner, output and pins changed (DESIGN §5)."""
+        """The source config with the runner, output and pins changed (docs/capture.md)."""
         import hashlib
 
         doc = copy.deepcopy(self.source)

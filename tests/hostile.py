@@ -109,7 +109,7 @@ def _model_config(p: Path) -> Any:
 
 
 def _trainer_state(p: Path) -> Any:
-    from twinrun.train.init_adapter import read_trainer_state
+    from twinrun.capture.state import read_trainer_state
 
     return read_trainer_state(p.parent)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from twinrun.cli.main import run_cli
-from twinrun.demo.tour import shipped_examples
+from twinrun.data.examples import shipped_examples
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from twinrun.cli.main import run_cli
-from twinrun.demo.tour import shipped_examples
+from twinrun.data.examples import shipped_examples
 
 
 @pytest.fixture(scope="module")

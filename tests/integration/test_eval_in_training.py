@@ -12,7 +12,7 @@ import torch
 
 from tests.integration.conftest import sft_args
 from twinrun.cli.main import run_cli
-from twinrun.demo.tour import shipped_examples
+from twinrun.data.examples import shipped_examples
 from twinrun.diag.checksum import sumsq
 
 ADAPTER = "adapter_model.safetensors"

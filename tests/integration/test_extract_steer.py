@@ -11,7 +11,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from twinrun.cli.main import run_cli
-from twinrun.demo.tour import shipped_examples
+from twinrun.data.examples import shipped_examples
 
 
 def extract_args(model: Path, examples: Path, out: Path, *extra: str, layer: int = 2,

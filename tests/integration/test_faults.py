@@ -1,5 +1,6 @@
-"""Fault injection (DESIGN §6): each planted fault is localised by `twinrun diff --bitwise` to
-its own leaf at the injected step; two clean same-seed runs diff as deterministic."""
+"""Fault injection (docs/diagnostics.md): each planted fault is localised by
+`twinrun diff --bitwise` to its own leaf at the injected step; two clean same-seed runs diff as
+deterministic."""
 
 from __future__ import annotations
 

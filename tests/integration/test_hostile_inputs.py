@@ -19,7 +19,7 @@ from tests.integration.test_evaluate_generate_cli import gen
 from tests.integration.test_grpo_cli import grpo_args
 from tests.integration.test_resume import cli
 from twinrun.cli.main import run_cli
-from twinrun.demo.tour import shipped_examples
+from twinrun.data.examples import shipped_examples
 
 CANARY = "CANARY7f3a9"
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.integration.conftest import sft_args
 from twinrun.cli.main import run_cli
-from twinrun.demo.tour import shipped_examples
+from twinrun.data.examples import shipped_examples
 
 
 def metrics(run: Path) -> list[dict]:

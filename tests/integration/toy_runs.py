@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from twinrun.demo.tour import shipped_examples
+from twinrun.data.examples import shipped_examples
 
 OBJECTIVES = ("sft", "dpo", "reward", "grpo")
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.real.test_smollm2_tokens import FRANCE, FRANCE_IDS, PARIS_IDS
 from twinrun.cli.main import run_cli
-from twinrun.demo.tour import shipped_examples
+from twinrun.data.examples import shipped_examples
 
 pytestmark = pytest.mark.real
 

@@ -13,8 +13,7 @@ from safetensors.torch import load_file
 from tests.real.reference import completion_loss_reference, greedy_reference, reference_model
 from tests.real.test_smollm2_tokens import trl_tokenize
 from twinrun.cli.main import run_cli
-from twinrun.data.examples import load_rows, sft_parts
-from twinrun.demo.tour import shipped_examples
+from twinrun.data.examples import load_rows, sft_parts, shipped_examples
 from twinrun.model.build import load_causal_lm
 from twinrun.model.decoding import generate_tokens
 from twinrun.model.tokens import load_tokenizer

@@ -22,9 +22,14 @@ import pytest
 
 from tests.real.reference import completion_loss_reference, greedy_reference
 from twinrun.core.errors import DataError, ModelError
-from twinrun.data.examples import SourcedRow, encode_sft_rows, load_rows, sft_parts
+from twinrun.data.examples import (
+    SourcedRow,
+    encode_sft_rows,
+    load_rows,
+    sft_parts,
+    shipped_examples,
+)
 from twinrun.data.pairs import encode_pairs, pair_parts
-from twinrun.demo.tour import shipped_examples
 from twinrun.model.tokens import CheckpointTokenizer, PromptPrefixWarning, load_tokenizer
 
 pytestmark = pytest.mark.real

@@ -18,8 +18,7 @@ from tests.real.reference import reference_model
 from tests.real.test_smollm2_numbers import examples_file
 from tests.real.test_smollm2_tokens import trl_tokenize
 from twinrun.cli.main import run_cli
-from twinrun.data.examples import encode_sft_rows, load_rows, sft_parts
-from twinrun.demo.tour import shipped_examples
+from twinrun.data.examples import encode_sft_rows, load_rows, sft_parts, shipped_examples
 from twinrun.model.tokens import load_tokenizer
 
 pytestmark = pytest.mark.real

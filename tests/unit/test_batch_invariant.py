@@ -1,7 +1,7 @@
 """Batch-invariant mode, proved on the model itself (`twinrun.model.invariant`).
 
 What these tests show, bit for bit, on the wide toy (hidden 256, where batching changes numbers,
-DESIGN §3) and on rows of mixed lengths:
+docs/batching.md) and on rows of mixed lengths:
 - a row's logits and hidden states are the same whatever batch (1, 4, 8) and padding it rides in,
   and are what the ordinary forward gives it in a batch of one (f32 and bf16 autocast);
 - the loss reductions sum a row over its own span, so padding cannot move their bits;

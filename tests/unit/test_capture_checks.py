@@ -1,4 +1,4 @@
-"""Every refusal of a replay, in the order of DESIGN §5, with its message and nothing written;
+"""Every refusal of a replay, in docs/capture.md's order, with its message and nothing written;
 and the v1 source capture failing closed. `explain` must name the same failing check, with every
 check before it passing."""
 

@@ -10,9 +10,9 @@ import struct
 import numpy as np
 
 from tests.unit.test_capture_payload import grpo_batch
+from twinrun.capture.batch import OptimizerBatch
 from twinrun.capture.digests import effective_rows_sha256, logical_sha256, padding_fraction
 from twinrun.capture.payload import BatchArrays
-from twinrun.train.batch import OptimizerBatch
 
 GOLDEN_LOGICAL = "68996e4c467c5cc948caafbd03433fa6b964f236d44e6dbfd003d7a88885c0fe"
 

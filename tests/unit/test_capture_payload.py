@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import save
 
+from twinrun.capture.batch import OptimizerBatch
 from twinrun.capture.payload import BatchArrays, decode, encode, pack_meta, unpack_meta
 from twinrun.core.errors import DataError
-from twinrun.train.batch import OptimizerBatch
 
 
 def grpo_batch() -> OptimizerBatch:

@@ -90,7 +90,7 @@ def test_two_training_runs_on_one_output(tmp_path: Path, toy_model_dir: Path) ->
     """Two real `twinrun tune sft` processes started together on one --output: one trains, the
     other stops with one line and writes nothing."""
     from tests.integration.conftest import sft_args
-    from twinrun.demo.tour import shipped_examples
+    from twinrun.data.examples import shipped_examples
 
     ex = tmp_path / "ex.jsonl"
     ex.write_text("\n".join(shipped_examples("sft.jsonl").read_text().splitlines()[:8]) + "\n")

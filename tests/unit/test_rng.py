@@ -22,7 +22,7 @@ from twinrun.core.rng import (
     stream_key,
 )
 
-# DESIGN §8: SplitMix64 reference vectors (first four outputs).
+# SplitMix64 reference vectors (first four outputs).
 REFERENCE_VECTORS = {
     0: ["e220a8397b1dcdaf", "6e789e6aa1b965f4", "06c45d188009454f", "f88bb8a8724c81ec"],
     1: ["910a2dec89025cc1", "beeb8da1658eec67", "f893a2eefb32555e", "71c18690ee42c90b"],

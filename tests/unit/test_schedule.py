@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from twinrun.config.schedule import check_schedule, lr_at
 from twinrun.core.errors import ConfigError
-from twinrun.train.schedule import check_schedule, lr_at
 
 
 def test_warmup_is_linear_and_ends_at_base() -> None:

@@ -1,4 +1,4 @@
-"""The replay checks, in the order DESIGN §5 fixes, shared by `replay` and `explain`:
+"""The replay checks, in a fixed order (docs/capture.md), shared by `replay` and `explain`:
 
 1. fresh output paths — a replay never writes into an existing run;
 2. manifest pin — the manifest file's SHA256 against `expected_manifest_sha256`, *before* a byte
@@ -27,6 +27,7 @@ from typing import Any
 from twinrun.capture import manifest as mf
 from twinrun.capture.digests import logical_sha256
 from twinrun.capture.payload import Decoded, decode
+from twinrun.config.run import valid
 from twinrun.config.toml import TomlRun
 from twinrun.core.digest import sha256_bytes, sha256_dir, sha256_file, sha256_json
 from twinrun.core.errors import (
@@ -127,7 +128,7 @@ class Hashes:
 def fresh_output(v: Verified) -> str:
     from twinrun.core.paths import output_path
 
-    out = Path(v.run.cfg.output)  # type: ignore[arg-type]
+    out = Path(valid(v.run.cfg).output)
     output_path(out, "replay output")  # under a file, on a symlink loop: one line
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise OutputError(
@@ -138,12 +139,12 @@ def fresh_output(v: Verified) -> str:
 
 
 def manifest_pin(v: Verified) -> str:
-    path = Path(v.run.extras.replay_path)  # type: ignore[arg-type]
+    path = Path(v.run.extras.replay_path)  # type: ignore[arg-type]  # a replay config has it
     data, got = read_hashed(path, "manifest")
     pin = v.run.extras.expected_manifest_sha256
     if got != pin:
         raise IntegrityError(
-            pin,
+            pin,  # type: ignore[arg-type]  # a replay config has it
             got,
             str(path),
             "expected_manifest_sha256 does not pin this manifest; it was not parsed",
@@ -197,15 +198,16 @@ def logical(v: Verified) -> str:
         raise IntegrityError(recorded, got, where, "the payload does not hold the manifest's batch")
     pin = v.run.extras.expected_logical_sha256
     if got != pin:
-        raise IntegrityError(pin, got, where, "expected_logical_sha256 does not pin this batch")
+        msg = "expected_logical_sha256 does not pin this batch"
+        raise IntegrityError(pin, got, where, msg)  # type: ignore[arg-type]  # a replay config has it
     v.logical = got
     return f"sha256 {got}"
 
 
 def initial_adapter(v: Verified) -> str:
-    from twinrun.train.init_adapter import read_trainer_state
+    from twinrun.capture.state import read_trainer_state
 
-    folder = Path(v.run.cfg.init_adapter)  # type: ignore[arg-type]
+    folder = Path(v.run.cfg.init_adapter)  # type: ignore[arg-type]  # a replay config has it
     initial = v.manifest["initial_state"]
     for key, name in mf.STATE_FILES.items():
         pin = initial.get(key)
@@ -260,8 +262,8 @@ def seed_head_sha256(v: Verified) -> str:
     from twinrun.model.loading import read_model_config
     from twinrun.model.reward_head import new_reward_head
 
-    hidden = int(read_model_config(Path(v.run.cfg.model))["hidden_size"])  # type: ignore[arg-type]
-    return sha256_bytes(head_bytes(new_reward_head(hidden, v.run.cfg.seed).weight))  # type: ignore[arg-type]
+    hidden = int(read_model_config(Path(valid(v.run.cfg).model))["hidden_size"])
+    return sha256_bytes(head_bytes(new_reward_head(hidden, valid(v.run.cfg).seed).weight))
 
 
 def adapter_target_modules(adapter_dir: Path) -> list[str]:
@@ -290,10 +292,10 @@ def contract(v: Verified) -> str:
         raise IntegrityError(
             pinned["sha256"], sha256_json(source), f"optimizer contract of {v.manifest_path}"
         )
-    if not Path(cfg.model).is_dir():  # type: ignore[arg-type]
+    if not Path(valid(cfg).model).is_dir():
         raise ModelError(f"model directory {cfg.model} does not exist", "check [model] path")
-    model_sha = v.hashes.dir(Path(cfg.model))  # type: ignore[arg-type]
-    targets = adapter_target_modules(Path(cfg.init_adapter))  # type: ignore[arg-type]
+    model_sha = v.hashes.dir(Path(valid(cfg).model))
+    targets = adapter_target_modules(Path(cfg.init_adapter))  # type: ignore[arg-type]  # as above
     replay = optimizer_contract(
         cfg, v.manifest["objective"], model_sha, targets, v.run.extras.engine
     )
@@ -313,12 +315,12 @@ def contract(v: Verified) -> str:
 def schedule(v: Verified) -> None:
     """The learning rate of the captured step, recomputed from the replay config, must be the
     source's to the bit."""
+    from twinrun.config.schedule import lr_at
     from twinrun.core.rng import float_bits
-    from twinrun.train.schedule import lr_at
 
     cfg, m = v.run.cfg, v.manifest
     step, recorded = m["step"], m["schedule"]
-    lr = lr_at(step, cfg.learning_rate, cfg.warmup_steps, recorded["total_steps"])  # type: ignore[arg-type]
+    lr = lr_at(step, valid(cfg).learning_rate, valid(cfg).warmup_steps, recorded["total_steps"])
     if float_bits(lr) != recorded.get("lr_bits", float_bits(float(recorded["lr"]))):
         raise ContractError(
             f"learning rate at step {step} is {lr}, the source's was {recorded['lr']}",

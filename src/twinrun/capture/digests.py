@@ -43,13 +43,13 @@ class Framed:
         be = np.dtype(dtype) if dtype is not None else a.dtype.newbyteorder(">")
         self.h.update((a.size * be.itemsize).to_bytes(8, "big"))
         if a.dtype == be:
-            self.h.update(memoryview(a).cast("B"))
+            self.h.update(a.data.cast("B"))
             return
         out = np.empty(min(CHUNK, a.size), dtype=be)  # reused: converting is then memory-speed
         for start in range(0, a.size, CHUNK):
             n = min(CHUNK, a.size - start)
             out[:n] = a[start : start + n]
-            self.h.update(memoryview(out[:n]).cast("B"))
+            self.h.update(out[:n].data.cast("B"))
 
     def hexdigest(self) -> str:
         return self.h.hexdigest()

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from twinrun.capture.batch import OptimizerBatch
 from twinrun.core.errors import DataError
 from twinrun.core.jsonlimits import SMALL, parse_json
-from twinrun.train.batch import OptimizerBatch
 
 FORMAT = "twinrun.optimizer-batch.v1"
 META_KEY = "twinrun"
@@ -37,7 +37,14 @@ REQUIRED_EXTRAS: dict[str, dict[str, str]] = {
         "ints.prompt_lengths": "row",
     },
 }
-BASE = ("row_offsets", "tokens", "loss_mask", "active_counts", "denominator", "forward_sizes")
+BASE: tuple[str, ...] = (
+    "row_offsets",
+    "tokens",
+    "loss_mask",
+    "active_counts",
+    "denominator",
+    "forward_sizes",
+)
 BASE += ("step", "stream_position")
 
 

@@ -1,6 +1,9 @@
 """Trainable state as bytes: the adapter, the reward head and the AdamW state, each serialized
 exactly as the files twinrun writes, so a SHA256 of these bytes is the SHA256 of the file.
 
+The trainer state (`trainer_state.json`, format `twinrun.trainer-state.v1`) says which optimizer
+step a resume state follows: `"step": -1` for an initialization state (`twinrun init-adapter`).
+
 The AdamW state file (`optimizer.safetensors`, format `twinrun.adamw-state.v1`) holds, for the
 i-th trainable parameter, `<i>.step`, `<i>.exp_avg` and `<i>.exp_avg_sq` as torch keeps them,
 and the parameter names in order in its metadata; loading refuses a different parameter list.
@@ -8,14 +11,25 @@ and the parameter names in order in its metadata; loading refuses a different pa
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
-from twinrun.core.errors import DataError
+from twinrun.core.errors import DataError, ModelError
+from twinrun.core.jsonlimits import SMALL, load_json_file
 
 OPTIMIZER_FORMAT = "twinrun.adamw-state.v1"
 HEAD_PARAM = "reward_head.score.weight"
+TRAINER_STATE = "trainer_state.json"
+STATE_FORMAT = "twinrun.trainer-state.v1"
+
+
+class HasAdamState(Protocol):
+    """An optimizer whose per-parameter state is a dict of tensors (`exp_avg`, ...), as torch's
+    AdamW and twinrun's `train.adamw.AdamW` keep it."""
+
+    state: dict[Any, dict[str, Any]]
 
 
 def adapter_bytes(model: torch.nn.Module) -> bytes:
@@ -36,9 +50,7 @@ def head_bytes(weight: torch.Tensor) -> bytes:
     return save({HEAD_KEY: weight.detach().float().cpu().contiguous()}, metadata={"format": "pt"})
 
 
-def optimizer_bytes(
-    params: list[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer
-) -> bytes:
+def optimizer_bytes(params: list[tuple[str, torch.nn.Parameter]], optimizer: HasAdamState) -> bytes:
     from safetensors.torch import save
 
     tensors: dict[str, torch.Tensor] = {}
@@ -54,7 +66,7 @@ def optimizer_bytes(
 def load_optimizer_state(
     data: bytes,
     params: list[tuple[str, torch.nn.Parameter]],
-    optimizer: torch.optim.Optimizer,
+    optimizer: HasAdamState,
     where: str,
 ) -> None:
     """Put a saved AdamW state into a fresh optimizer over the same parameters."""
@@ -76,3 +88,19 @@ def load_optimizer_state(
             optimizer.state[p] = {
                 k: v.to(p.device) if k != "step" else v for k, v in per_param[i].items()
             }
+
+
+def read_trainer_state(adapter_dir: str | Path) -> dict[str, Any]:
+    """trainer_state.json of a resume state; a ModelError when missing or malformed."""
+    path = Path(adapter_dir) / TRAINER_STATE
+    hint = "create the initial state with `twinrun init-adapter`"
+    if not path.is_file():
+        raise ModelError(f"{path} not found: {adapter_dir} is not a resume state", hint)
+    try:
+        state = load_json_file(path, "trainer state", SMALL)
+    except DataError as exc:
+        raise ModelError(exc.message, hint) from None
+    step = state.get("step") if isinstance(state, dict) else None
+    if isinstance(step, bool) or not isinstance(step, int) or step < -1:
+        raise ModelError(f"{path}: 'step' must be an integer >= -1, got {step!r}", hint)
+    return state

@@ -20,7 +20,7 @@ import numpy as np
 from twinrun.core.errors import DataError
 from twinrun.core.jsonlimits import Limits, parse_json
 
-DTYPES = {"I64": np.dtype("<i8"), "F64": np.dtype("<f8"), "U8": np.dtype("u1"),
+DTYPES: dict[str, np.dtype] = {"I64": np.dtype("<i8"), "F64": np.dtype("<f8"), "U8": np.dtype("u1"),
           "F32": np.dtype("<f4")}  # fmt: skip
 MAX_HEADER = 100 * 2**20
 

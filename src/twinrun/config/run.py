@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 from twinrun.config.setting import (
     INT_LIMIT,
@@ -293,6 +293,50 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.inject is None:
             self.inject = []
+
+
+class ValidRun(Protocol):
+    """A `RunConfig` that passed `validate`, as the code that runs it reads it: every setting its
+    objective requires (and wsd's `decay_steps`, per's replay numbers) is given, so these fields
+    read as their declared types without `None`. Read a field only where its objective requires
+    it: `epochs` is given for sft/dpo/reward, `steps` for grpo/text, and so on."""
+
+    model: str
+    examples: str
+    output: str
+    seed: int
+    epochs: int
+    batch_size: int
+    accumulation: int
+    learning_rate: float
+    warmup_steps: int
+    lr_schedule: str
+    lora_rank: int
+    lora_alpha: float
+    precision: str
+    chat_template: str
+    beta: float
+    steps: int
+    corpus: list[str]
+    window: int
+    windows_per_step: int
+    prompts_per_step: int
+    group_size: int
+    max_new_tokens: int
+    temperature: float
+    clip_eps: float
+    advantage_clip: float
+    token_cap: int
+    env: str
+    replay_capacity: int
+    replay_alpha: float
+    replay_beta: float
+    replay_fraction: float
+
+
+def valid(cfg: RunConfig) -> ValidRun:
+    """`cfg` typed as validated (no check here: `validate` has run where the run was opened)."""
+    return cast(ValidRun, cfg)
 
 
 SETTINGS: dict[str, Setting] = settings_of(RunConfig)

@@ -152,7 +152,12 @@ def load_toml(path: str | Path, output: str | None = None) -> TomlRun:
     if output is not None:
         cfg_values["output"] = output
     run = TomlRun(
-        p, trainer, RunConfig(**cfg_values), RunExtras(**values["extras"]), max_steps, set(flat)
+        p,
+        trainer,  # type: ignore[arg-type]  # one of TRAINERS: checked above
+        RunConfig(**cfg_values),
+        RunExtras(**values["extras"]),
+        max_steps,
+        set(flat),
     )
     problems = value_problems(run)
     if problems:

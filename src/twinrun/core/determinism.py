@@ -1,4 +1,4 @@
-"""Strict determinism mode (DESIGN §1): establish, verify, and record as provenance.
+"""Strict determinism mode (docs/determinism.md): establish, verify, and record as provenance.
 
 `establish(strict, threads, device, attention)` runs before any model or CUDA state exists. In
 strict mode it sets
@@ -220,7 +220,7 @@ def set_deterministic_algorithms() -> None:
     torch._C._set_deterministic_algorithms(True, warn_only=False)
     inductor = sys.modules.get("torch._inductor.config")
     if inductor is not None:
-        inductor.deterministic = True
+        setattr(inductor, "deterministic", True)  # noqa: B010 (a module attribute torch sets lazily)
 
 
 def runtime_versions() -> dict[str, str | None]:

@@ -1,4 +1,4 @@
-"""Secret redaction (DESIGN §7) for anything persisted or hashed.
+"""Secret redaction (docs/capture.md, "Secrets") for anything persisted or hashed.
 
 Replaced by "<redacted>":
 - the value of any key that looks secret at any depth: `api_key`, `token`, `password`,

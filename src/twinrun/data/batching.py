@@ -1,4 +1,4 @@
-"""Batching (DESIGN §1): `--batch-size` rows per forward, right-padded, with every padded key
+"""Batching: `--batch-size` rows per forward, right-padded, with every padded key
 masked out of every real query (the model does that from `attention_mask`); `--accumulation`
 forwards per optimizer step. The per-epoch order comes from `stream(seed, "shuffle", epoch)`."""
 

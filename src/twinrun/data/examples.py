@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +33,11 @@ class SourcedRow:
 
     data: dict[str, Any]
     where: str  # "path:line" (JSONL) or "path[index]" (JSON array)
+
+
+def shipped_examples(name: str = "sft.jsonl") -> Path:
+    """The path of an examples file shipped in the package (`twinrun/examples/NAME`)."""
+    return Path(str(resources.files("twinrun") / "examples" / name))
 
 
 def load_rows(path: str | Path, limits: Limits = EXAMPLES) -> list[SourcedRow]:

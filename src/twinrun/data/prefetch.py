@@ -59,7 +59,7 @@ class Prefetcher(Generic[T]):
             raise RuntimeError(f"prefetch out of order: wanted step {step}, got {got}")
         if isinstance(item, BaseException):
             raise item
-        return item  # type: ignore[return-value]
+        return item  # type: ignore[return-value]  # the producer's T: exceptions are raised above
 
     def close(self) -> None:
         self._stop.set()

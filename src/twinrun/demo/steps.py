@@ -10,17 +10,13 @@ import hashlib
 import json
 import sys
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import RunConfig
+from twinrun.data.examples import shipped_examples
 
 QUESTIONS = 64  # the shipped sft.jsonl
-
-
-def shipped_examples(name: str = "sft.jsonl") -> Path:
-    return Path(str(resources.files("twinrun") / "examples" / name))
 
 
 @dataclass(frozen=True)

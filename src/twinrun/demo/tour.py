@@ -25,10 +25,9 @@ from twinrun.demo.steps import (
     compare_answers,
     plant_and_find,
     quick_check,
-    shipped_examples,
 )
 
-__all__ = ["run_demo", "shipped_examples"]
+__all__ = ["run_demo"]
 SEEDS = {"run-a": 1, "run-b": 1, "run-c": 2}
 TOY_INIT_STD = 0.2
 

@@ -1,4 +1,4 @@
-"""First divergence between two diag.jsonl files (`twinrun diff`).
+"""First divergence between two diag.jsonl files (`twinrun diff`; docs/diagnostics.md).
 
 Rows are matched by (phase, step). Two checksums are equal when
 `|a-b| <= abs_tol + rel_tol * max(|a|, |b|)`; NaN equals NaN only; with `bitwise=True` the
@@ -34,6 +34,7 @@ from typing import Any
 
 from twinrun.core.errors import DataError
 from twinrun.diag.recorder import DiagRow, decode_float, iter_lines, parse_row, resolve_diag_path
+from twinrun.diag.tolerance import relative_difference, values_equal
 from twinrun.diag.trace import TraceDivergence, compare_traces, read_trace, trace_path_for
 
 __all__ = [
@@ -144,27 +145,6 @@ def jsonable(x: Any) -> Any:
     if isinstance(x, list | tuple):
         return [jsonable(v) for v in x]
     return x
-
-
-def values_equal(a: float, b: float, rel_tol: float = 1e-5, abs_tol: float = 1e-7) -> bool:
-    """`|a-b| <= abs_tol + rel_tol*max(|a|,|b|)`; NaN equals NaN only; inf equals itself only."""
-    if a == b:
-        return True
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    if math.isinf(a) or math.isinf(b):
-        return False
-    return abs(a - b) <= abs_tol + rel_tol * max(abs(a), abs(b))
-
-
-def relative_difference(a: float, b: float) -> float:
-    """|a-b| / max(|a|,|b|): 0 when equal (NaN and NaN too), inf for NaN or inf against
-    anything else."""
-    if a == b or (math.isnan(a) and math.isnan(b)):
-        return 0.0
-    if math.isnan(a) or math.isnan(b) or math.isinf(a) or math.isinf(b):
-        return math.inf
-    return abs(a - b) / max(abs(a), abs(b))
 
 
 class _Comparer:
@@ -355,7 +335,8 @@ def compare(
                 st.note_phase(row, st.phase_b)
                 st.identical(row)
                 continue
-            ra, rb = row, DiagRow(row.phase, row.step, row.checks, row.digs, lb[0])
+            ra: DiagRow | None = row
+            rb: DiagRow | None = DiagRow(row.phase, row.step, row.checks, row.digs, lb[0])
         else:
             ra = None if la is None else parse_row(la[1], pa, la[0])
             rb = None if lb is None else parse_row(lb[1], pb, lb[0])
@@ -458,7 +439,7 @@ def format_number(x: float | None) -> str:
 
 
 def divergence_line(first: Divergence) -> str:
-    """The `FIRST_DIVERGENCE: ...` line of DESIGN §4 (phase added when it is not train)."""
+    """The `FIRST_DIVERGENCE: ...` line `twinrun diff` prints (phase added when it is not train)."""
     leaf = first.leaf if first.leaf is not None else "*"
     if first.kind == "missing_row":
         a = "missing" if first.missing_in == "A" else "row"

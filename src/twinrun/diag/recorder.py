@@ -1,4 +1,4 @@
-"""The diag.jsonl recorder (format `twinrun.diag.v1`).
+"""The diag.jsonl recorder (format `twinrun.diag.v1`, docs/diagnostics.md).
 
 One JSON object per line, appended and flushed as each step is committed (the file is a log,
 never rewritten):

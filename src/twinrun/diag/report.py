@@ -52,7 +52,7 @@ def write_report(
         all_nan = np.isnan(r).all(axis=1)
         rel = np.where(all_nan, np.nan, np.nanmax(np.where(np.isnan(r), -1.0, r), axis=1))
         d = np.pad(div, ((0, pad), (0, 0))).reshape(-1, k, div.shape[1])
-        div = d.any(axis=1)
+        div = np.asarray(d.any(axis=1))
     with np.errstate(divide="ignore", invalid="ignore"):
         img = np.log10(np.clip(rel, FLOOR, None))
     img[np.isinf(rel)] = 1.0  # missing leaf or row: above the colour scale

@@ -324,7 +324,7 @@ class TraceDivergence:
 
 
 def _same(a: float | None, b: float | None, rel_tol: float, abs_tol: float, exact: bool) -> bool:
-    from twinrun.diag.compare import values_equal
+    from twinrun.diag.tolerance import values_equal
 
     if a is None or b is None:
         return a is None and b is None
@@ -353,7 +353,7 @@ def compare_traces(
     divergence; otherwise the checksums are compared with the tolerances (`exact`: bit for bit).
     When nothing differs beyond the tolerances but some checksum differs at all, the first such
     entry is returned with `within_tol=True`."""
-    from twinrun.diag.compare import relative_difference
+    from twinrun.diag.tolerance import relative_difference
 
     first_exact: TraceDivergence | None = None
     seen: set[str] = set()

@@ -41,7 +41,7 @@ def common(model: Path, out: Path, objective: str, **more: Any) -> RunConfig:
 
 
 def write_inputs(root: Path) -> dict[str, Path]:
-    from twinrun.demo.tour import shipped_examples
+    from twinrun.data.examples import shipped_examples
 
     files = {}
     for name, n in (("sft.jsonl", 8), ("pairs.jsonl", 4), ("arith.jsonl", 4)):
@@ -156,7 +156,7 @@ def inference_items(
     from twinrun.infer.evaluate import EvalConfig, run_evaluate
     from twinrun.infer.extract import ExtractConfig, run_extract
 
-    shared = {"model": str(model), "adapter": str(adapter), "chat_template": "on",
+    shared: dict[str, Any] = {"model": str(model), "adapter": str(adapter), "chat_template": "on",
               "precision": "f32", "device": device, "threads": 1}  # fmt: skip
     report = run_evaluate(
         EvalConfig(

@@ -1,4 +1,4 @@
-"""The determinism harness behind `twinrun check` (DESIGN §1 item 4, posttrainllm's C9 harness).
+"""The determinism harness behind `twinrun check` (docs/determinism.md).
 
 A training command containing the placeholders `{seed}` and `{out}` is run three times as a real
 subprocess: twice at seed S (runs "a" and "b") and once at seed T (run "c"), each writing into
@@ -30,7 +30,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +52,7 @@ from twinrun.harness.metrics import (
     read_metrics,
     step0,
 )
+from twinrun.harness.plan import PlannedRun, RunResult
 
 __all__ = [
     "DEFAULT_SEEDS",
@@ -105,25 +105,6 @@ class RunFailed(TwinrunError):
 
 
 # ----------------------------------------------------------------------------- the run plan
-
-
-@dataclass(frozen=True)
-class PlannedRun:
-    """One subprocess of the plan: `label` is "seed-S-a", "seed-S-b" or "seed-T"."""
-
-    label: str
-    seed: int
-    out: Path
-    argv: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class RunResult:
-    run: PlannedRun
-    returncode: int
-    wall_s: float
-    stdout_log: Path
-    stderr_log: Path
 
 
 def parse_seeds(text: str) -> tuple[int, int]:

@@ -10,12 +10,12 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from twinrun.diag.compare import CompareResult, Divergence, compare, divergence_line, jsonable
 
 if TYPE_CHECKING:
-    from twinrun.harness import RunResult
+    from twinrun.harness.plan import RunResult
 
 from twinrun.core.errors import ConfigError, DataError
 from twinrun.core.redact import redact_argv
@@ -66,7 +66,7 @@ def _comparable(row: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if k != "step" and not is_ignored_metric(k)}
 
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: Any) -> TypeGuard[int | float]:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
@@ -186,7 +186,7 @@ def compare_same_seed(
     A step or a metric only one run has diverges by inf; a non-numeric value (a string such as
     a sha256) counts only for bit-exactness."""
     sa, sb = _by_step(rows_a), _by_step(rows_b)
-    best = (0.0, None, None, None, None)  # (delta, metric, step, a, b)
+    best: tuple[float, str | None, int | None, Any, Any] = (0.0, None, None, None, None)
     compared = differing = 0
     first_diff: tuple[int, str] | None = None
     missing: list[str] = []

@@ -55,7 +55,7 @@ class EvalConfig:
         )
         if problems:
             raise ConfigError("; ".join(problems))
-        out = Path(self.output)  # type: ignore[arg-type]
+        out = Path(self.output)  # type: ignore[arg-type]  # validate() requires it
         if out.exists() and not self.overwrite:
             raise OutputError(f"report {out} exists", "choose another --output or pass --overwrite")
 
@@ -69,10 +69,10 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
     from twinrun.model.tokens import load_tokenizer
 
     cfg.validate()
-    model_dir = Path(cfg.model)  # type: ignore[arg-type]
+    model_dir = Path(cfg.model)  # type: ignore[arg-type]  # validate() requires it
     max_len = resolve_max_length(None, read_config(model_dir))
     tok = load_tokenizer(model_dir)
-    raw = load_rows(cfg.examples)  # type: ignore[arg-type]
+    raw = load_rows(cfg.examples)  # type: ignore[arg-type]  # validate() requires it
     pairwise = all("chosen" in r.data for r in raw)
     if pairwise:
         from twinrun.data.pairs import encode_pairs
@@ -87,7 +87,7 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
     provenance = establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
     model = build_model(
         model_dir,
-        precision=cfg.precision,
+        precision=cfg.precision,  # type: ignore[arg-type]  # validate() requires it
         device=cfg.device,
         adapter=cfg.adapter,
         batch_invariant=cfg.batch_invariant,
@@ -206,11 +206,11 @@ def write_report(
         "adapter_sha256": (
             sha256_file(Path(cfg.adapter) / "adapter_model.safetensors") if cfg.adapter else None
         ),
-        "data_sha256": sha256_file(cfg.examples),  # type: ignore[arg-type]
+        "data_sha256": sha256_file(cfg.examples),  # type: ignore[arg-type]  # validate() requires it
         "determinism": provenance,
         "runtime": runtime_versions(),
     }
-    atomic_write_json(cfg.output, report)  # type: ignore[arg-type]
+    atomic_write_json(cfg.output, report)  # type: ignore[arg-type]  # validate() requires it
     return report
 
 

@@ -64,7 +64,7 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
     from twinrun.model.tokens import load_tokenizer
 
     cfg.validate()
-    model_dir = Path(cfg.model)  # type: ignore[arg-type]
+    model_dir = Path(cfg.model)  # type: ignore[arg-type]  # validate() requires it
     model_config = read_config(model_dir)
     tok = load_tokenizer(model_dir)
     messages = [{"role": "user", "content": str(cfg.prompt)}]
@@ -77,11 +77,11 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
             f"use --max-new-tokens {max(positions - len(prompt_ids), 0)} or less",
         )
     establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
-    model = build_model(model_dir, precision=cfg.precision, device=cfg.device, adapter=cfg.adapter)
+    model = build_model(model_dir, precision=cfg.precision, device=cfg.device, adapter=cfg.adapter)  # type: ignore[arg-type]  # validate() requires it
     if cfg.steer is not None:
         from twinrun.infer.steering import attach_steering
 
-        attach_steering(model, cfg.steer, cfg.steer_scale)  # type: ignore[arg-type]
+        attach_steering(model, cfg.steer, cfg.steer_scale)  # type: ignore[arg-type]  # validate() requires it
     seed = cfg.seed
     assert seed is not None
 
@@ -90,7 +90,12 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
 
     with torch.no_grad():
         result = generate_tokens(
-            model, prompt_ids, cfg.max_new_tokens, cfg.temperature, draw=draw, end_ids=tok.end_ids
+            model,
+            prompt_ids,
+            cfg.max_new_tokens,  # type: ignore[arg-type]  # validate() requires it
+            cfg.temperature,  # type: ignore[arg-type]  # validate() requires it
+            draw=draw,
+            end_ids=tok.end_ids,
         )
     tokens = list(result.tokens)
     return {"prompt_tokens": prompt_ids, "tokens": tokens, "text": tok.decode(tokens)}

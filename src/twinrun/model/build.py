@@ -42,15 +42,10 @@ from torch import nn
 
 from twinrun.core.errors import ModelError
 from twinrun.model.loading import read_model_config, weight_files
+from twinrun.model.output import ModelOutput
 
 PRECISIONS = {"f32": torch.float32, "bf16": torch.bfloat16}
 ATTENTIONS = ("eager", "sdpa")
-
-
-@dataclass
-class ModelOutput:
-    logits: torch.Tensor  # [B, T, V] float32
-    hidden: torch.Tensor | None = None  # [B, T, H], when `hidden_layer` was asked
 
 
 class CausalLM:
@@ -126,8 +121,8 @@ class CausalLM:
     def parameters(self) -> Iterator[nn.Parameter]:
         return self.hf.parameters()
 
-    def get_submodule(self, name: str) -> nn.Module:
-        return self.hf.get_submodule(name)
+    def get_submodule(self, target: str) -> nn.Module:
+        return self.hf.get_submodule(target)
 
     @property
     def training(self) -> bool:
@@ -327,7 +322,8 @@ def load_causal_lm(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         with _quiet_transformers():
-            hf, info = AutoModelForCausalLM.from_pretrained(
+            # transformers' annotation does not describe output_loading_info=True: a pair
+            loaded: Any = AutoModelForCausalLM.from_pretrained(
                 str(root),
                 dtype=PRECISIONS[precision],
                 attn_implementation=attention,
@@ -335,6 +331,7 @@ def load_causal_lm(
                 local_files_only=True,
                 output_loading_info=True,
             )
+        hf, info = loaded
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(

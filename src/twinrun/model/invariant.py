@@ -31,16 +31,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from twinrun.model.output import ModelOutput, RowModel
 from twinrun.objectives.sft import BATCH_INVARIANT_TAG
-
-if TYPE_CHECKING:
-    from twinrun.model.build import CausalLM, ModelOutput
 
 Trainable = list[tuple[nn.Module, str, nn.Parameter]]
 
@@ -105,7 +103,7 @@ class RowAliases(torch.autograd.Function):
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[None, None, None]:
         n = len(ctx.leaves)
         if not _Pending.queued:
-            torch.autograd.Variable._execution_engine.queue_callback(_flush)  # type: ignore[attr-defined]
+            torch.autograd.Variable._execution_engine.queue_callback(_flush)
             _Pending.queued = True
         for row in range(ctx.rows):
             _Pending.entries.append((row, ctx.order, ctx.leaves, grads[row * n : (row + 1) * n]))
@@ -133,7 +131,7 @@ def real_lengths(attention_mask: torch.Tensor | None, b: int, t: int) -> list[in
     return out
 
 
-def trainable_parameters(model: nn.Module) -> Trainable:
+def trainable_parameters(model: nn.Module | RowModel) -> Trainable:
     """(module, name, parameter) for every parameter that requires grad, in module order."""
     return [
         (mod, name, p)
@@ -150,7 +148,7 @@ def swapped(trainable: Trainable, aliases: tuple[torch.Tensor, ...]) -> Iterator
         yield
         return
     for (mod, name, _), alias in zip(trainable, aliases, strict=True):
-        mod._parameters[name] = alias  # type: ignore[assignment]
+        mod._parameters[name] = alias  # type: ignore[assignment]  # a tensor alias of the parameter
     try:
         yield
     finally:
@@ -159,15 +157,13 @@ def swapped(trainable: Trainable, aliases: tuple[torch.Tensor, ...]) -> Iterator
 
 
 def run_rows(
-    model: CausalLM,
+    model: RowModel,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None,
     hidden_layer: int | None,
     steer: tuple[int, torch.Tensor] | None,
 ) -> ModelOutput:
     """Every row alone at its real length (`model.run_batch`), results right-padded with 0."""
-    from twinrun.model.build import ModelOutput
-
     b, t = input_ids.shape
     lengths = real_lengths(attention_mask, b, t)
     trainable = trainable_parameters(model) if torch.is_grad_enabled() else []

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from twinrun.core.errors import ModelError
+from twinrun.model.output import ModuleTree
 from twinrun.model.targets import ALL_LINEAR, DEFAULT_TARGETS, default_targets
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -80,17 +81,17 @@ class LoRALinear(nn.Module):
         return f"rank={self.rank}, alpha={self.alpha}, scaling={self.scaling}"
 
 
-def lora_modules(model: nn.Module) -> list[tuple[str, LoRALinear]]:
+def lora_modules(model: ModuleTree) -> list[tuple[str, LoRALinear]]:
     """(module name, LoRALinear) in module order."""
     return [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear)]
 
 
-def lora_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+def lora_parameters(model: ModuleTree) -> list[tuple[str, nn.Parameter]]:
     """LoRA parameters in a stable order: module order, A then B (names as in the model)."""
     out: list[tuple[str, nn.Parameter]] = []
     for name, mod in lora_modules(model):
-        out.append((f"{name}.lora_A.weight", mod.lora_A.weight))
-        out.append((f"{name}.lora_B.weight", mod.lora_B.weight))
+        out.append((f"{name}.lora_A.weight", mod.lora_A.weight))  # type: ignore[arg-type]  # nn.Linear declares weight a Tensor; it is a Parameter
+        out.append((f"{name}.lora_B.weight", mod.lora_B.weight))  # type: ignore[arg-type]  # nn.Linear declares weight a Tensor; it is a Parameter
     return out
 
 
@@ -121,7 +122,7 @@ def _linear_modules(model: Any) -> list[tuple[str, nn.Linear]]:
     ]
 
 
-def _targets(model: nn.Module, targets: Iterable[str]) -> list[tuple[str, nn.Linear]]:
+def _targets(model: ModuleTree, targets: Iterable[str]) -> list[tuple[str, nn.Linear]]:
     wanted = {targets} if isinstance(targets, str) else set(targets)
     if not wanted:
         raise ModelError("no LoRA target modules given", "name e.g. q_proj, v_proj")
@@ -139,7 +140,7 @@ def _targets(model: nn.Module, targets: Iterable[str]) -> list[tuple[str, nn.Lin
 
 
 def _wrap(
-    model: nn.Module, rank: int, alpha: float, targets: Iterable[str], use_rslora: bool = False
+    model: ModuleTree, rank: int, alpha: float, targets: Iterable[str], use_rslora: bool = False
 ) -> list[tuple[str, LoRALinear]]:
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise ModelError(f"LoRA rank must be a positive integer, got {rank!r}", "--lora-rank N")
@@ -156,7 +157,7 @@ def _wrap(
 
 
 def apply_lora(
-    model: nn.Module,
+    model: ModuleTree,
     rank: int,
     alpha: float,
     seed: int,
@@ -178,7 +179,7 @@ def apply_lora(
 
 
 def lora_state_dict(
-    model: nn.Module, dtype: torch.dtype = torch.float32
+    model: ModuleTree, dtype: torch.dtype = torch.float32
 ) -> dict[str, torch.Tensor]:
     """The adapter tensors under PEFT's saved keys (sorted), detached CPU copies."""
     out = {
@@ -231,7 +232,7 @@ def adapter_targets(model: Any) -> list[str]:
     return _model_lora_shape(model)[2]
 
 
-def _model_lora_shape(model: nn.Module) -> tuple[int, float, list[str]]:
+def _model_lora_shape(model: ModuleTree) -> tuple[int, float, list[str]]:
     mods = lora_modules(model)
     if not mods:
         raise ModelError("the model has no LoRA layers", "call apply_lora or load_adapter first")
@@ -243,7 +244,7 @@ def _model_lora_shape(model: nn.Module) -> tuple[int, float, list[str]]:
 
 
 def save_adapter(
-    model: nn.Module,
+    model: ModuleTree,
     out_dir: str | os.PathLike[str],
     base_model_path: str,
     rank: int | None = None,
@@ -318,7 +319,7 @@ def read_adapter_config(adapter_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return cfg
 
 
-def load_adapter(model: nn.Module, adapter_dir: str | os.PathLike[str]) -> dict[str, Any]:
+def load_adapter(model: ModuleTree, adapter_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Wrap the model's target modules and load the saved LoRA weights; returns the config."""
     from safetensors.torch import load_file
 
@@ -361,7 +362,7 @@ def load_adapter(model: nn.Module, adapter_dir: str | os.PathLike[str]) -> dict[
     return cfg
 
 
-def _unwrap(model: nn.Module, wrapped: list[tuple[str, LoRALinear]]) -> None:
+def _unwrap(model: ModuleTree, wrapped: list[tuple[str, LoRALinear]]) -> None:
     for name, lora in wrapped:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -369,7 +370,7 @@ def _unwrap(model: nn.Module, wrapped: list[tuple[str, LoRALinear]]) -> None:
 
 
 @contextlib.contextmanager
-def lora_disabled(model: nn.Module) -> Iterator[None]:
+def lora_disabled(model: ModuleTree) -> Iterator[None]:
     """Inside the block every LoRA layer skips its delta (the base model, e.g. DPO's reference)."""
     mods = [m for _, m in lora_modules(model)]
     before = [m.disabled for m in mods]

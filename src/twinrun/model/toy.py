@@ -230,7 +230,7 @@ def _write_into(
         initializer_range=init_std,
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,
-        rope_theta=10000.0,
+        rope_theta=10000.0,  # type: ignore[call-arg]  # a LlamaConfig kwarg its stub omits
         attention_bias=False,
         mlp_bias=False,
         bos_token_id=BOS_ID,

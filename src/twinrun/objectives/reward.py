@@ -1,7 +1,7 @@
 """Reward modelling: last-token pooling and the Bradley-Terry pairwise loss (pure maths, no head).
 
 The reward model scores a sequence by a scalar linear head on the hidden state of its last real
-token. With right padding (DESIGN §1) and attention mask a_t (1 on real tokens, then 0s):
+token. With right padding (docs/batching.md) and attention mask a_t (1 on real tokens, then 0s):
 
     last(row)  = sum_t a_t - 1                   (index of the last real token)
     pooled     = hidden[row, last(row), :]       ([H]; a gather, so exact and batch-independent)

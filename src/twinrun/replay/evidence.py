@@ -1,4 +1,4 @@
-"""`twinrun evidence SOURCE REPLAY...`: what a capture and its replays prove (DESIGN §5).
+"""`twinrun evidence SOURCE REPLAY...`: what a capture and its replays prove (docs/capture.md).
 
 - **Gate A — exact-input systems claim** (the admission gate for runtime and memory
   comparisons): every run reports the same logical and effective-rows digests and the same
@@ -383,7 +383,7 @@ def evaluate(source: Path, replays: list[Path], require: list[str]) -> dict[str,
     """The evidence report; `exit` is 0 when the required gates pass, else 1."""
     src, reps = load_runs(source, replays)
     gates = {"A": gate_a(src, reps), "B": gate_b(src, reps)}
-    report = {
+    report: dict[str, Any] = {
         "source": str(src.path),
         "replays": [{"name": r.name, "path": str(r.path), "condition": r.condition} for r in reps],
         "gates": {g: {"ok": all(c["ok"] for c in cs), "criteria": cs} for g, cs in gates.items()},

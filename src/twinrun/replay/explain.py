@@ -38,7 +38,7 @@ def explain_config(path: str | Path) -> dict[str, Any]:
     else:
         checks = [Check("config", "pass", f"{run.trainer}: keys and values valid")]
         checks.append(run_preflight(run))
-        from twinrun.dispatch.toml_runs import source_problems
+        from twinrun.capture.source import source_problems
 
         try:
             problems = source_problems(run)
@@ -86,7 +86,7 @@ def run_preflight(run: Any) -> Check:
             env = make_environment(cfg.env or "", cfg.env_args or {})
             validated_rows(env, cfg.env or "", rows, cfg.seed)
         if cfg.init_adapter is not None:
-            from twinrun.train.init_adapter import read_trainer_state
+            from twinrun.capture.state import read_trainer_state
 
             read_trainer_state(cfg.init_adapter)
     except TwinrunError as exc:

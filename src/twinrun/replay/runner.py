@@ -20,23 +20,24 @@ from typing import Any
 
 import torch
 
+from twinrun.capture.batch import OptimizerBatch
 from twinrun.capture.checks import Verified, run_checks
 from twinrun.capture.digests import effective_rows_sha256, logical_sha256, padding_fraction
 from twinrun.capture.payload import BatchArrays
+from twinrun.capture.source import FINAL, RESOLVED
 from twinrun.capture.state import HEAD_PARAM, load_optimizer_state
+from twinrun.config.run import valid
+from twinrun.config.schedule import lr_at
 from twinrun.config.toml import TomlRun, resolved_tree
 from twinrun.core.determinism import establish, runtime_versions
 from twinrun.core.digest import sha256_file
 from twinrun.core.errors import ConfigError, ContractError
 from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.core.rng import float_bits, restore_torch_rng
-from twinrun.dispatch.toml_runs import FINAL, RESOLVED
-from twinrun.train.batch import OptimizerBatch
 from twinrun.train.hooks.capture import SKIPPED
 from twinrun.train.hooks.timing import TimingHook, peak_memory
 from twinrun.train.loop import Hook, Loop, StepContext, StepForwards, make_optimizer
 from twinrun.train.outputs import begin_output_dir
-from twinrun.train.schedule import lr_at
 
 
 @dataclass
@@ -113,17 +114,17 @@ def replay(run: TomlRun) -> dict[str, Any]:
     built = build(v)
     optimizer = make_optimizer(
         built.params,
-        cfg.learning_rate,
+        valid(cfg).learning_rate,
         cfg.adam_betas,
         cfg.adam_eps,
-        cfg.weight_decay,  # type: ignore[arg-type]
+        cfg.weight_decay,
     )
     if "optimizer" in v.state_bytes:  # the AdamW state a step inside a run started from
         load_optimizer_state(
             v.state_bytes["optimizer"], built.params, optimizer, str(cfg.init_adapter)
         )
     check_schedule(v)
-    out = Path(cfg.output)  # type: ignore[arg-type]
+    out = Path(valid(cfg).output)
     begin_output_dir(out, False)
     row = replay_step(v, built, optimizer, out)
     final_sha = save_final(out / FINAL, built.model, built.head, cfg)
@@ -142,10 +143,10 @@ def build(v: Verified) -> Built:
 
     cfg = v.run.cfg
     provenance = establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
-    provenance["torch_seed"] = seed_torch(cfg.seed)  # type: ignore[arg-type]
-    model_dir = Path(cfg.model)  # type: ignore[arg-type]
+    provenance["torch_seed"] = seed_torch(valid(cfg).seed)
+    model_dir = Path(valid(cfg).model)
     tok = load_tokenizer(model_dir)
-    adapter = read_adapter_config(cfg.init_adapter)  # type: ignore[arg-type]
+    adapter = read_adapter_config(cfg.init_adapter)  # type: ignore[arg-type]  # a replay config has it
     if adapter["r"] != cfg.lora_rank or float(adapter["lora_alpha"]) != cfg.lora_alpha:
         raise ConfigError(
             f"adapter {cfg.init_adapter} is rank {adapter['r']} alpha "
@@ -155,7 +156,7 @@ def build(v: Verified) -> Built:
         )
     model = build_model(
         model_dir,
-        precision=cfg.precision,  # type: ignore[arg-type]
+        precision=valid(cfg).precision,
         device=cfg.device,
         adapter=cfg.init_adapter,
         batch_invariant=cfg.batch_invariant,
@@ -174,11 +175,11 @@ def check_schedule(v: Verified) -> None:
     step, total = m["step"], m["schedule"]["total_steps"]
     lr = lr_at(
         step,
-        cfg.learning_rate,
-        cfg.warmup_steps,
+        valid(cfg).learning_rate,
+        valid(cfg).warmup_steps,
         total,
-        cfg.lr_schedule,
-        cfg.decay_steps,  # type: ignore[arg-type]
+        valid(cfg).lr_schedule,
+        cfg.decay_steps,
     )
     if float_bits(lr) != m["schedule"].get("lr_bits", float_bits(float(m["schedule"]["lr"]))):
         raise ContractError(
@@ -201,11 +202,11 @@ def replay_step(v: Verified, built: Built, optimizer: Any, out: Path) -> dict[st
     loop = Loop(
         params=built.params,
         optimizer=optimizer,
-        base_lr=cfg.learning_rate,  # type: ignore[arg-type]
-        warmup_steps=cfg.warmup_steps,  # type: ignore[arg-type]
+        base_lr=valid(cfg).learning_rate,
+        warmup_steps=valid(cfg).warmup_steps,
         total_steps=m["schedule"]["total_steps"],
         hooks=hooks,
-        schedule=cfg.lr_schedule,  # type: ignore[arg-type]
+        schedule=valid(cfg).lr_schedule,
         decay_steps=cfg.decay_steps,
     )
     session = ReplaySession(cfg, built.tok, built.model)
@@ -229,7 +230,7 @@ def build_head(v: Verified, model: Any) -> Any:
 
     pin = v.manifest["initial_state"]["reward_head"]
     cfg = v.run.cfg
-    head = new_reward_head(model.hidden_size, cfg.seed)  # type: ignore[arg-type]
+    head = new_reward_head(model.hidden_size, valid(cfg).seed)
     if pin is None or pin.get("from") != "seed":
         if "reward_head" not in v.state_bytes:
             raise ContractError("the capture pins no reward head", "re-capture the step")

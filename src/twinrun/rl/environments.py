@@ -1,4 +1,4 @@
-"""GRPO environments (DESIGN §5 "Environments"): what the model sees and how it is scored.
+"""GRPO environments (docs/training.md): what the model sees and how it is scored.
 
 An environment has two methods:
 
@@ -16,7 +16,7 @@ Built in:
 Plugins: `--env module.path:factory` imports the module and calls `factory(**args)`. Every way a
 plugin can fail (import, missing attribute, factory raising, object without prompt/reward, a
 reward that is not a finite float) is an `EnvironmentPluginError` (a `ConfigError`) whose one line
-names the plugin. Argument values are never echoed (they may hold secrets, DESIGN §7).
+names the plugin. Argument values are never echoed (they may hold secrets).
 
 `observation_fault(prompt)` is the `--inject observation@STEP` hook: it prepends the same kind of
 timestamp to any observation. This module does not import torch.
@@ -191,7 +191,7 @@ def make_environment(name: str, args: Mapping[str, Any] | None = None) -> Enviro
             "check [environment.args] / --env-arg against the factory's parameters",
         ) from exc
     _check_methods(env, name)
-    return env  # type: ignore[no-any-return]
+    return env
 
 
 def checked_prompt(env: Environment, name: str, row: dict[str, Any], rng: Stream) -> str:

@@ -159,7 +159,7 @@ class PrioritizedReplay(Generic[T]):
     def item(self, slot: int) -> T:
         if not 0 <= slot < self._size:
             raise IndexError(f"slot {slot} holds no item (buffer has {self._size})")
-        return self._items[slot]  # type: ignore[return-value]
+        return self._items[slot]  # type: ignore[return-value]  # slots below _size are filled
 
     def probabilities(self) -> list[float]:
         """P(i) = p_i / total for every stored slot, in slot order."""
@@ -202,7 +202,7 @@ class PrioritizedReplay(Generic[T]):
                 raise ValueError(f"draw {i}: uniform must be in [0, 1), got {u}")
             slot = self.tree.find(u * total)
             weight = (p_min / self.tree.get(slot)) ** self.beta
-            out.append((slot, self._items[slot], weight))  # type: ignore[arg-type]
+            out.append((slot, self._items[slot], weight))  # type: ignore[arg-type]  # a drawn slot is filled
         return out
 
     def priorities(self) -> list[float]:

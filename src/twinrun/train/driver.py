@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from twinrun.config.run import valid
+from twinrun.config.schedule import check_schedule
 from twinrun.core.fileio import atomic_write_text
 from twinrun.core.progress import Progress
 from twinrun.train import distributed
@@ -20,7 +22,6 @@ from twinrun.train.hooks.faults import FaultHook
 from twinrun.train.hooks.nonfinite import NonFiniteHook
 from twinrun.train.hooks.spike import SpikeHook
 from twinrun.train.loop import Hook, Loop, Recipe, make_optimizer
-from twinrun.train.schedule import check_schedule
 from twinrun.train.session import Session
 
 LOGS = ("diag.jsonl", "trace.jsonl")
@@ -33,7 +34,7 @@ def make_loop(
 ) -> Loop:
     """The loop of this run and its hooks, in the order they run at each point."""
     cfg = s.cfg
-    check_schedule(cfg.warmup_steps, total_steps, cfg.lr_schedule, cfg.decay_steps)  # type: ignore[arg-type]
+    check_schedule(valid(cfg).warmup_steps, total_steps, valid(cfg).lr_schedule, cfg.decay_steps)
     progress = Progress(total_steps, f"{cfg.objective} step", quiet=cfg.quiet)
     checkpointer = Checkpointer(s.out, s.shaping(), objective)
     root = distributed.is_root()
@@ -65,20 +66,21 @@ def make_loop(
     if s.eval_rows:  # before checkpoints: a checkpoint's metrics hold the eval numbers
         from twinrun.train.hooks.evaluation import EvaluationHook
 
-        hooks.append(EvaluationHook(s, s.eval_rows, int(cfg.eval_every), recorder))  # type: ignore[arg-type]
+        every = int(cfg.eval_every)  # type: ignore[arg-type]  # given with eval_examples
+        hooks.append(EvaluationHook(s, s.eval_rows, every, recorder))
     if cfg.checkpoint_every:
         hooks.append(CheckpointHook(checkpointer, cfg.checkpoint_every))
     optimizer = make_optimizer(
-        s.params, cfg.learning_rate, cfg.adam_betas, cfg.adam_eps, cfg.weight_decay
+        s.params, valid(cfg).learning_rate, cfg.adam_betas, cfg.adam_eps, cfg.weight_decay
     )
     return Loop(
         params=s.params,
         optimizer=optimizer,
-        base_lr=cfg.learning_rate,
-        warmup_steps=cfg.warmup_steps,
+        base_lr=valid(cfg).learning_rate,
+        warmup_steps=valid(cfg).warmup_steps,
         total_steps=total_steps,
         hooks=hooks,
-        schedule=cfg.lr_schedule,  # type: ignore[arg-type]
+        schedule=valid(cfg).lr_schedule,
         decay_steps=cfg.decay_steps,
         stop_after=cfg.stop_after,
         progress=progress,

@@ -12,12 +12,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from twinrun.core.errors import ConfigError, DataError, ModelError
+from twinrun.capture.state import STATE_FORMAT, TRAINER_STATE
+from twinrun.core.errors import ConfigError
 from twinrun.core.fileio import atomic_write_json
-from twinrun.core.jsonlimits import SMALL, load_json_file
-
-TRAINER_STATE = "trainer_state.json"
-STATE_FORMAT = "twinrun.trainer-state.v1"
 
 
 def init_adapter(
@@ -74,19 +71,3 @@ def _write(path: Path, base: Any, model: str, seed: int, rank: int, alpha: float
             "adapter_sha256": sha256_file(path / "adapter_model.safetensors"),
         },
     )
-
-
-def read_trainer_state(adapter_dir: str | Path) -> dict[str, Any]:
-    """trainer_state.json of a resume state; a ModelError when missing or malformed."""
-    path = Path(adapter_dir) / TRAINER_STATE
-    hint = "create the initial state with `twinrun init-adapter`"
-    if not path.is_file():
-        raise ModelError(f"{path} not found: {adapter_dir} is not a resume state", hint)
-    try:
-        state = load_json_file(path, "trainer state", SMALL)
-    except DataError as exc:
-        raise ModelError(exc.message, hint) from None
-    step = state.get("step") if isinstance(state, dict) else None
-    if isinstance(step, bool) or not isinstance(step, int) or step < -1:
-        raise ModelError(f"{path}: 'step' must be an integer >= -1, got {step!r}", hint)
-    return state

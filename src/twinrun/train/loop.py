@@ -36,10 +36,10 @@ from typing import Any, Protocol
 
 import torch
 
+from twinrun.config.schedule import lr_at
 from twinrun.core.progress import Progress
 from twinrun.data.prefetch import Prefetcher
 from twinrun.train.adamw import AdamW
-from twinrun.train.schedule import lr_at
 
 Params = list[tuple[str, torch.nn.Parameter]]
 Grads = list[torch.Tensor | None]
@@ -66,7 +66,7 @@ class StepOutcome:
     rows: int
     leaves: dict[str, Any] = field(default_factory=dict)  # data leaves before the forwards
     metrics: dict[str, Any] = field(default_factory=dict)  # objective-specific metrics
-    batch: Any = None  # the OptimizerBatch (train/batch.py), for capture and replay
+    batch: Any = None  # the OptimizerBatch (capture/batch.py), for capture and replay
     on_commit: Any = None  # a callable run once the step's update is applied
 
 

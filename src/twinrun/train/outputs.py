@@ -1,4 +1,4 @@
-"""Run directories: refuse to clobber, then write the artifacts of DESIGN §4 atomically —
+"""Run directories: refuse to clobber, then write a run's artifacts atomically —
 `adapter_model.safetensors`, `adapter_config.json`, `metrics.jsonl`, `twinrun.json`."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from twinrun.config.run import RunConfig, shaping_numbers
+from twinrun.config.run import RunConfig, shaping_numbers, valid
 from twinrun.core.digest import sha256_dir, sha256_files
 from twinrun.core.errors import ConfigError, DataError
 from twinrun.core.fileio import atomic_write_json
@@ -37,7 +37,7 @@ def run_inputs(
 ) -> dict[str, Any]:
     """What shapes the run's bytes, as recorded and as compared on resume (`data_sha256`: the
     examples file's or the text corpus's; `eval_sha256`: the evaluation examples')."""
-    model = Path(cfg.model)  # type: ignore[arg-type]
+    model = Path(valid(cfg).model)
     tok_files = sorted({p for pat in TOKENIZER_FILES for p in model.glob(pat) if p.is_file()})
     return {
         "format": INPUTS_FORMAT,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from twinrun.config.run import RunConfig, shaping_numbers, validate
+from twinrun.config.run import RunConfig, shaping_numbers, valid, validate
 from twinrun.config.values import resolve_max_length
 from twinrun.core.digest import sha256_file
 from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
@@ -76,7 +76,7 @@ class Session:
 
 def read_examples(cfg: RunConfig) -> tuple[list[SourcedRow], str]:
     """The rows of `--examples` and the file's SHA256."""
-    return load_rows(cfg.examples), sha256_file(cfg.examples)  # type: ignore[arg-type]
+    return load_rows(valid(cfg).examples), sha256_file(valid(cfg).examples)
 
 
 def open_session(
@@ -104,7 +104,7 @@ def open_session(
     validate(cfg)
     faults = parse_faults(cfg.inject, cfg.objective)
     # the second writer stops here; under torchrun only rank 0 writes, so only it locks
-    lock = acquire(cfg.output) if distributed.is_root() else None  # type: ignore[arg-type]
+    lock = acquire(valid(cfg).output) if distributed.is_root() else None
     try:
         return _open_locked(cfg, encode, read, faults, lock)
     except BaseException:
@@ -121,9 +121,9 @@ def _open_locked(
     lock: Path | None,
 ) -> tuple[Session, list[Any]]:
     if not cfg.resume:
-        check_output_dir(cfg.output, cfg.overwrite)  # type: ignore[arg-type]
-    out = Path(cfg.output)  # type: ignore[arg-type]
-    model_dir = Path(cfg.model)  # type: ignore[arg-type]
+        check_output_dir(valid(cfg).output, cfg.overwrite)
+    out = Path(valid(cfg).output)
+    model_dir = Path(valid(cfg).model)
     from twinrun.model.loading import read_model_config as read_config
     from twinrun.model.tokens import load_tokenizer
 
@@ -145,19 +145,21 @@ def _open_locked(
     provenance = establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
     from twinrun.core.rng import seed_torch
 
-    provenance["torch_seed"] = seed_torch(cfg.seed)  # type: ignore[arg-type]
+    provenance["torch_seed"] = seed_torch(valid(cfg).seed)
     from twinrun.model.build import FreshLora, build_model
     from twinrun.model.lora import lora_parameters
 
     model = build_model(
         model_dir,
-        precision=cfg.precision,  # type: ignore[arg-type]
+        precision=valid(cfg).precision,
         device=cfg.device,
         attention=cfg.attention,
         adapter=cfg.init_adapter,
         lora=None
         if cfg.init_adapter is not None
-        else FreshLora(cfg.lora_rank, cfg.lora_alpha, cfg.seed, cfg.lora_targets),  # type: ignore[arg-type]
+        else FreshLora(
+            valid(cfg).lora_rank, valid(cfg).lora_alpha, valid(cfg).seed, cfg.lora_targets
+        ),
         batch_invariant=cfg.batch_invariant,
         gradient_checkpointing=cfg.gradient_checkpointing,
     )
@@ -203,15 +205,15 @@ def read_eval_rows(cfg: RunConfig, tok: Any, max_length: int) -> list[Any]:
 def check_run_schedule(cfg: RunConfig, encoded: list[Any]) -> None:
     """The learning-rate schedule fits the run's steps (checked before anything is written):
     `--steps`, or the epochs over the encoded examples (pairs for dpo/reward)."""
+    from twinrun.config.schedule import check_schedule
     from twinrun.data.batching import steps_per_epoch
-    from twinrun.train.schedule import check_schedule
 
     if cfg.steps is not None:
         total = cfg.steps
     else:
-        per_epoch = steps_per_epoch(len(encoded), cfg.batch_size, cfg.accumulation)  # type: ignore[arg-type]
-        total = cfg.epochs * per_epoch  # type: ignore[operator]
-    check_schedule(cfg.warmup_steps, total, cfg.lr_schedule, cfg.decay_steps)  # type: ignore[arg-type]
+        per_epoch = steps_per_epoch(len(encoded), valid(cfg).batch_size, valid(cfg).accumulation)
+        total = valid(cfg).epochs * per_epoch
+    check_schedule(valid(cfg).warmup_steps, total, valid(cfg).lr_schedule, cfg.decay_steps)
 
 
 def check_adapter_shape(model: Any, cfg: RunConfig) -> None:
@@ -219,8 +221,11 @@ def check_adapter_shape(model: Any, cfg: RunConfig) -> None:
     from twinrun.core.errors import ConfigError
     from twinrun.model.lora import read_adapter_config
 
-    adapter = read_adapter_config(cfg.init_adapter)  # type: ignore[arg-type]
-    if adapter.get("r") != cfg.lora_rank or float(adapter.get("lora_alpha")) != cfg.lora_alpha:
+    adapter = read_adapter_config(cfg.init_adapter)  # type: ignore[arg-type]  # called when given
+    if (
+        adapter.get("r") != valid(cfg).lora_rank
+        or float(adapter.get("lora_alpha", "nan")) != valid(cfg).lora_alpha
+    ):
         raise ConfigError(
             f"adapter {cfg.init_adapter} has rank {adapter.get('r')} alpha "
             f"{adapter.get('lora_alpha')}, the run asks for rank {cfg.lora_rank} alpha "

@@ -132,7 +132,7 @@ class CaptureHook(Hook):
         s, cfg = self.s, self.s.cfg
         head = dict(s.params).get(HEAD_PARAM)
         if not self.within_run:
-            from twinrun.train.init_adapter import read_trainer_state
+            from twinrun.capture.state import read_trainer_state
 
             adapter_dir = Path(cfg.init_adapter)
             state = read_trainer_state(adapter_dir)
@@ -160,7 +160,7 @@ class CaptureHook(Hook):
             pins[key] = {"file": mf.STATE_FILES[key], "sha256": sha256_bytes(data)}
         name = mf.STATE_FILES["adapter"]
         pins["adapter"] = {"file": name, "sha256": sha256_file(folder / name)}
-        from twinrun.train.init_adapter import STATE_FORMAT, TRAINER_STATE
+        from twinrun.capture.state import STATE_FORMAT, TRAINER_STATE
 
         atomic_write_json(
             folder / TRAINER_STATE,

@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from twinrun.config.run import RunConfig, validate
+from twinrun.capture.batch import OptimizerBatch
+from twinrun.config.run import RunConfig, valid, validate
 from twinrun.core.rng import stream
 from twinrun.data.batching import epoch_order
 from twinrun.data.examples import EncodedRow, SourcedRow, check_length
@@ -43,7 +44,6 @@ from twinrun.rl.environments import (
     validated_rows,
 )
 from twinrun.rl.prioritized import PrioritizedReplay
-from twinrun.train.batch import OptimizerBatch
 from twinrun.train.distributed import in_global_order, mine
 from twinrun.train.driver import ObjectiveState, drive, make_loop, spikes_of
 from twinrun.train.faults import unseeded_plans
@@ -105,13 +105,15 @@ def train_grpo(cfg: RunConfig) -> dict[str, Any]:
         cfg,
         lambda tok, raw, max_len: usable_prompts(
             tok,
-            validated_rows(env, name, raw, cfg.seed),
-            cfg,  # type: ignore[arg-type]
+            validated_rows(env, name, raw, valid(cfg).seed),
+            cfg,
         ),
     )  # every row is checked before the output directory is made
-    replay = None
+    replay: PrioritizedReplay[Any] | None = None
     if cfg.replay == "per":
-        replay = PrioritizedReplay(cfg.replay_capacity, cfg.replay_alpha, cfg.replay_beta)
+        replay = PrioritizedReplay(
+            valid(cfg).replay_capacity, valid(cfg).replay_alpha, valid(cfg).replay_beta
+        )
     state = GrpoState(rows=rows, env=env, env_name=name, replay=replay)
     p, seed = cfg.prompts_per_step, cfg.seed
     assert p is not None and seed is not None and cfg.steps is not None
@@ -146,9 +148,9 @@ class GrpoRecipe:
         t0 = time.perf_counter()
         fresh = sampled_rollouts(s, state, step, examples)
         rewards = torch.tensor([r.reward for r in fresh], dtype=torch.float64).view(
-            len(examples), cfg.group_size
+            len(examples), valid(cfg).group_size
         )
-        advantages, zero_frac = compute_advantages(rewards, cfg.advantage_clip)
+        advantages, zero_frac = compute_advantages(rewards, valid(cfg).advantage_clip)
         for r, adv in zip(fresh, advantages.reshape(-1).tolist(), strict=True):
             r.advantage = adv
         replayed, replay_leaves = replay_draws(s, state, step)
@@ -211,8 +213,8 @@ def sample_group(
         results = generate_group(
             s.model,
             prompt_ids,
-            s.cfg.max_new_tokens,
-            s.cfg.temperature,
+            valid(s.cfg).max_new_tokens,
+            valid(s.cfg).temperature,
             [draw_for(k) for k in range(group)],
             end_ids=s.tok.end_ids,
         )
@@ -249,12 +251,12 @@ def collect_rollouts(
     for slot, example in zip(slots, examples, strict=True):
         row = state.rows[example]
         observation = checked_prompt(
-            state.env, state.env_name, dict(row.data), stream(cfg.seed, "env", step, slot)
+            state.env, state.env_name, dict(row.data), stream(valid(cfg).seed, "env", step, slot)
         )
         if stamped:
             observation = observation_fault(observation)
         ids = prompt_ids_for(s, observation)
-        check_length(EncodedRow(tuple(ids), ()), row.where, max_len - cfg.max_new_tokens)
+        check_length(EncodedRow(tuple(ids), ()), row.where, max_len - valid(cfg).max_new_tokens)
         for k, (completion, logprobs) in enumerate(sample_group(s, ids, step, example)):
             reward = checked_reward(
                 state.env, state.env_name, dict(row.data), s.tok.decode(completion)
@@ -277,7 +279,9 @@ def replay_draws(s: Session, state: GrpoState, step: int) -> tuple[list[Rollout]
     if buf is None or len(buf) == 0:
         return [], per_leaves([], [], [])
     cfg = s.cfg
-    m = max(1, round(cfg.replay_fraction * cfg.prompts_per_step * cfg.group_size))  # type: ignore[operator]
+    m = max(
+        1, round(valid(cfg).replay_fraction * valid(cfg).prompts_per_step * valid(cfg).group_size)
+    )
     seed = cfg.seed
     assert seed is not None
     priorities = buf.priorities()

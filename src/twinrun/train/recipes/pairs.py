@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
-from twinrun.config.run import RunConfig
+from twinrun.capture.batch import OptimizerBatch
+from twinrun.config.run import RunConfig, valid
 from twinrun.data.batching import StepPlan, pad_rows, plan_steps
 from twinrun.data.pairs import EncodedPair, encode_pairs
 from twinrun.model.lora import lora_disabled
 from twinrun.objectives.dpo import dpo_loss, sequence_logprob
 from twinrun.objectives.reward import bradley_terry_loss
-from twinrun.train.batch import OptimizerBatch
 from twinrun.train.distributed import in_global_order, is_root, mine
 from twinrun.train.driver import drive, make_loop, spikes_of
 from twinrun.train.faults import unseeded_plans
@@ -54,9 +54,15 @@ def train_pairs(cfg: RunConfig, objective: str) -> dict[str, Any]:
     if objective == "reward":
         from twinrun.model.reward_head import new_reward_head
 
-        head = new_reward_head(session.model.hidden_size, cfg.seed).to(cfg.device)  # type: ignore[arg-type]
+        head = new_reward_head(session.model.hidden_size, valid(cfg).seed).to(cfg.device)
         session.params = [*session.params, ("reward_head.score.weight", head.weight)]
-    plans = plan_steps(len(pairs), cfg.epochs, cfg.batch_size, cfg.accumulation, cfg.seed)  # type: ignore[arg-type]
+    plans = plan_steps(
+        len(pairs),
+        valid(cfg).epochs,
+        valid(cfg).batch_size,
+        valid(cfg).accumulation,
+        valid(cfg).seed,
+    )
     recipe = PairRecipe(session, pairs, unseeded_plans(session.faults, plans, len(pairs)), head)
     loop = make_loop(session, recipe, len(plans))
     drive(session, loop, recipe)
@@ -111,7 +117,7 @@ def side_forward(
     if head is not None:
         from twinrun.model.reward_head import scores
 
-        values = scores(s.model, head, ids, attn)
+        values = scores(s.model, head, ids, attn)  # type: ignore[arg-type]  # the head is a Linear
         return values, ids, values, None
     logits = s.model(ids, attn)
     with torch.no_grad(), lora_disabled(s.model):
@@ -137,14 +143,14 @@ def pair_forwards(
         chosen, c_ids, c_logits, c_ref = side_forward(s, sides[2 * g], head)
         rejected, r_ids, r_logits, r_ref = side_forward(s, sides[2 * g + 1], head)
         if head is None:
-            out = dpo_loss(chosen, rejected, c_ref, r_ref, s.cfg.beta)  # type: ignore[arg-type]
-            margin = float(out.reward_margin) * len(fw)
+            assert c_ref is not None and r_ref is not None  # dpo forwards return reference values
+            dpo = dpo_loss(chosen, rejected, c_ref, r_ref, valid(s.cfg).beta)
+            losses, accuracy, margin = dpo.losses, dpo.accuracy, float(dpo.reward_margin) * len(fw)
         else:
-            out = bradley_terry_loss(chosen, rejected)  # type: ignore[assignment]
-            margin = float(out.margin) * len(fw)  # type: ignore[attr-defined]
-        losses = out.losses
+            bt = bradley_terry_loss(chosen, rejected)
+            losses, accuracy, margin = bt.losses, bt.accuracy, float(bt.margin) * len(fw)
         yield Forward(losses.sum() / total, losses / total, [c_ids, r_ids], [c_logits, r_logits])
-        parts.append((losses.detach().double().sum().cpu(), float(out.accuracy) * len(fw), margin))
+        parts.append((losses.detach().double().sum().cpu(), float(accuracy) * len(fw), margin))
     loss_sum = torch.zeros((), dtype=torch.float64)
     correct = margin = 0.0
     for part_loss, part_correct, part_margin in in_global_order(parts):  # group 0 first

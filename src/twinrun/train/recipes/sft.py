@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from twinrun.config.run import RunConfig
+from twinrun.capture.batch import OptimizerBatch
+from twinrun.config.run import RunConfig, valid
 from twinrun.data.batching import StepPlan, pad_rows, padding_fraction, plan_steps
 from twinrun.data.examples import EncodedRow, encode_sft_rows
 from twinrun.objectives.sft import completion_nll
-from twinrun.train.batch import OptimizerBatch
 from twinrun.train.distributed import in_global_order, mine
 from twinrun.train.driver import drive, make_loop, spikes_of
 from twinrun.train.faults import unseeded_plans
@@ -43,7 +43,13 @@ def train_sft(cfg: RunConfig) -> dict[str, Any]:
     session, rows = open_session(
         cfg, lambda tok, raw, max_len: encode_sft_rows(tok, raw, cfg.chat_template == "on", max_len)
     )
-    plans = plan_steps(len(rows), cfg.epochs, cfg.batch_size, cfg.accumulation, cfg.seed)
+    plans = plan_steps(
+        len(rows),
+        valid(cfg).epochs,
+        valid(cfg).batch_size,
+        valid(cfg).accumulation,
+        valid(cfg).seed,
+    )
     recipe = SftRecipe(session, rows, unseeded_plans(session.faults, plans, len(rows)))
     loop = make_loop(session, recipe, len(plans))
     drive(session, loop, recipe)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from twinrun.config.run import RunConfig
+from twinrun.config.run import RunConfig, valid
 from twinrun.data.corpus import check_window, read_corpus, tokenize_corpus, window_row
 from twinrun.data.corpus import window_start as start_of
 from twinrun.train.driver import drive, make_loop, spikes_of
@@ -36,8 +36,8 @@ class TextBatch:
 
 def window_starts(cfg: RunConfig, step: int, tokens: int) -> tuple[int, ...]:
     """The starts of step `step`'s windows, each its own keyed draw."""
-    k, n = int(cfg.windows_per_step), int(cfg.window)  # type: ignore[arg-type]
-    return tuple(start_of(int(cfg.seed), step, i, tokens, n) for i in range(k))  # type: ignore[arg-type]
+    k, n = int(valid(cfg).windows_per_step), int(valid(cfg).window)
+    return tuple(start_of(int(valid(cfg).seed), step, i, tokens, n) for i in range(k))
 
 
 def train_text(cfg: RunConfig) -> dict[str, Any]:
@@ -49,12 +49,12 @@ def train_text(cfg: RunConfig) -> dict[str, Any]:
 
     def encode(tok: Any, texts: list[str], max_length: int) -> list[int]:
         ids = tokenize_corpus(tok, texts)
-        check_window(len(ids), int(cfg.window), max_length)  # type: ignore[arg-type]
+        check_window(len(ids), int(valid(cfg).window), max_length)
         return ids
 
     session, ids = open_session(cfg, encode, read)
     recipe = TextRecipe(session, ids)
-    steps = int(cfg.steps)  # type: ignore[arg-type]
+    steps = int(valid(cfg).steps)
     loop = make_loop(session, recipe, steps)
     drive(session, loop, recipe)
     last = loop.metrics[-1]
@@ -75,8 +75,8 @@ class TextRecipe:
     def prepare(self, step: int) -> TextBatch:
         cfg = self.s.cfg
         starts = window_starts(cfg, step, len(self.ids))
-        rows = [window_row(self.ids, a, int(cfg.window)) for a in starts]  # type: ignore[arg-type]
-        size = int(cfg.batch_size)  # type: ignore[arg-type]
+        rows = [window_row(self.ids, a, int(valid(cfg).window)) for a in starts]
+        size = int(valid(cfg).batch_size)
         return TextBatch(starts, [rows[i : i + size] for i in range(0, len(rows), size)])
 
     def forwards(self, step: int, batch: TextBatch) -> StepForwards:

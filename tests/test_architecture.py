@@ -1,0 +1,79 @@
+"""The architecture as CI enforces it: the import layers and cycles (import-linter, configured in
+pyproject.toml), a clean type check of src/ (mypy), and no unexplained `# type: ignore`."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+BIN = Path(sys.executable).parent
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
+    return env
+
+
+def test_import_contracts_hold() -> None:
+    proc = subprocess.run(
+        [str(BIN / "lint-imports"), "--no-cache"],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "3 kept, 0 broken" in proc.stdout, proc.stdout
+
+
+def test_type_check_is_clean(tmp_path_factory) -> None:
+    # the incremental cache lives under pytest's cache dir when there is one (warm runs ~5 s)
+    cache = ROOT / ".pytest_cache" / "mypy"
+    if not cache.parent.is_dir():
+        cache = tmp_path_factory.mktemp("mypy")
+    proc = subprocess.run(
+        [str(BIN / "mypy"), "--cache-dir", str(cache)],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("Success: no issues found"), proc.stdout
+
+
+def test_every_type_ignore_names_its_code_and_says_why() -> None:
+    justified = re.compile(r"# type: ignore\[[a-z-]+(,[a-z-]+)*\]  # \S")
+    bare = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sorted(SRC.rglob("*.py"))
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "# type: ignore" in line and not justified.search(line)
+    ]
+    assert bare == []
+
+
+def test_valid_run_view_lists_the_required_settings_without_none() -> None:
+    import typing
+
+    from twinrun.config.run import OBJECTIVES, REPLAY_FIELDS, RunConfig, ValidRun, required_fields
+
+    declared = typing.get_type_hints(RunConfig)
+    view = typing.get_type_hints(ValidRun)
+    required = {n for o in OBJECTIVES for n in required_fields(o)} | set(REPLAY_FIELDS)
+    assert set(view) == required
+    for name, kind in view.items():
+        assert declared[name] == kind | None, name
+
+
+def test_nothing_points_at_a_document_users_cannot_see() -> None:
+    word = "DES" + "IGN"  # spelled apart so this file does not match itself
+    hits = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for folder in ("src", "tests", "bench", "docs")
+        for path in sorted((ROOT / folder).rglob("*"))
+        if path.suffix in (".py", ".md", ".toml") and path.is_file()
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(rf"\b{word}\b", line)
+    ]
+    assert hits == []
