@@ -98,17 +98,26 @@ def learn(tour: Tour, console: Console) -> str:
     for column in ("question", "base model", "with the adapter", "expected"):
         table.add_column(column)
     for question, base, trained, expected in answers.rows:
-        shown = base if len(base) <= 12 else base[:11] + "…"
-        table.add_row(question, repr(shown), repr(trained), repr(expected))
+        table.add_row(question, repr(clip(base)), repr(clip(trained)), repr(expected))
     console.print(table)
     console.print(
         f"   exact answers over all {QUESTIONS} questions: base {answers.base_right}, "
         f"with the adapter {answers.trained_right}"
     )
+    if answers.trained_right > answers.base_right:
+        return (
+            f"the adapter learned: {answers.trained_right}/{QUESTIONS} exact answers where the "
+            f"base model gave {answers.base_right}/{QUESTIONS}"
+        )
     return (
-        f"the adapter learned: {answers.trained_right}/{QUESTIONS} exact answers where the base "
-        f"model gave {answers.base_right}/{QUESTIONS}"
+        f"this short run did not change the exact answers ({answers.base_right}/{QUESTIONS} "
+        f"before, {answers.trained_right}/{QUESTIONS} after); on the toy the tour trains long "
+        "enough to learn them all"
     )
+
+
+def clip(text: str, width: int = 16) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def diagnose(tour: Tour, console: Console) -> str:
