@@ -4,7 +4,10 @@ and numbers that must not move on one platform.
 Items, in the order they are checked (the first that moved is the one reported):
 
 - `<objective>.adapter_sha256` for sft, dpo, reward (and `reward.head_sha256`), grpo and text:
-  two-step runs on shipped examples (a fixed text for `text`);
+  two-step runs on shipped examples (a fixed text for `text`); `grpo.diag_sha256`, the GRPO
+  run's diag.jsonl — its sampled tokens, logprobs and rewards (the random toy answers no
+  arithmetic question, so every advantage is zero and the adapter alone would not show a change
+  in sampling);
 - `evaluate.loss`, `evaluate.tokens`, `evaluate.per_example` of the sft adapter on its examples;
 - `generate.tokens`: the text adapter's 24 greedy tokens for one plain prompt (the sft adapter
   learns to end its answers at once, which would leave little to compare);
@@ -101,6 +104,7 @@ def _run(root: Path, device: str) -> dict[str, Any]:
                 env="arithmetic",
                 chat_template="on",
                 device=device,
+                diag=True,
             )
         ),  # fmt: skip
         "text": lambda out: train_text(
@@ -122,6 +126,8 @@ def _run(root: Path, device: str) -> dict[str, Any]:
         items[f"{name}.adapter_sha256"] = train(out)["adapter"]["sha256"]
         if name == "reward":
             items["reward.head_sha256"] = sha256_file(out / "reward_head.safetensors")
+        if name == "grpo":  # the sampled rollouts (the toy earns no reward: the adapter stays)
+            items["grpo.diag_sha256"] = sha256_file(out / "diag.jsonl")
     items |= inference_items(root, model, root / "sft", data["sft.jsonl"], device)
     items["generate.tokens"] = greedy_tokens(model, root / "text", device)
     return items
