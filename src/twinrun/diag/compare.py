@@ -293,6 +293,14 @@ def compare(
     st = _Comparer(pa, pb, rel_tol, abs_tol, bitwise)
     if keep_matrix:
         st.matrix = []
+    _pair_rows(st)
+    return _result(st)
+
+
+def _pair_rows(st: _Comparer) -> None:
+    """Read both files once, in step, pairing rows by (phase, step): identical lines are
+    counted without parsing twice; rows that arrive out of step wait for their partner."""
+    pa, pb = st.pa, st.pb
     pend_a: dict[tuple[str, int], DiagRow] = {}
     pend_b: dict[tuple[str, int], DiagRow] = {}
     n_a = n_b = 0
@@ -359,22 +367,18 @@ def compare(
     for row in pend_b.values():
         st.missing_row(row, "A")
 
+
+def _result(st: _Comparer) -> CompareResult:
+    """The first divergence (earliest phase first), what co-diverges, the matrix and the
+    trace comparison at the first divergence."""
+    pa, pb, rel_tol, abs_tol, bitwise = st.pa, st.pb, st.rel_tol, st.abs_tol, st.bitwise
     first: Divergence | None = None
     co: list[LeafDiff] = []
     if st.best:
         phase = min(st.best, key=st.rank)
         _, first, diffs = st.best[phase]
         co = sorted(diffs, key=lambda d: (-d.rel, d.position))
-    matrix = None
-    if st.matrix is not None:
-        st.matrix.sort(key=lambda r: (st.rank(r[0]), r[1]))
-        leaves = list(st.leaves)
-        matrix = DiffMatrix(
-            rows=[(p, s) for p, s, _, _ in st.matrix],
-            leaves=leaves,
-            rel=[[rels.get(leaf, math.nan) for leaf in leaves] for _, _, rels, _ in st.matrix],
-            diverged=[[leaf in dv for leaf in leaves] for _, _, _, dv in st.matrix],
-        )
+    matrix = _matrix(st)
     first_module, note = None, None
     if first is not None:
         first_module, note = _first_module(pa, pb, first, rel_tol, abs_tol, bitwise)
@@ -395,6 +399,20 @@ def compare(
         first_module=first_module,
         trace_note=note,
         table=None if matrix is None else diverging_table(matrix),
+    )
+
+
+def _matrix(st: _Comparer) -> DiffMatrix | None:
+    """Steps × leaves relative differences, rows in phase then step order (`keep_matrix`)."""
+    if st.matrix is None:
+        return None
+    st.matrix.sort(key=lambda r: (st.rank(r[0]), r[1]))
+    leaves = list(st.leaves)
+    return DiffMatrix(
+        rows=[(p, s) for p, s, _, _ in st.matrix],
+        leaves=leaves,
+        rel=[[rels.get(leaf, math.nan) for leaf in leaves] for _, _, rels, _ in st.matrix],
+        diverged=[[leaf in dv for leaf in leaves] for _, _, _, dv in st.matrix],
     )
 
 
