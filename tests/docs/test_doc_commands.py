@@ -36,8 +36,14 @@ from twinrun.cli.main import run_cli
 from .conftest import REPO, lay_out
 
 #: Replaced in every command before it runs: (what the docs say, what the test runs, why).
+#: Longer entries first: each is applied in order.
 SUBSTITUTIONS: tuple[tuple[str, str, str], ...] = (
-    ("runs/smollm2", "runs/toy", "the toy checkpoint stands in for SmolLM2 (tests/real run it)"),
+    (
+        "python -m tests.real.smollm2 --dir runs/smollm2",
+        "twinrun toy-model runs/toy --seed 0",
+        "CI does not build the 520 MiB SmolLM2 checkpoint per test: the toy checkpoint stands in",
+    ),
+    ("runs/smollm2", "runs/toy", "the toy checkpoint stands in for SmolLM2 (tests/real/ run it)"),
 )
 
 MARKER = re.compile(r"^<!--\s*doc-test:\s*(?P<body>.*?)\s*-->$")
@@ -109,6 +115,15 @@ def substitute(command: str) -> str:
     for said, runs, _why in SUBSTITUTIONS:
         command = command.replace(said, runs)
     return command
+
+
+def test_substitutions() -> None:
+    assert substitute("python -m tests.real.smollm2 --dir runs/smollm2") == (
+        "twinrun toy-model runs/toy --seed 0"
+    )
+    assert substitute("twinrun tune sft --model runs/smollm2 --output runs/real/sft") == (
+        "twinrun tune sft --model runs/toy --output runs/real/sft"
+    )
 
 
 def run_command(command: str, monkeypatch: pytest.MonkeyPatch) -> int:
