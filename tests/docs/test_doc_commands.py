@@ -7,7 +7,8 @@ The rule, for a page:
   error: they would escape the test.
 - A marker on the line above a block (blank lines between are allowed) changes how it runs:
   `<!-- doc-test: skip (reason) -->` does not run it (GPU, torchrun on several processes or
-  nodes, installation, long benchmarks — the reason is required); `<!-- doc-test: exit N -->`
+  nodes, installation, long benchmarks, fresh processes a named test already runs — the reason
+  is required); `<!-- doc-test: exit N -->`
   expects every command of the block to exit N (a block without it: 0).
 - A page's blocks run in order in one temporary directory laid out like the repository root
   (`examples/` and `src/twinrun/examples/` are there; `runs/` is empty, so a page builds its toy
