@@ -67,6 +67,9 @@ CASES = [
          ("CUBLAS_WORKSPACE_CONFIG=':1:1' is not a deterministic cuBLAS workspace setting — set "
           "CUBLAS_WORKSPACE_CONFIG to :4096:8 or :16:8, or unset it",),
          env={"CUBLAS_WORKSPACE_CONFIG": ":1:1"}),
+    Case("capture of more than one step", ["run", "capture16.toml"],
+         ("a v1 capture runs exactly one step: set training.max_steps = 1",
+          "see docs/capture.md (capture a source step)")),
     Case("diff of nothing", ["diff", "runs/nope", "runs/nope2"],
          ("runs/nope: no such file or directory — give a diag.jsonl or a run directory",)),
     Case("check without placeholders", ["check", "--", "twinrun", "tune", "sft"],
@@ -79,6 +82,12 @@ def bad_inputs(repo_like: Path, toy_model_dir: Path) -> Path:
     shutil.copy(REPO / "src/twinrun/examples/sft.jsonl", "sft.jsonl")
     Path("bad.jsonl").write_text('{"prompt": "What is 1 + 1?"}\n')
     Path("bad.toml").write_text('[training]\ntrainer = "sft"\nbogus = 1\n')
+    capture = (REPO / "examples/capture-source.toml").read_text()
+    Path("capture16.toml").write_text(
+        capture.replace('"examples/capture-sft.jsonl"', '"sft.jsonl"').replace(
+            '"runs/examples/source"', '"out"'
+        )
+    )
     for name in ("noconfig", "noweights", "pickled", "vit"):
         shutil.copytree(toy_model_dir, name)
     Path("noconfig/config.json").unlink()
@@ -106,6 +115,7 @@ def test_the_catalogued_line_is_printed(
     assert run_cli(case.argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("twinrun: error: ") and "\n" not in err, err
+    assert "DESIGN" not in err, "a message cites a document users cannot see"
     for text in case.lines:
         assert text in err, err
     assert sorted(p.name for p in bad_inputs.iterdir()) == before

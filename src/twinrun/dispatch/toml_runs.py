@@ -104,7 +104,8 @@ def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -
         return replay(run)
     problems = source_problems(run)
     if problems:
-        raise ConfigError(f"{path}: " + "; ".join(problems), "see DESIGN §5 (capture)")
+        hint = "see docs/capture.md (capture a source step)"
+        raise ConfigError(f"{path}: " + "; ".join(problems), hint)
     cfg = run.cfg
     if run.trainer == "sft":
         from twinrun.train.recipes.sft import train_sft
