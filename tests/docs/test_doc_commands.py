@@ -127,6 +127,12 @@ def test_substitutions() -> None:
     )
 
 
+def installs(command: str) -> bool:
+    """A command that installs packages or makes an environment: never run by the test."""
+    words = shlex.split(command)
+    return ("pip" in words and "install" in words) or ("-m" in words and "venv" in words)
+
+
 def run_command(command: str, monkeypatch: pytest.MonkeyPatch) -> int:
     words = shlex.split(command)
     env: dict[str, str] = {}
@@ -186,7 +192,7 @@ PAGES_WITH_COMMANDS = [p for p in ALL_PAGES if any(b.info == "bash" for b in blo
 def test_page_commands_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runnable = [b for b in blocks(page) if b.info == "bash" and marker_kind(b)[0] == "run"]
     if not runnable:
-        pytest.skip(f"{page.relative_to(REPO)} has no bash block to run")
+        pytest.skip(f"every bash block of {page.relative_to(REPO)} is marked doc-test: skip")
     root = lay_out(tmp_path / "repo", None)
     monkeypatch.chdir(root)
     for block in runnable:
@@ -194,6 +200,10 @@ def test_page_commands_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
         cmds = [substitute(c) for c in commands(block.text)]
         assert cmds, f"{block.where}: an empty bash block"
         for command in cmds:
+            assert not installs(command), (
+                f"{block.where}: `{command}` installs packages; mark the block "
+                "<!-- doc-test: skip (installation) -->"
+            )
             code = run_command(command, monkeypatch)
             said = f"{block.where}: `{command}` exited {code}, expected {expected}"
             assert code == expected, said
@@ -205,6 +215,12 @@ def test_page_commands_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
 def test_commands_join_continuations_split_chains_and_drop_comments() -> None:
     text = "# set up\nA=1 twinrun x \\\n  --y 2  # note\ncd d && twinrun z '--q' \"a b\"\n"
     assert commands(text) == ["A=1 twinrun x --y 2", "cd d", "twinrun z --q 'a b'"]
+
+
+def test_installation_is_never_run() -> None:
+    assert installs("pip install -r requirements.lock")
+    assert installs("python3.11 -m venv .venv")
+    assert not installs("twinrun tune sft --model runs/toy")
 
 
 def test_markers_are_read_from_the_line_above(tmp_path: Path) -> None:
