@@ -40,7 +40,7 @@ def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -
         return replay(run)
     problems = source_problems(run)
     if problems:
-        hint = 'see docs/capture.md, "Capture a source step"'
+        hint = "see docs/capture.md (capture a source step)"
         raise ConfigError(f"{path}: " + "; ".join(problems), hint)
     cfg = run.cfg
     if run.trainer == "sft":

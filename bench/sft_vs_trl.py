@@ -1,0 +1,125 @@
+"""Toy SFT, whole process: twinrun against TRL's SFTTrainer on the same checkpoint and examples.
+
+    python bench/sft_vs_trl.py [--repeats N]
+
+Both processes train LoRA (rank 8, alpha 16, q/k/v/o) on the 64 shipped examples for one epoch
+at batch 4, lr 5e-3, warmup 2 then cosine, one torch thread, and write their adapter; the time is
+the whole process (interpreter start, imports, model load, training, saving), alternating twinrun
+and TRL, N repeats each. TRL runs in the benchmark's own environment `bench/.venv-trl` (made by
+`bench/grpo_vs_trl.py`'s `trl_python`: this interpreter's packages plus `trl`), never a
+dependency of twinrun. Goal (issue "Real checkpoints"): twinrun / TRL ≤ 0.7. Results go to
+bench/results/sft_vs_trl.{json,md} and a section of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchkit import cpu_name, git, package_versions, update_docs_section
+from grpo_vs_trl import TRL_VERSION, trl_python
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+EXAMPLES = ROOT / "src" / "twinrun" / "examples" / "sft.jsonl"
+GOAL = 0.7
+SETTINGS = {"seed": 1, "batch_size": 4, "learning_rate": 5e-3, "lora_rank": 8, "lora_alpha": 16}
+
+
+def twinrun_argv(model: Path, out: Path) -> list[str]:
+    s = SETTINGS
+    return [
+        sys.executable, "-m", "twinrun", "tune", "sft", "--model", str(model),
+        "--examples", str(EXAMPLES), "--output", str(out), "--seed", str(s["seed"]),
+        "--epochs", "1", "--batch-size", str(s["batch_size"]), "--accumulation", "1",
+        "--learning-rate", str(s["learning_rate"]), "--warmup-steps", "2",
+        "--lr-schedule", "cosine", "--lora-rank", str(s["lora_rank"]),
+        "--lora-alpha", str(s["lora_alpha"]), "--precision", "f32", "--chat-template", "on",
+        "--threads", "1", "--quiet", "--overwrite",
+    ]  # fmt: skip
+
+
+def timed(argv: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, cwd=ROOT, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def measure(py: Path, model: Path, work: Path, repeats: int) -> dict[str, Any]:
+    settings = work / "trl.json"
+    settings.write_text(json.dumps(
+        {**SETTINGS, "model": str(model), "examples": str(EXAMPLES), "output": str(work / "trl")}
+    ))  # fmt: skip
+    ours, theirs = [], []
+    for _ in range(repeats):
+        ours.append(timed(twinrun_argv(model, work / "twinrun")))
+        theirs.append(timed([str(py), str(ROOT / "bench" / "trl_sft_child.py"), str(settings)]))
+    ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+    return {
+        "twinrun_s": ours, "trl_s": theirs, "ratio_per_pair": ratios,
+        "ratio": statistics.median(ours) / statistics.median(theirs),
+    }  # fmt: skip
+
+
+def spread(xs: list[float], d: int = 2) -> str:
+    return f"{statistics.median(xs):.{d}f} ({min(xs):.{d}f}–{max(xs):.{d}f})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    py = trl_python()
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        toy = work / "toy"
+        subprocess.run([sys.executable, "-m", "twinrun", "toy-model", str(toy), "--seed", "0"],
+                       cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+        result = measure(py, toy, work, a.repeats)
+    meta = {
+        "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python bench/sft_vs_trl.py", "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+        **package_versions("torch", "transformers", "peft"), "trl": TRL_VERSION,
+        "git_commit": git("rev-parse", "--short", "HEAD"), "load_avg_start": load0,
+        "load_avg_end": os.getloadavg()[0], "repeats": a.repeats, "settings": SETTINGS,
+    }  # fmt: skip
+    met = "met" if result["ratio"] <= GOAL else "not met"
+    md = "\n".join([
+        f"Measured {meta['when']} by `{meta['command']}` on {meta['cpu_count']} CPUs "
+        f"({meta['cpu']}), torch {meta['torch']}, transformers {meta['transformers']}, peft "
+        f"{meta['peft']}, TRL {TRL_VERSION} (in `bench/.venv-trl` only), commit "
+        f"{meta['git_commit']}; load average {load0:.2f} at start, {meta['load_avg_end']:.2f} "
+        f"at end (a shared machine). Toy model, 64 shipped examples, one epoch at batch 4 (16 "
+        f"optimizer steps), LoRA rank 8 on q/k/v/o, one thread; whole process, {a.repeats} "
+        "alternating repeats, median (min–max).", "",
+        "| process | wall s |", "|---|---|",
+        f"| `twinrun tune sft` | {spread(result['twinrun_s'])} |",
+        f"| TRL `SFTTrainer` | {spread(result['trl_s'])} |",
+        f"| **twinrun / TRL** | **{result['ratio']:.2f}×** (per pair "
+        f"{spread(result['ratio_per_pair'])}) |", "",
+        f"Goal twinrun / TRL ≤ {GOAL}: {met}.",
+    ])  # fmt: skip
+    print(md)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "sft_vs_trl.json").write_text(json.dumps({"meta": meta, **result}, indent=2) + "\n")
+    (RESULTS / "sft_vs_trl.md").write_text("# Toy SFT process: twinrun vs TRL\n\n" + md + "\n")
+    update_docs_section(
+        "sft_vs_trl",
+        "sft_vs_trl — toy SFT, whole process, twinrun vs TRL's SFTTrainer",
+        "`python bench/sft_vs_trl.py` (the TRL side runs in `bench/.venv-trl` only).",
+        md,
+    )
+
+
+if __name__ == "__main__":
+    main()

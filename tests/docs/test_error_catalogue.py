@@ -1,0 +1,122 @@
+"""docs/errors.md is the line twinrun prints: each bad input below is made, in-process, and the
+catalogue's text for it must be both in docs/errors.md and in the one line printed, with exit
+status 2 and nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from twinrun.cli.main import run_cli
+
+from .conftest import REPO
+
+CATALOGUE = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
+
+
+@dataclass
+class Case:
+    name: str
+    argv: list[str]
+    lines: tuple[str, ...]  # each is in the catalogue and in the printed line
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def sft(*extra: str, model: str = "runs/toy", examples: str = "sft.jsonl") -> list[str]:
+    return ["tune", "sft", "--model", model, "--examples", examples, "--output", "out",
+            "--seed", "1", "--epochs", "1", "--batch-size", "4", "--accumulation", "1",
+            "--learning-rate", "1e-2", "--warmup-steps", "0", "--lr-schedule", "constant",
+            "--lora-rank", "4", "--lora-alpha", "8", "--precision", "f32",
+            "--chat-template", "on", "--quiet", *extra]  # fmt: skip
+
+
+CASES = [
+    Case("missing flags", ["tune", "sft", "--model", "runs/toy", "--output", "out"],
+         ("missing required flags: --examples --seed",
+          "every training number must be given (twinrun has no silent defaults)")),
+    Case("non-finite", sft("--learning-rate", "nan"),
+         ("Invalid value for '--learning-rate': must be a finite number",)),
+    Case("out of range", sft("--batch-size", "0"), ("--batch-size must be >= 1, got 0",)),
+    Case("wsd without decay", sft("--lr-schedule", "wsd"),
+         ("--lr-schedule wsd needs --decay-steps",)),
+    Case("unknown fault", sft("--inject", "bogus@1"),
+         ("unknown fault 'bogus' in --inject — choose from sampler, rng, reduction, observation, "
+          "replay",)),
+    Case("fault of another objective", sft("--inject", "observation@1"),
+         ("fault 'observation' does not apply to sft — sft supports sampler, rng, reduction",)),
+    Case("unknown TOML key", ["run", "bad.toml"],
+         ("unknown key training.bogus (did you mean training.epochs?)",)),
+    Case("no model", sft(model="runs/nope"),
+         ("model directory runs/nope does not exist — point --model at a local Hugging Face "
+          "checkpoint (or run `twinrun toy-model`)",)),
+    Case("no config.json", sft(model="noconfig"), ("no config.json in",)),
+    Case("no weights", sft(model="noweights"), ("no safetensors weights in",)),
+    Case("pickle only", sft(model="pickled"),
+         ("pickle weights only (pytorch_model.bin)", "never loads")),
+    Case("not a causal LM", sft(model="vit"), ("'vit'", "not a causal")),
+    Case("unknown LoRA target", sft("--lora-targets", "nope_proj"),
+         ("LoRA target modules not found in the model: ['nope_proj']",)),
+    Case("row without completion", sft(examples="bad.jsonl"),
+         ("a row needs 'prompt' and 'completion', or 'messages' — found fields: prompt",)),
+    Case("no adapter", sft("--init-adapter", "nope"), ("adapter directory nope does not exist",)),
+    Case("cuBLAS setting", sft(),
+         ("CUBLAS_WORKSPACE_CONFIG=':1:1' is not a deterministic cuBLAS workspace setting — set "
+          "CUBLAS_WORKSPACE_CONFIG to :4096:8 or :16:8, or unset it",),
+         env={"CUBLAS_WORKSPACE_CONFIG": ":1:1"}),
+    Case("capture of more than one step", ["run", "capture16.toml"],
+         ("a v1 capture runs exactly one step: set training.max_steps = 1",
+          "see docs/capture.md (capture a source step)")),
+    Case("diff of nothing", ["diff", "runs/nope", "runs/nope2"],
+         ("runs/nope: no such file or directory — give a diag.jsonl or a run directory",)),
+    Case("check without placeholders", ["check", "--", "twinrun", "tune", "sft"],
+         ("the command has no {seed} or {out} placeholder",)),
+]  # fmt: skip
+
+
+@pytest.fixture()
+def bad_inputs(repo_like: Path, toy_model_dir: Path) -> Path:
+    shutil.copy(REPO / "src/twinrun/examples/sft.jsonl", "sft.jsonl")
+    Path("bad.jsonl").write_text('{"prompt": "What is 1 + 1?"}\n')
+    Path("bad.toml").write_text('[training]\ntrainer = "sft"\nbogus = 1\n')
+    capture = (REPO / "examples/capture-source.toml").read_text()
+    Path("capture16.toml").write_text(
+        capture.replace('"examples/capture-sft.jsonl"', '"sft.jsonl"').replace(
+            '"runs/examples/source"', '"out"'
+        )
+    )
+    for name in ("noconfig", "noweights", "pickled", "vit"):
+        shutil.copytree(toy_model_dir, name)
+    Path("noconfig/config.json").unlink()
+    Path("noweights/model.safetensors").unlink()
+    Path("pickled/model.safetensors").unlink()
+    Path("pickled/pytorch_model.bin").write_bytes(b"not unpickled\n")
+    config = json.loads(Path("vit/config.json").read_text())
+    Path("vit/config.json").write_text(json.dumps(config | {"model_type": "vit"}))
+    return repo_like
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_the_catalogued_line_is_printed(
+    case: Case,
+    bad_inputs: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for text in case.lines:
+        assert text in CATALOGUE, f"docs/errors.md does not list {text!r}"
+    for key, value in case.env.items():
+        monkeypatch.setenv(key, value)
+    before = sorted(p.name for p in bad_inputs.iterdir())
+    capsys.readouterr()
+    assert run_cli(case.argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("twinrun: error: ") and "\n" not in err, err
+    assert "DESIGN" not in err, "a message cites a document users cannot see"
+    for text in case.lines:
+        assert text in err, err
+    assert sorted(p.name for p in bad_inputs.iterdir()) == before
+    assert not (bad_inputs / "out").exists()
