@@ -724,12 +724,27 @@ class FlatParts:
 
     def checksum_digest(self) -> tuple[float, str]:
         a = self.flat.numpy()
-        h = hashlib.sha256(b"twinrun.tensors.v1\0")
-        h.update(len(self.shapes).to_bytes(8, "big"))
-        mv, start = memoryview(a).cast("B"), 0
-        for shape in self.shapes:
+        mv = memoryview(a).cast("B")
+        pieces: list[bytes | memoryview] = [b"twinrun.tensors.v1\0"]
+        for head, start, stop in _flat_layout(tuple(self.shapes)):
+            pieces += (head, mv[start:stop])
+        return SumSq().add(a).value(), hashlib.sha256(b"".join(pieces)).hexdigest()
+
+
+_layouts: dict[tuple[tuple[int, ...], ...], list[tuple[bytes, int, int]]] = {}
+
+
+def _flat_layout(shapes: tuple[tuple[int, ...], ...]) -> list[tuple[bytes, int, int]]:
+    """For float32 parts of these shapes laid end to end: each part's frame header and byte
+    span (the part count leads the first header, as `digest_many` hashes it)."""
+    layout = _layouts.get(shapes)
+    if layout is None:
+        layout, start = [], 0
+        for i, shape in enumerate(shapes):
             nbytes = 4 * math.prod(shape)
-            h.update(_header("float32", shape, nbytes))
-            h.update(mv[start : start + nbytes])
+            head = _header("float32", shape, nbytes)
+            layout.append(((len(shapes).to_bytes(8, "big") if i == 0 else b"") + head, start,
+                           start + nbytes))  # fmt: skip
             start += nbytes
-        return SumSq().add(a).value(), h.hexdigest()
+        _layouts[shapes] = layout
+    return layout
