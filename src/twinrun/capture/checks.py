@@ -116,7 +116,7 @@ def read_hashed_large(path: Path, what: str) -> tuple[memoryview, str]:
     try:
         with open(path, "rb") as fh:
             buf = np.empty(os.fstat(fh.fileno()).st_size, dtype=np.uint8)
-            view, pos = memoryview(buf).cast("B"), 0
+            view, pos = buf.data.cast("B"), 0
             while pos < len(view) and (n := fh.readinto(view[pos : pos + READ_CHUNK])):
                 h.update(view[pos : pos + n])
                 pos += n
