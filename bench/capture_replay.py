@@ -128,6 +128,10 @@ def big_capture(root: Path, model: Path, payload_mb: int, adapter_mb: int) -> tu
     save_file({f"w{i}": torch.from_numpy(rng.standard_normal((n, 4), dtype=np.float32))
                for i in range(16)}, str(init / "adapter_model.safetensors"))  # fmt: skip
     (init / "trainer_state.json").write_text(json.dumps({"step": -1}))
+    targets = ["k_proj", "o_proj", "q_proj", "v_proj"]
+    (init / "adapter_config.json").write_text(
+        json.dumps({"r": 4, "lora_alpha": 8, "target_modules": targets})
+    )
     src = root / "src"
     src.mkdir()
     (src / mf.payload_name(0)).write_bytes(payload)
@@ -145,7 +149,7 @@ def big_capture(root: Path, model: Path, payload_mb: int, adapter_mb: int) -> tu
                             "expected_manifest_sha256": "0" * 64},
     }  # fmt: skip
     cfg = write_toml(root / "replay.toml", doc)
-    contract = optimizer_contract(load_toml(cfg).cfg, "grpo", sha256_dir(model))
+    contract = optimizer_contract(load_toml(cfg).cfg, "grpo", sha256_dir(model), targets)
     manifest = {
         "format": mf.FORMAT, "objective": "grpo", "step": 0,
         "schedule": {"total_steps": 1, "lr": 0.05},
@@ -153,8 +157,9 @@ def big_capture(root: Path, model: Path, payload_mb: int, adapter_mb: int) -> tu
         "logical_batch_sha256": logical_sha256(arrays),
         "effective_rows_sha256": effective_rows_sha256(arrays, 0),
         "rows": rows, "tokens": total, "forwards": rows // 2,
-        "initial_state": {"resume_step": -1, "adapter": {
-            "sha256": sha256_bytes((init / "adapter_model.safetensors").read_bytes())}},
+        "initial_state": {"resume_step": -1} | {
+            key: {"sha256": sha256_bytes((init / mf.STATE_FILES[key]).read_bytes())}
+            for key in ("adapter", "adapter_config", "trainer_state")},
         "config": {"sha256": sha256_json({})},
         "optimizer_contract": {"sha256": sha256_json(contract), "values": contract},
     }  # fmt: skip

@@ -106,3 +106,27 @@ def test_checksum_digest_helpers_match_the_separate_functions() -> None:
     t = torch.randn(7, generator=g, dtype=torch.bfloat16)
     assert checksum_digest(t) == (sumsq(t), digest(t))
     assert digest(t) != digest(t.float())  # bfloat16 is hashed as its own bits
+
+
+def test_flat_parts_same_checksum_and_digest_as_the_parts() -> None:
+    from twinrun.diag.checksum import FlatParts, checksum_digest_many
+
+    g = torch.Generator().manual_seed(3)
+    parts = [torch.randn(8, 64, generator=g), torch.randn(64, 8, generator=g).t(),  # strided
+             torch.randn(3, generator=g) * 1e30, torch.tensor([0.0, -0.0, 1e-45])]  # fmt: skip
+    parts.append(torch.randn(5, 7, generator=g, requires_grad=True))
+    assert FlatParts.fits(parts)
+    flat = FlatParts(parts)
+    before = checksum_digest_many(parts)
+    for p in parts:  # a copy: later in-place updates do not reach it
+        p.data.add_(1.0)
+    assert flat.checksum_digest() == before
+    assert flat.checksum_digest() != checksum_digest_many(parts)
+
+
+def test_flat_parts_only_for_several_float32_cpu_tensors() -> None:
+    from twinrun.diag.checksum import FlatParts
+
+    assert not FlatParts.fits([torch.zeros(3)])
+    assert not FlatParts.fits([torch.zeros(3), torch.zeros(3, dtype=torch.float64)])
+    assert not FlatParts.fits([torch.zeros(3), np.zeros(3, dtype=np.float32)])

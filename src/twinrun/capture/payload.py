@@ -173,7 +173,7 @@ def pack_meta(meta: dict[str, Any]) -> dict[str, str]:
     return {META_KEY: json.dumps(meta, sort_keys=True, separators=(",", ":"))}
 
 
-def unpack_meta(data: bytes) -> dict[str, Any]:
+def unpack_meta(data: bytes | memoryview) -> dict[str, Any]:
     from twinrun.capture.tensorfile import header
 
     raw = (header(data)[0].get("__metadata__") or {}).get(META_KEY)
@@ -183,7 +183,7 @@ def unpack_meta(data: bytes) -> dict[str, Any]:
     return meta
 
 
-def decode(data: bytes, where: str) -> Decoded:
+def decode(data: bytes | memoryview, where: str) -> Decoded:
     """Decode and validate payload bytes; any problem is a DataError naming `where`."""
     try:
         return _decode(data)
@@ -191,7 +191,7 @@ def decode(data: bytes, where: str) -> Decoded:
         raise DataError(f"{where}: invalid payload: {exc.message}", "re-capture the step") from exc
 
 
-def _decode(data: bytes) -> Decoded:
+def _decode(data: bytes | memoryview) -> Decoded:
     import torch
 
     from twinrun.capture.tensorfile import read

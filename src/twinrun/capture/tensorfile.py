@@ -25,7 +25,7 @@ DTYPES: dict[str, np.dtype] = {"I64": np.dtype("<i8"), "F64": np.dtype("<f8"), "
 MAX_HEADER = 100 * 2**20
 
 
-def header(data: bytes) -> tuple[dict[str, Any], int]:
+def header(data: bytes | memoryview) -> tuple[dict[str, Any], int]:
     """The parsed JSON header and where the data starts."""
     if len(data) < 8:
         raise DataError("shorter than a safetensors header")
@@ -33,13 +33,13 @@ def header(data: bytes) -> tuple[dict[str, Any], int]:
     if n > min(len(data) - 8, MAX_HEADER):
         raise DataError("safetensors header length runs past the end of the file")
     header_limits = Limits(max_bytes=MAX_HEADER, max_file_bytes=MAX_HEADER)
-    parsed = parse_json(data[8 : 8 + n], "safetensors header", header_limits)
+    parsed = parse_json(bytes(data[8 : 8 + n]), "safetensors header", header_limits)
     if not isinstance(parsed, dict):
         raise DataError("safetensors header is not a JSON object")
     return parsed, 8 + n
 
 
-def read(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def read(data: bytes | memoryview) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """(tensors as read-only numpy views on `data`, metadata)."""
     parsed, start = header(data)
     meta = parsed.pop("__metadata__", None) or {}

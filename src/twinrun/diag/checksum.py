@@ -43,7 +43,15 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["SumSq", "checksum_digest", "checksum_digest_many", "digest", "digest_many", "sumsq"]
+__all__ = [
+    "FlatParts",
+    "SumSq",
+    "checksum_digest",
+    "checksum_digest_many",
+    "digest",
+    "digest_many",
+    "sumsq",
+]
 
 _Q = 2148  # fixed point: the accumulator holds N, the value is N * 2**-_Q
 # Elements per block: at most torch's parallel grain size (32768), so every op on a block runs
@@ -683,3 +691,60 @@ def checksum_digest_many(xs: Iterable[Any]) -> tuple[float, str]:
     for part in views:
         acc.add(part)
     return acc.value(), digest_many(views)
+
+
+class FlatParts:
+    """The float32 CPU parts of one leaf copied into one contiguous buffer: one copy for the
+    leaf instead of one per part (the diag hook hands a step's LoRA gradients, Adam moments and
+    parameters to the background recorder this way). `checksum_digest()` is exactly
+    `checksum_digest_many(parts)`: the same merged sum of squares, and the same digest bytes —
+    each part framed by its own shape over its own slice of the buffer."""
+
+    __slots__ = ("flat", "shapes")
+
+    def __init__(self, parts: list[Any]) -> None:
+        import torch
+        from torch._utils import _flatten_dense_tensors
+
+        with torch.no_grad():
+            self.flat = _flatten_dense_tensors(parts)
+        self.shapes = [tuple(p.shape) for p in parts]
+
+    @staticmethod
+    def fits(parts: list[Any]) -> bool:
+        """Whether `parts` can be kept flat: two or more float32 CPU tensors."""
+        torch = sys.modules.get("torch")
+        return (
+            torch is not None
+            and len(parts) > 1
+            and _LITTLE
+            and all(type(x) is torch.Tensor and x.dtype is torch.float32 and x.is_cpu
+                    for x in parts)
+        )  # fmt: skip
+
+    def checksum_digest(self) -> tuple[float, str]:
+        a = self.flat.numpy()
+        mv = memoryview(a).cast("B")
+        pieces: list[bytes | memoryview] = [b"twinrun.tensors.v1\0"]
+        for head, start, stop in _flat_layout(tuple(self.shapes)):
+            pieces += (head, mv[start:stop])
+        return SumSq().add(a).value(), hashlib.sha256(b"".join(pieces)).hexdigest()
+
+
+_layouts: dict[tuple[tuple[int, ...], ...], list[tuple[bytes, int, int]]] = {}
+
+
+def _flat_layout(shapes: tuple[tuple[int, ...], ...]) -> list[tuple[bytes, int, int]]:
+    """For float32 parts of these shapes laid end to end: each part's frame header and byte
+    span (the part count leads the first header, as `digest_many` hashes it)."""
+    layout = _layouts.get(shapes)
+    if layout is None:
+        layout, start = [], 0
+        for i, shape in enumerate(shapes):
+            nbytes = 4 * math.prod(shape)
+            head = _header("float32", shape, nbytes)
+            layout.append(((len(shapes).to_bytes(8, "big") if i == 0 else b"") + head, start,
+                           start + nbytes))  # fmt: skip
+            start += nbytes
+        _layouts[shapes] = layout
+    return layout

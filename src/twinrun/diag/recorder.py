@@ -49,7 +49,7 @@ from typing import Any, TextIO
 
 from twinrun.core.errors import DataError
 from twinrun.core.jsonlimits import DIAG, parse_json
-from twinrun.diag.checksum import checksum_digest, checksum_digest_many
+from twinrun.diag.checksum import FlatParts, checksum_digest, checksum_digest_many
 
 __all__ = [
     "DIAG_FORMAT",
@@ -122,9 +122,12 @@ def _is_part_list(value: Any) -> bool:
 
 def leaf_value(value: Any) -> LeafValue:
     """Checksum and digest of one leaf value: a tensor, numpy array, float, int, list of numbers,
-    a list of tensors (a multi-part leaf: merged checksum, `digest_many`), or a LeafValue."""
+    a list of tensors or a FlatParts (a multi-part leaf: merged checksum, `digest_many`), or a
+    LeafValue."""
     if isinstance(value, LeafValue):
         return value
+    if isinstance(value, FlatParts):
+        return LeafValue(*value.checksum_digest())
     if _is_part_list(value):
         return LeafValue(*checksum_digest_many(value))
     if isinstance(value, list | tuple):

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from twinrun.diag.checksum import FlatParts
 from twinrun.train.distributed import in_global_order
 from twinrun.train.loop import Forward, Hook, StepContext, rng_state_leaf
 
@@ -73,10 +74,18 @@ def late_leaves(ctx: StepContext) -> dict[str, Any]:
     loop = ctx.loop
     states = [loop.optimizer.state.get(p, {}) for _, p in loop.params]
     return {
-        "grads.lora": [g.detach().clone() for g in ctx.grads],
-        "adam.exp_avg": [s["exp_avg"].clone() for s in states if "exp_avg" in s],
-        "adam.exp_avg_sq": [s["exp_avg_sq"].clone() for s in states if "exp_avg_sq" in s],
-        "params.lora": [p.detach().clone() for _, p in loop.params],
+        "grads.lora": copied(list(ctx.grads)),
+        "adam.exp_avg": copied([s["exp_avg"] for s in states if "exp_avg" in s]),
+        "adam.exp_avg_sq": copied([s["exp_avg_sq"] for s in states if "exp_avg_sq" in s]),
+        "params.lora": copied([p for _, p in loop.params]),
         "lr": torch.tensor([ctx.lr], dtype=torch.float64),
         "rng.state": rng_state_leaf(),
     }
+
+
+def copied(parts: list[torch.Tensor]) -> FlatParts | list[torch.Tensor]:
+    """A copy of a leaf's parts: float32 CPU parts (the usual LoRA leaf) in one flat buffer —
+    one copy instead of one per part; anything else part by part."""
+    if FlatParts.fits(parts):
+        return FlatParts(parts)
+    return [t.detach().clone() for t in parts]
