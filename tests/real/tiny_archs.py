@@ -56,7 +56,8 @@ def write_tiny_checkpoint(arch: str, out: Path, tokenizer_dir: Path, seed: int =
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from twinrun.model.toy import quiet_transformers, toy_state_dict
+    from twinrun.model.build import quiet_transformers
+    from twinrun.model.toy import toy_state_dict
 
     config = tiny_config(arch)
     with torch.device("meta"):

@@ -286,8 +286,8 @@ def causal_lm_class(config: dict[str, Any], where: str) -> None:
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """No progress bars or info lines from transformers while loading."""
+def quiet_transformers() -> Iterator[None]:
+    """No progress bars or info lines from transformers for the duration (restored after)."""
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
@@ -321,7 +321,7 @@ def load_causal_lm(
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             # transformers' annotation does not describe output_loading_info=True: a pair
             loaded: Any = AutoModelForCausalLM.from_pretrained(
                 str(root),

@@ -22,12 +22,10 @@ puts `<|bos|>` first, and the chat template starts with the BOS token and ends e
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,20 +122,6 @@ def toy_state_dict(
             draw = stream(seed, "toy_init", name).uniform_fill(shape, bound)
             out[name] = torch_tensor(draw, torch.float32)
     return out
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Silence transformers' progress bars for the duration (restored afterwards)."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def _check_out_dir(out: Path, overwrite: bool) -> None:
@@ -246,6 +230,8 @@ def _write_into(
     model.generation_config = GenerationConfig(
         bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID
     )
+    from twinrun.model.build import quiet_transformers
+
     with quiet_transformers():
         model.save_pretrained(tmp, safe_serialization=True)
 
