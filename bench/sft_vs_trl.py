@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchkit import cpu_name, git, package_versions, update_docs_section
+from benchkit import cpu_name, git, package_versions, update_docs_section, write_toy
 from grpo_vs_trl import TRL_VERSION, trl_python
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,10 +82,7 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        toy = work / "toy"
-        subprocess.run([sys.executable, "-m", "twinrun", "toy-model", str(toy), "--seed", "0"],
-                       cwd=ROOT, check=True, capture_output=True)  # fmt: skip
-        result = measure(py, toy, work, a.repeats)
+        result = measure(py, write_toy(work / "toy"), work, a.repeats)
     meta = {
         "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python bench/sft_vs_trl.py", "cpu": cpu_name(), "cpu_count": os.cpu_count(),

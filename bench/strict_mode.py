@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import benchkit
-from benchkit import cpu_name, git, package_versions, update_docs_section
+from benchkit import cpu_name, git, package_versions, smollm2_dir, update_docs_section, write_toy
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -103,19 +103,9 @@ def main() -> None:
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        toy = work / "toy"
-        subprocess.run([sys.executable, "-m", "twinrun", "toy-model", str(toy), "--seed", "0"],
-                       cwd=ROOT, check=True, capture_output=True)  # fmt: skip
-        result["toy"] = measure(toy, EXAMPLES, 4, a.pairs, work)
+        result["toy"] = measure(write_toy(work / "toy"), EXAMPLES, 4, a.pairs, work)
         if not a.no_smollm2:
-            out = subprocess.run(
-                [sys.executable, "-m", "tests.real.smollm2"],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
-            sm = Path(out.strip().splitlines()[-1].split(" (")[0])
+            sm = smollm2_dir()
             few = work / "sft8.jsonl"
             few.write_text("".join(EXAMPLES.read_text().splitlines(True)[:8]))
             result["smollm2"] = measure(sm, few, 2, a.smollm2_pairs, work)
