@@ -60,7 +60,8 @@ def sft_args(model: Path, examples: Path, out: Path) -> list[str]:
     return [
         "tune", "sft", "--model", str(model), "--examples", str(examples), "--output", str(out),
         "--seed", "1", "--epochs", "1", "--batch-size", "2", "--accumulation", str(FORWARDS),
-        "--learning-rate", "1e-3", "--warmup-steps", "0", "--lora-rank", "8",
+        "--learning-rate", "1e-3", "--warmup-steps", "0", "--lr-schedule", "cosine",
+        "--lora-rank", "8",
         "--lora-alpha", "16", "--precision", "f32", "--chat-template", "on", "--quiet",
         "--threads", "1",
     ]  # fmt: skip

@@ -90,7 +90,8 @@ def twinrun_steps(model: Path, work: Path, steps: int) -> dict[str, Any]:
         "--group-size", str(s["group_size"]), "--max-new-tokens", str(s["max_new_tokens"]),
         "--temperature", str(s["temperature"]), "--batch-size", "16", "--clip-eps", "0.2",
         "--advantage-clip", "5", "--token-cap", "16", "--learning-rate", str(s["learning_rate"]),
-        "--warmup-steps", "0", "--lora-rank", str(s["lora_rank"]),
+        "--warmup-steps", "0", "--lr-schedule", "cosine",
+        "--lora-rank", str(s["lora_rank"]),
         "--lora-alpha", str(s["lora_alpha"]), "--precision", "f32", "--chat-template", "on",
         "--env", "arithmetic", "--threads", "1", "--quiet",
     ]  # fmt: skip

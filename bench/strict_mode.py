@@ -46,7 +46,8 @@ def sft(model: Path, examples: Path, out: Path, batch: int, strict: bool) -> dic
         sys.executable, "-m", "twinrun", "tune", "sft", "--model", str(model),
         "--examples", str(examples), "--output", str(out), "--seed", "1", "--epochs", "1",
         "--batch-size", str(batch), "--accumulation", "1", "--learning-rate", "1e-3",
-        "--warmup-steps", "0", "--lora-rank", "8", "--lora-alpha", "16", "--precision", "f32",
+        "--warmup-steps", "0", "--lr-schedule", "cosine", "--lora-rank", "8", "--lora-alpha", "16",
+        "--precision", "f32",
         "--chat-template", "on", "--threads", "1", "--quiet",
         "--strict" if strict else "--no-strict",
     ]  # fmt: skip
