@@ -31,7 +31,7 @@ from twinrun.config.schedule import lr_at
 from twinrun.config.toml import TomlRun, resolved_tree
 from twinrun.core.determinism import establish, runtime_versions
 from twinrun.core.digest import sha256_file
-from twinrun.core.errors import ConfigError, ContractError
+from twinrun.core.errors import ContractError
 from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.core.rng import float_bits, restore_torch_rng
 from twinrun.train.hooks.capture import SKIPPED
@@ -138,7 +138,7 @@ def build(v: Verified) -> Built:
     """Strict mode, then the model with the pinned adapter (and the reward head)."""
     from twinrun.core.rng import seed_torch
     from twinrun.model.build import build_model
-    from twinrun.model.lora import lora_parameters, read_adapter_config
+    from twinrun.model.lora import lora_parameters
     from twinrun.model.tokens import load_tokenizer
 
     cfg = v.run.cfg
@@ -146,14 +146,7 @@ def build(v: Verified) -> Built:
     provenance["torch_seed"] = seed_torch(valid(cfg).seed)
     model_dir = Path(valid(cfg).model)
     tok = load_tokenizer(model_dir)
-    adapter = read_adapter_config(cfg.init_adapter)  # type: ignore[arg-type]  # a replay config has it
-    if adapter["r"] != cfg.lora_rank or float(adapter["lora_alpha"]) != cfg.lora_alpha:
-        raise ConfigError(
-            f"adapter {cfg.init_adapter} is rank {adapter['r']} alpha "
-            f"{adapter['lora_alpha']}, the config says {cfg.lora_rank}/"
-            f"{cfg.lora_alpha}",
-            "make [model] lora_* match the adapter",
-        )
+    # the adapter's rank and alpha were checked against the config by the shared check path
     model = build_model(
         model_dir,
         precision=valid(cfg).precision,
