@@ -15,7 +15,7 @@ so padding can change the last bits of a row's sum. With `batch_invariant` it ru
 own span — positions 0 .. (last completion target) — one row at a time: a row's sum is then the
 same bits whatever the padded width and batch, and (for rows that end with their completion, as
 every twinrun-encoded row does) the bits a batch of one gives. `batch_invariant=None` follows the
-logits: those of a batch-invariant forward (`TwinLlama` with `batch_invariant = True`) carry the
+logits: those of a batch-invariant forward (`CausalLM` with `batch_invariant = True`) carry the
 attribute `BATCH_INVARIANT_TAG`.
 """
 
