@@ -247,7 +247,17 @@ class _Comparer:
             or ra.step < cur[0]
             or (table is not None and table.wants(ra.phase, ra.step))
         )
+        quick = not detail and not self.bitwise
         for pos, leaf in self._candidates(ra, rb, names):
+            if quick:  # only whether the row diverges: no LeafDiff for two numbers
+                a, b = ra.number(leaf, self.pa), rb.number(leaf, self.pb)
+                if a is not None and b is not None:
+                    if values_equal(a, b, self.rel_tol, self.abs_tol):
+                        continue
+                    self.diverged += 1
+                    if table is not None:
+                        table.add(ra.phase, ra.step, None)
+                    return
             d = self._leaf(ra, rb, leaf, pos)
             if d is None:
                 continue

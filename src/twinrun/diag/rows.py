@@ -53,10 +53,11 @@ _NUMBER_SEP = ', ": '  # between two checksum texts once the keys are cut out
 # bytes that a JSON string may not hold raw (controls), or that start an escape (backslash)
 _NOT_PLAIN = bytes(range(0x20)) + b"\\"
 # JSON numbers, each followed by a comma: an integer of at most the reader's digit limit, a
-# number with a fraction or exponent, or a literal Python's json module accepts
-_INT = rf"-?(?:0|[1-9][0-9]{{0,{DIAG.max_int_digits - 1}}})"
-_FLOAT = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+(?:[eE][-+]?[0-9]+)?|[eE][-+]?[0-9]+)"
-_NUMBERS = re.compile(rf"(?:(?:{_FLOAT}|{_INT}|NaN|-?Infinity),)*")
+# number with a fraction or exponent, or a literal Python's json module accepts. Possessive
+# quantifiers: giving back a digit never helps a match here, and not trying is faster.
+_INT = rf"-?(?:0|[1-9][0-9]{{0,{DIAG.max_int_digits - 1}}}+)"
+_FLOAT = r"-?(?:0|[1-9][0-9]*+)(?:\.[0-9]++(?:[eE][-+]?[0-9]++)?|[eE][-+]?[0-9]++)"
+_NUMBERS = re.compile(rf"(?:(?:{_FLOAT}|{_INT}|NaN|-?Infinity),)*+")
 
 
 def encode_float(x: float) -> float | str:
