@@ -167,7 +167,9 @@ class _Table:
         if self.limit is None:
             return True
         heap = self.kept.get(phase)
-        return heap is None or len(heap) < self.limit or step < -heap[0][0]
+        if not heap:
+            return self.limit > 0
+        return len(heap) < self.limit or step < -heap[0][0]
 
     def add(self, phase: str, step: int, leaves: list[str] | None) -> None:
         """Count a diverging row; keep its leaves (given when `wants` said so)."""
