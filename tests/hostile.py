@@ -69,12 +69,12 @@ def _payload(data: bytes) -> Any:
 
 
 def _diag_row(data: bytes) -> Any:
-    from twinrun.diag.recorder import decode_float, parse_row
+    from twinrun.diag.rows import parse_row
 
     row = parse_row(data.strip() or b"{}", Path("diag.jsonl"), 1)
     if row is not None:
-        for leaf, v in row.checks.items():
-            decode_float(v, Path("diag.jsonl"), 1, leaf)
+        for leaf in row.checks:
+            row.number(leaf, Path("diag.jsonl"))
     return row
 
 

@@ -244,3 +244,25 @@ def test_a_digest_only_leaf_is_compared_in_tolerance_mode(tmp_path: Path) -> Non
     r = compare(a, b)
     assert (r.first.leaf, r.first.kind) == ("x", "digest")
     assert r.leaves == ["loss", "x"]
+
+
+def test_table_without_the_matrix_is_the_matrix_table(tmp_path: Path) -> None:
+    """keep_table (all rows, or the first few) gives the table keep_matrix gives, counted whole:
+    rows out of order, two phases, leaves in another order in some rows, missing rows."""
+    from tests.integration.diff_cases import build
+
+    build(tmp_path)
+    pairs = [("phases_a.jsonl", "phases_b.jsonl"), ("a.jsonl", "drift_reversed.jsonl"),
+             ("edge_a.jsonl", "edge_b.jsonl"), ("edge_b.jsonl", "edge_a.jsonl")]  # fmt: skip
+    for name_a, name_b in pairs:
+        a, b = tmp_path / name_a, tmp_path / name_b
+        full = compare(a, b, keep_matrix=True)
+        assert full.table and full.table_rows == len(full.table)
+        whole = compare(a, b, keep_table=True)
+        assert whole.table == full.table and whole.table_rows == len(full.table)
+        for limit in (0, 1, 3, 20):
+            head = compare(a, b, keep_table=True, table_limit=limit)
+            assert head.table == full.table[:limit] and head.table_rows == len(full.table)
+            assert head.first == full.first and head.rows_diverged == full.rows_diverged
+    none = compare(tmp_path / "a.jsonl", tmp_path / "drift.jsonl")
+    assert none.table is None and none.table_rows is None

@@ -89,8 +89,9 @@ def _table(r: CompareResult) -> list[str]:
     out = ["diverging leaves per step:", f"  {'phase':<6} {'step':>6}  leaves"]
     for row in r.table[:TABLE_ROWS]:
         out.append(f"  {row.phase:<6} {row.step:>6}  {', '.join(row.leaves)}")
-    if len(r.table) > TABLE_ROWS:
-        out.append(f"  ... {len(r.table) - TABLE_ROWS} more rows (--json lists them all)")
+    total = len(r.table) if r.table_rows is None else r.table_rows
+    if total > TABLE_ROWS:
+        out.append(f"  ... {total - TABLE_ROWS} more rows (--json lists them all)")
     return out
 
 
@@ -146,7 +147,9 @@ def diff(
         rel_tol=rel_tol,
         abs_tol=abs_tol,
         bitwise=bitwise,
-        keep_matrix=True,  # the heatmap and the per-step table
+        keep_matrix=report is not None,  # the heatmap
+        keep_table=True,  # the per-step table: all of it in JSON, its first rows in text
+        table_limit=None if as_json else TABLE_ROWS,
     )
     if report is not None:
         from twinrun.diag.report import write_report

@@ -26,14 +26,17 @@ where they part. `trace_note` says why there is none when only one run has a tra
 
 from __future__ import annotations
 
+import heapq
 import math
 import os
 from dataclasses import asdict, dataclass, field
+from itertools import compress
+from operator import ne
 from pathlib import Path
 from typing import Any
 
 from twinrun.core.errors import DataError
-from twinrun.diag.recorder import DiagRow, decode_float, iter_lines, parse_row, resolve_diag_path
+from twinrun.diag.rows import DiagRow, iter_lines, parse_row, resolve_diag_path
 from twinrun.diag.tolerance import relative_difference, values_equal
 from twinrun.diag.trace import TraceDivergence, compare_traces, read_trace, trace_path_for
 
@@ -128,11 +131,14 @@ class CompareResult:
     first_module: TraceDivergence | None = None  # from the step traces, when both have one
     trace_note: str | None = None  # why there is no first_module although a trace exists
     table: list[DivergingRow] | None = None  # per diverging (phase, step): its diverging leaves
+    table_rows: int | None = None  # rows in the whole table (`table` may hold only the first)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (non-finite floats as "NaN"/"Infinity" strings; no matrix)."""
+        """A JSON-ready dict (non-finite floats as "NaN"/"Infinity" strings; no matrix, no
+        table_rows)."""
         d = asdict(self)
         d.pop("matrix")
+        d.pop("table_rows")
         return jsonable(d)
 
 
@@ -147,6 +153,43 @@ def jsonable(x: Any) -> Any:
     return x
 
 
+class _Table:
+    """The per-step table of diverging leaves, collected without the matrix: every diverging
+    row is counted; with a `limit`, only the rows that may still be among the first `limit`
+    (in comparison order) are kept — the smallest steps of each phase, in a max-heap."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.total = 0
+        self.kept: dict[str, list[tuple[int, list[str]]]] = {}  # phase -> (-step, leaves)
+
+    def wants(self, phase: str, step: int) -> bool:
+        if self.limit is None:
+            return True
+        heap = self.kept.get(phase)
+        if not heap:
+            return self.limit > 0
+        return len(heap) < self.limit or step < -heap[0][0]
+
+    def add(self, phase: str, step: int, leaves: list[str] | None) -> None:
+        """Count a diverging row; keep its leaves (given when `wants` said so)."""
+        self.total += 1
+        if leaves is None or not self.wants(phase, step):
+            return
+        heap = self.kept.setdefault(phase, [])
+        heapq.heappush(heap, (-step, leaves))
+        if self.limit is not None and len(heap) > self.limit:
+            heapq.heappop(heap)
+
+    def rows(self, rank: Any) -> list[DivergingRow]:
+        out = [
+            DivergingRow(phase, -neg, leaves)
+            for phase in sorted(self.kept, key=rank)
+            for neg, leaves in sorted(self.kept[phase], reverse=True)
+        ]
+        return out if self.limit is None else out[: self.limit]
+
+
 class _Comparer:
     """The streaming state: counters, the earliest divergence per phase, optional matrix."""
 
@@ -156,19 +199,26 @@ class _Comparer:
         self.rows = 0
         self.diverged = 0
         self.values = 0
-        self.leaves: dict[str, None] = {}
+        self.leaves: dict[str, int] = {}  # every leaf seen -> its place, run A's order first
         self._last_leaves: tuple[str, ...] = ()
         self.phase_a: dict[str, int] = {}
         self.phase_b: dict[str, int] = {}
         self.best: dict[str, tuple[int, Divergence, list[LeafDiff]]] = {}
         self.matrix: list[tuple[str, int, dict[str, float], set[str]]] | None = None
+        self.table: _Table | None = None
 
     def _see_leaves(self, names: list[str]) -> None:
         key = tuple(names)
         if key != self._last_leaves:
             self._last_leaves = key
             for n in names:
-                self.leaves.setdefault(n, None)
+                self.leaves.setdefault(n, len(self.leaves))
+
+    def _table_row(self, phase: str, step: int, leaves: list[str]) -> None:
+        """A diverging row into the table: its leaves in the order of every leaf seen (the
+        order of a leaf already seen never changes)."""
+        if self.table is not None:
+            self.table.add(phase, step, sorted(leaves, key=self.leaves.__getitem__))
 
     def identical(self, row: DiagRow) -> None:
         names = row.leaves()
@@ -189,19 +239,27 @@ class _Comparer:
         self.values += len(names)
         diffs: list[LeafDiff] = []
         rels: dict[str, float] = {}
-        bitwise = self.bitwise
         cur = self.best.get(ra.phase)
-        # details are needed only for a row that may become the first divergence (or the matrix)
-        detail = self.matrix is not None or cur is None or ra.step < cur[0]
-        for pos, leaf in enumerate(names):
-            if bitwise:
-                da = da_d.get(leaf)
-                if da is not None and da == db_d.get(leaf):
-                    continue  # bitwise equal
-            else:
-                ca = ca_d.get(leaf)
-                if type(ca) is float and ca == cb_d.get(leaf):
-                    continue  # equal numbers: no need to look further
+        # details are needed only for a row that may become the first divergence, or for the
+        # matrix or the table
+        table = self.table
+        detail = (
+            self.matrix is not None
+            or cur is None
+            or ra.step < cur[0]
+            or (table is not None and table.wants(ra.phase, ra.step))
+        )
+        quick = not detail and not self.bitwise
+        for pos, leaf in self._candidates(ra, rb, names):
+            if quick:  # only whether the row diverges: no LeafDiff for two numbers
+                a, b = ra.number(leaf, self.pa), rb.number(leaf, self.pb)
+                if a is not None and b is not None:
+                    if values_equal(a, b, self.rel_tol, self.abs_tol):
+                        continue
+                    self.diverged += 1
+                    if table is not None:
+                        table.add(ra.phase, ra.step, None)
+                    return
             d = self._leaf(ra, rb, leaf, pos)
             if d is None:
                 continue
@@ -209,6 +267,8 @@ class _Comparer:
             if d[0] is not None:
                 if not detail:
                     self.diverged += 1
+                    if table is not None:
+                        table.add(ra.phase, ra.step, None)
                     return
                 diffs.append(d[0])
         if self.matrix is not None:
@@ -220,13 +280,38 @@ class _Comparer:
             missing = None if f.kind != "missing" else ("B" if f.b is None else "A")
             div = Divergence(ra.phase, ra.step, f.leaf, f.a, f.b, f.delta, f.rel, kind, missing)
             self._diverge(ra.phase, ra.step, div, diffs)
+            self._table_row(ra.phase, ra.step, [d.leaf for d in diffs])
+
+    def _candidates(self, ra: DiagRow, rb: DiagRow, names: list[str]) -> Any:
+        """(position, leaf) of each leaf that is not plainly equal, in dataflow order. Plainly
+        equal: the same digest (bitwise mode), or the same checksum — as a float, or as the
+        number text of two rows read as text (equal texts are equal values)."""
+        if self.bitwise:
+            da_d, db_d = ra.digs, rb.digs
+            if len(da_d) == len(names) and list(da_d) == names == list(db_d):
+                return compress(enumerate(names), map(ne, da_d.values(), db_d.values()))
+            return (
+                (pos, leaf)
+                for pos, leaf in enumerate(names)
+                if (da := da_d.get(leaf)) is None or da != db_d.get(leaf)
+            )
+        ca_d, cb_d = ra.checks, rb.checks
+        if ra.text and rb.text and list(ca_d) == names == list(cb_d):
+            return compress(enumerate(names), map(ne, ca_d.values(), cb_d.values()))
+        both_text = ra.text and rb.text
+        return (
+            (pos, leaf)
+            for pos, leaf in enumerate(names)
+            if (ca := ca_d.get(leaf)) is None
+            or (type(ca) is not float and not both_text)
+            or ca != cb_d.get(leaf)
+        )
 
     def _leaf(
         self, ra: DiagRow, rb: DiagRow, leaf: str, pos: int
     ) -> tuple[LeafDiff | None, float] | None:
         ca, cb = ra.checks.get(leaf), rb.checks.get(leaf)
-        a = None if ca is None else decode_float(ca, self.pa, ra.lineno, leaf)
-        b = None if cb is None else decode_float(cb, self.pb, rb.lineno, leaf)
+        a, b = ra.number(leaf, self.pa), rb.number(leaf, self.pb)
         if a is not None and b is not None:
             rel = relative_difference(a, b)
             delta = 0.0 if rel == 0.0 else abs(a - b)
@@ -263,6 +348,8 @@ class _Comparer:
             row.phase, row.step, None, None, None, math.inf, math.inf, "missing_row", missing_in
         )
         self._diverge(row.phase, row.step, div, [])
+        if names:
+            self._table_row(row.phase, row.step, names)
 
     def note_phase(self, row: DiagRow, side: dict[str, int]) -> None:
         if row.phase not in side:
@@ -282,19 +369,29 @@ def compare(
     abs_tol: float = 1e-7,
     bitwise: bool = False,
     keep_matrix: bool = False,
+    keep_table: bool = False,
+    table_limit: int | None = None,
 ) -> CompareResult:
     """Compare two runs (diag.jsonl files or run directories); see the module docstring.
+
+    `keep_matrix` keeps the steps × leaves matrix (memory grows with the rows) and the table;
+    `keep_table` only the per-step table of diverging leaves, and with `table_limit` only its
+    first rows (memory flat in the rows; `table_rows` still counts them all).
 
     Raises DataError (exit code 2) for a missing file, an unreadable line (named file:line),
     a run without rows, or a (phase, step) recorded twice while still unmatched."""
     if rel_tol < 0 or abs_tol < 0:
         raise DataError("tolerances must be non-negative")
+    if table_limit is not None and table_limit < 0:
+        raise ValueError(f"table_limit must be >= 0, got {table_limit}")
     pa, pb = resolve_diag_path(run_a), resolve_diag_path(run_b)
     st = _Comparer(pa, pb, rel_tol, abs_tol, bitwise)
     if keep_matrix:
         st.matrix = []
+    elif keep_table:
+        st.table = _Table(table_limit)
     _pair_rows(st)
-    return _result(st)
+    return _result(st, table_limit)
 
 
 def _pair_rows(st: _Comparer) -> None:
@@ -368,7 +465,7 @@ def _pair_rows(st: _Comparer) -> None:
         st.missing_row(row, "A")
 
 
-def _result(st: _Comparer) -> CompareResult:
+def _result(st: _Comparer, table_limit: int | None) -> CompareResult:
     """The first divergence (earliest phase first), what co-diverges, the matrix and the
     trace comparison at the first divergence."""
     pa, pb, rel_tol, abs_tol, bitwise = st.pa, st.pb, st.rel_tol, st.abs_tol, st.bitwise
@@ -379,6 +476,14 @@ def _result(st: _Comparer) -> CompareResult:
         _, first, diffs = st.best[phase]
         co = sorted(diffs, key=lambda d: (-d.rel, d.position))
     matrix = _matrix(st)
+    table: list[DivergingRow] | None = None
+    table_rows: int | None = None
+    if matrix is not None:
+        table = diverging_table(matrix)
+        table_rows = len(table)
+        table = table if table_limit is None else table[:table_limit]
+    elif st.table is not None:
+        table, table_rows = st.table.rows(st.rank), st.table.total
     first_module, note = None, None
     if first is not None:
         first_module, note = _first_module(pa, pb, first, rel_tol, abs_tol, bitwise)
@@ -398,7 +503,8 @@ def _result(st: _Comparer) -> CompareResult:
         matrix=matrix,
         first_module=first_module,
         trace_note=note,
-        table=None if matrix is None else diverging_table(matrix),
+        table=table,
+        table_rows=table_rows,
     )
 
 

@@ -32,24 +32,30 @@ until every row handed over is on disk and raises the first error the background
 `close()` flushes.
 
 The reading side (`resolve_diag_path`, `iter_lines`, `parse_row`, `decode_float`, `DiagRow`)
-lives here too, next to the format it reads; `twinrun.diag.compare` uses it.
+lives in `twinrun.diag.rows` and is re-exported here.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from twinrun.core.errors import DataError
-from twinrun.core.jsonlimits import DIAG, parse_json
 from twinrun.diag.checksum import FlatParts, checksum_digest, checksum_digest_many
+from twinrun.diag.rows import (
+    DIAG_FORMAT,
+    DiagRow,
+    decode_float,
+    encode_float,
+    iter_lines,
+    parse_row,
+    resolve_diag_path,
+)
 
 __all__ = [
     "DIAG_FORMAT",
@@ -67,11 +73,8 @@ __all__ = [
     "leaf_value",
 ]
 
-DIAG_FORMAT = "twinrun.diag.v1"
 DIAG_FILENAME = "diag.jsonl"
 SWITCH_INTERVAL_S = 0.0005  # while rows are computed in the background (see record_later)
-_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-_HINT = "each line of diag.jsonl must be one JSON object written by twinrun --diag"
 
 #: The standard leaves in dataflow order (the GRPO leaves follow the sample indices).
 STANDARD_LEAVES: tuple[str, ...] = (
@@ -102,15 +105,6 @@ class LeafValue:
 
     checksum: float
     digest: str
-
-
-def encode_float(x: float) -> float | str:
-    """A checksum as written to JSON: the float itself, or "NaN" / "Infinity" / "-Infinity"."""
-    if math.isnan(x):
-        return "NaN"
-    if math.isinf(x):
-        return "Infinity" if x > 0 else "-Infinity"
-    return float(x)
 
 
 def _is_part_list(value: Any) -> bool:
@@ -266,93 +260,3 @@ class DiagRecorder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# -- reading (used by twinrun.diag.compare) ----------------------------------------------------
-
-
-def resolve_diag_path(path: str | os.PathLike[str]) -> Path:
-    """A diag.jsonl file, or a run directory containing one; DataError when there is none."""
-    p = Path(path)
-    if p.is_dir():
-        f = p / "diag.jsonl"
-        if not f.is_file():
-            raise DataError(f"{p}: no diag.jsonl in this run directory", "run it with --diag")
-        return f
-    if not p.exists():
-        raise DataError(f"{p}: no such file or directory", "give a diag.jsonl or a run directory")
-    return p
-
-
-class DiagRow:
-    """One parsed diag row: leaf -> checksum (raw JSON value) and leaf -> digest."""
-
-    __slots__ = ("phase", "step", "checks", "digs", "lineno")
-
-    def __init__(self, phase: str, step: int, checks: dict, digs: dict, lineno: int) -> None:
-        self.phase = phase
-        self.step = step
-        self.checks = checks
-        self.digs = digs
-        self.lineno = lineno
-
-    def leaves(self) -> list[str]:
-        out = list(self.checks)
-        if len(self.digs) != len(out) or any(k not in self.checks for k in self.digs):
-            out += [k for k in self.digs if k not in self.checks]
-        return out
-
-
-def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """(line number, stripped bytes) of each non-blank line; DataError if unreadable."""
-    try:
-        fh = open(path, "rb")  # noqa: SIM115
-    except OSError as exc:
-        raise DataError(f"{path}: cannot be read ({exc.strerror})") from exc
-    with fh:
-        for lineno, raw in enumerate(fh, 1):
-            raw = raw.strip()
-            if raw:
-                yield lineno, raw
-
-
-def parse_row(raw: bytes, path: Path, lineno: int) -> DiagRow | None:
-    """Parse one line; None for another twinrun row kind (e.g. a step trace) to skip."""
-    obj = parse_json(raw, f"{path}:{lineno}", DIAG)  # bounded digits, depth and size
-    if type(obj) is not dict:
-        raise DataError(f"{path}:{lineno}: a row must be a JSON object", _HINT)
-    fmt = obj.get("format", DIAG_FORMAT)
-    step = obj.get("step")
-    phase = obj.get("phase", "train")
-    checks = obj.get("checksums", {})
-    digs = obj.get("digests", {})
-    if (
-        fmt == DIAG_FORMAT
-        and type(step) is int
-        and type(phase) is str
-        and phase
-        and type(checks) is dict
-        and type(digs) is dict
-    ):
-        return DiagRow(phase, step, checks, digs, lineno)
-    where = f"{path}:{lineno}"
-    if fmt != DIAG_FORMAT:
-        if isinstance(fmt, str) and fmt.startswith("twinrun."):
-            return None  # another twinrun row kind (e.g. a step trace): not compared here
-        raise DataError(f"{where}: unknown format {fmt!r} (expected {DIAG_FORMAT!r})", _HINT)
-    if type(step) is not int:
-        raise DataError(f"{where}: 'step' must be an integer, got {step!r}", _HINT)
-    if type(phase) is not str or not phase:
-        raise DataError(f"{where}: 'phase' must be a non-empty string, got {phase!r}", _HINT)
-    raise DataError(f"{where}: 'checksums' and 'digests' must be JSON objects", _HINT)
-
-
-def decode_float(v: Any, path: Path, lineno: int, leaf: str) -> float:
-    """A checksum as read from JSON (number, or "NaN"/"Infinity"/"-Infinity") as a float."""
-    if type(v) is float:
-        return v
-    if isinstance(v, int) and not isinstance(v, bool):
-        return float(v) if abs(v) < 2**1024 else math.copysign(math.inf, v)
-    if isinstance(v, str) and v in _NONFINITE:
-        return _NONFINITE[v]
-    raise DataError(f"{path}:{lineno}: checksum of {leaf!r} is not a number: {v!r}", _HINT)

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.core.errors import DataError
-from twinrun.diag.recorder import decode_float, encode_float
+from twinrun.diag.rows import decode_float, encode_float
 
 __all__ = [
     "TRACE_FILENAME",
