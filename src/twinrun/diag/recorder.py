@@ -49,7 +49,8 @@ from typing import Any, TextIO
 
 from twinrun.core.errors import DataError
 from twinrun.core.jsonlimits import DIAG, parse_json
-from twinrun.diag.checksum import FlatParts, checksum_digest, checksum_digest_many
+from twinrun.diag.checksum import checksum_digest, checksum_digest_many
+from twinrun.diag.flat import FlatLeaf
 
 __all__ = [
     "DIAG_FORMAT",
@@ -122,11 +123,11 @@ def _is_part_list(value: Any) -> bool:
 
 def leaf_value(value: Any) -> LeafValue:
     """Checksum and digest of one leaf value: a tensor, numpy array, float, int, list of numbers,
-    a list of tensors or a FlatParts (a multi-part leaf: merged checksum, `digest_many`), or a
+    a list of tensors or a FlatLeaf (a multi-part leaf: merged checksum, `digest_many`), or a
     LeafValue."""
     if isinstance(value, LeafValue):
         return value
-    if isinstance(value, FlatParts):
+    if isinstance(value, FlatLeaf):
         return LeafValue(*value.checksum_digest())
     if _is_part_list(value):
         return LeafValue(*checksum_digest_many(value))
