@@ -11,7 +11,8 @@ the bytes themselves: the cost is the step's logits, sent once per process) and 
 the row. Every other leaf is already the same on every process.
 
 The row is computed on the recorder's background thread while the next step runs (the tensors
-the next step updates in place — parameters and Adam moments — are handed over as copies); the
+the next step updates in place — parameters and Adam moments — are handed over as copies: the
+four LoRA leaves in one flat buffer, copied with one call and checksummed in one pass); the
 loop's checkpoints flush it first, and closing the hook at the end of the run writes the rest.
 """
 
@@ -76,7 +77,7 @@ def late_leaves(ctx: StepContext) -> dict[str, Any]:
     since the next step updates them in place while the row is computed."""
     loop = ctx.loop
     states = [loop.optimizer.state.get(p, {}) for _, p in loop.params]
-    parts = [
+    parts: list[list[torch.Tensor]] = [
         list(ctx.grads),
         [s["exp_avg"] for s in states if "exp_avg" in s],
         [s["exp_avg_sq"] for s in states if "exp_avg_sq" in s],
