@@ -108,25 +108,52 @@ def test_checksum_digest_helpers_match_the_separate_functions() -> None:
     assert digest(t) != digest(t.float())  # bfloat16 is hashed as its own bits
 
 
-def test_flat_parts_same_checksum_and_digest_as_the_parts() -> None:
-    from twinrun.diag.checksum import FlatParts, checksum_digest_many
+def test_flat_leaves_same_checksums_and_digests_as_each_leaf_part_by_part() -> None:
+    from twinrun.diag.checksum import checksum_digest_many
+    from twinrun.diag.flat import FlatLeaves
 
     g = torch.Generator().manual_seed(3)
     parts = [torch.randn(8, 64, generator=g), torch.randn(64, 8, generator=g).t(),  # strided
              torch.randn(3, generator=g) * 1e30, torch.tensor([0.0, -0.0, 1e-45])]  # fmt: skip
     parts.append(torch.randn(5, 7, generator=g, requires_grad=True))
-    assert FlatParts.fits(parts)
-    flat = FlatParts(parts)
-    before = checksum_digest_many(parts)
-    for p in parts:  # a copy: later in-place updates do not reach it
-        p.data.add_(1.0)
-    assert flat.checksum_digest() == before
-    assert flat.checksum_digest() != checksum_digest_many(parts)
+    leaves = [
+        parts,
+        [p.detach() * 1e-20 for p in parts],  # the same shapes, other exponents
+        [torch.nn.Parameter(torch.randn(4, 4, generator=g))],  # one part, a Parameter
+        [torch.tensor([1.0, float("inf")]), torch.tensor([2.0])],  # inf only in this leaf
+        [torch.tensor([float("nan")]), torch.ones(3)],  # NaN only in this leaf
+        [torch.tensor([3.0]), torch.tensor([4.0])],  # 9 + 16, after the non-finite leaves
+    ]
+    assert all(FlatLeaves.fits(leaf) for leaf in leaves)
+    group = FlatLeaves(leaves)
+    before = [checksum_digest_many(leaf) for leaf in leaves]
+    for leaf in leaves:  # a copy: later in-place updates do not reach it
+        for p in leaf:
+            p.data.add_(1.0)
+    got = [group.leaf(i).checksum_digest() for i in range(len(leaves))]
+    assert got[:4] + got[5:] == before[:4] + before[5:]
+    assert math.isnan(got[4][0]) and got[4][1] == before[4][1]
+    assert got[3][0] == math.inf and got[5][0] == 25.0
+    assert got[0] != checksum_digest_many(leaves[0])
 
 
-def test_flat_parts_only_for_several_float32_cpu_tensors() -> None:
-    from twinrun.diag.checksum import FlatParts
+def test_flat_leaves_one_pass_matches_fsum_on_many_values() -> None:
+    """Leaves large enough to fold more than once (2**20 values a fold) keep their own sums."""
+    from twinrun.diag.flat import FlatLeaves
 
-    assert not FlatParts.fits([torch.zeros(3)])
-    assert not FlatParts.fits([torch.zeros(3), torch.zeros(3, dtype=torch.float64)])
-    assert not FlatParts.fits([torch.zeros(3), np.zeros(3, dtype=np.float32)])
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(700_000, generator=g) * torch.exp(torch.randn(700_000, generator=g) * 8)
+    b = torch.randn(600_000, generator=g)
+    group = FlatLeaves([[a[:300_000], a[300_000:]], [b]])
+    for i, t in enumerate((a, b)):
+        want = math.fsum(float(x) ** 2 for x in t.double().tolist())
+        assert group.leaf(i).checksum_digest()[0] == want
+
+
+def test_flat_leaves_only_for_float32_cpu_tensors() -> None:
+    from twinrun.diag.flat import FlatLeaves
+
+    assert not FlatLeaves.fits([])
+    assert not FlatLeaves.fits([torch.zeros(3), torch.zeros(3, dtype=torch.float64)])
+    assert not FlatLeaves.fits([torch.zeros(3), np.zeros(3, dtype=np.float32)])
+    assert FlatLeaves.fits([torch.zeros(3)])

@@ -44,7 +44,6 @@ from collections.abc import Iterable
 from typing import Any
 
 __all__ = [
-    "FlatParts",
     "SumSq",
     "checksum_digest",
     "checksum_digest_many",
@@ -102,28 +101,31 @@ class _Bins:
 
     `feed` widens each block of values into a per-thread float64 buffer, squares it, splits the
     squares into hi/lo and bins them (see the module docstring); only the bins (2 x 2048
-    floats) are kept between calls. Every `_HB_FLUSH` values the bins are folded into an
-    integer; `settle()` returns the exact total in units of 2**-_Q and the non-finite flags,
-    and starts over."""
+    floats per segment) are kept between calls. With `segments` > 1 each value also carries
+    its segment's key (segment * 2048, `feed(a, keys)`): one pass bins several leaves apart.
+    Every `_HB_FLUSH` values the bins are folded into integers; `settle_all()` returns each
+    segment's exact total in units of 2**-_Q and non-finite flags, and starts over."""
 
-    __slots__ = ("bh", "bl", "count", "total", "nan", "inf")
+    __slots__ = ("bh", "bl", "count", "totals", "nan", "inf", "segments")
 
-    def __init__(self) -> None:
+    def __init__(self, segments: int = 1) -> None:
         import numpy as np
 
-        self.bh = np.zeros(_NBINS, dtype=np.float64)
-        self.bl = np.zeros(_NBINS, dtype=np.float64)
+        self.segments = segments
+        self.bh = np.zeros(segments * _NBINS, dtype=np.float64)
+        self.bl = np.zeros(segments * _NBINS, dtype=np.float64)
         self.count = 0  # values in the bins
-        self.total = 0
-        self.nan = False
-        self.inf = False
+        self.totals = [0] * segments
+        self.nan = [False] * segments
+        self.inf = [False] * segments
 
-    def feed(self, a: Any) -> None:
-        """Add the squares of a 1-D float16/float32 numpy array (`a` is not kept)."""
+    def feed(self, a: Any, keys: Any = None) -> None:
+        """Add the squares of a 1-D float16/float32 numpy array (`a` is not kept); `keys`, when
+        given, holds each value's segment * 2048 (an int64 array as long as `a`)."""
         import numpy as np
 
         buf, k_all, h_all = _scratch_arrays()
-        n = a.shape[0]
+        n, nbins = a.shape[0], self.bh.shape[0]
         for off in range(0, n, _HB):
             nb = min(_HB, n - off)
             if self.count + nb > _HB_FLUSH:
@@ -133,42 +135,68 @@ class _Bins:
             np.multiply(s, s, out=s)  # exact: a float32 square has at most 48 significant bits
             bits = s.view(np.int64)
             np.right_shift(bits, 52, out=k)  # the biased exponent (squares are >= 0)
+            if keys is not None:
+                np.add(k, keys[off : off + nb], out=k)
             np.bitwise_and(bits, _HI_MASK, out=h.view(np.int64))  # hi: top 25 significant bits
             with np.errstate(invalid="ignore"):  # inf - inf = NaN in bin 2047: see _fold
                 np.subtract(s, h, out=s)  # lo = s - hi, exact, 0 <= lo < 2**(exponent-24)
-            self.bh += np.bincount(k, h, minlength=_NBINS)
-            self.bl += np.bincount(k, s, minlength=_NBINS)
+            self.bh += np.bincount(k, h, minlength=nbins)
+            self.bl += np.bincount(k, s, minlength=nbins)
             self.count += nb
 
     def _fold(self) -> None:
-        """Add the binned sums to `total` exactly and empty the bins."""
+        """Add the binned sums to `totals` exactly and empty the bins."""
         import numpy as np
 
-        top = float(self.bh[_NBINS - 1])
-        if top != 0.0 or float(self.bl[_NBINS - 1]) != 0.0:
-            if math.isnan(top):  # a NaN keeps its quiet bit in hi; an inf's lo is NaN
-                self.nan = True
+        bh = self.bh.reshape(self.segments, _NBINS)
+        bl = self.bl.reshape(self.segments, _NBINS)
+        for seg in np.flatnonzero((bh[:, _NBINS - 1] != 0.0) | (bl[:, _NBINS - 1] != 0.0)).tolist():
+            if math.isnan(float(bh[seg, _NBINS - 1])):  # a NaN keeps its quiet bit in hi;
+                self.nan[seg] = True  # an inf's lo is NaN
             else:
-                self.inf = True
-            self.bh[_NBINS - 1] = self.bl[_NBINS - 1] = 0.0
+                self.inf[seg] = True
+            bh[seg, _NBINS - 1] = bl[seg, _NBINS - 1] = 0.0
         if self.count == 0:
             return
         lg = max(1, (self.count - 1).bit_length())
         w = 29 - lg  # w adjacent bins still sum exactly (module docstring); lg <= 21 here
         used = (_SQ_TOP // w) * w  # bins above _SQ_TOP hold no finite square of a float32
-        for bins in (self.bh, self.bl):
-            groups = bins[:used].reshape(-1, w).sum(axis=1)
-            for v in groups[np.flatnonzero(groups)].tolist():
-                self.total += _to_fixed(v, 0)
-            bins.fill(0.0)
+        totals = self.totals
+        for bins in (bh, bl):
+            groups = bins[:, :used].reshape(self.segments, -1, w).sum(axis=2)
+            segs, _ = np.nonzero(groups)
+            for seg, v in zip(segs.tolist(), groups[groups != 0.0].tolist(), strict=True):
+                totals[seg] += _to_fixed(v, 0)
+        self.bh.fill(0.0)
+        self.bl.fill(0.0)
         self.count = 0
 
-    def settle(self) -> tuple[int, bool, bool]:
-        """(exact total in units of 2**-_Q, any NaN, any inf) of everything fed; starts over."""
+    def settle_all(self) -> list[tuple[int, bool, bool]]:
+        """Per segment: (exact total in units of 2**-_Q, any NaN, any inf) of everything fed;
+        starts over."""
         self._fold()
-        out = (self.total, self.nan, self.inf)
-        self.total, self.nan, self.inf = 0, False, False
+        out = list(zip(self.totals, self.nan, self.inf, strict=True))
+        self.totals = [0] * self.segments
+        self.nan = [False] * self.segments
+        self.inf = [False] * self.segments
         return out
+
+    def settle(self) -> tuple[int, bool, bool]:
+        """`settle_all` of a one-segment accumulator."""
+        return self.settle_all()[0]
+
+
+def exact_value(n: int, nan: bool, inf: bool) -> float:
+    """The float of an exact total `n` in units of 2**-_Q, correctly rounded: NaN if any value
+    was NaN, inf if any was infinite (or the total exceeds the float64 range)."""
+    if nan:
+        return math.nan
+    if inf:
+        return math.inf
+    try:
+        return n / (1 << _Q)  # int / int is correctly rounded in CPython
+    except OverflowError:
+        return math.inf
 
 
 def _to_fixed(p: float, sc: int) -> int:
@@ -369,14 +397,7 @@ class SumSq:
     def value(self) -> float:
         """The correctly rounded exact sum: NaN if any value was NaN, inf if any was infinite."""
         self._settle()
-        if self._nan:
-            return math.nan
-        if self._inf:
-            return math.inf
-        try:
-            return self._n / (1 << _Q)  # int / int is correctly rounded in CPython
-        except OverflowError:
-            return math.inf
+        return exact_value(self._n, self._nan, self._inf)
 
     def copy(self) -> SumSq:
         self._settle()
@@ -691,60 +712,3 @@ def checksum_digest_many(xs: Iterable[Any]) -> tuple[float, str]:
     for part in views:
         acc.add(part)
     return acc.value(), digest_many(views)
-
-
-class FlatParts:
-    """The float32 CPU parts of one leaf copied into one contiguous buffer: one copy for the
-    leaf instead of one per part (the diag hook hands a step's LoRA gradients, Adam moments and
-    parameters to the background recorder this way). `checksum_digest()` is exactly
-    `checksum_digest_many(parts)`: the same merged sum of squares, and the same digest bytes —
-    each part framed by its own shape over its own slice of the buffer."""
-
-    __slots__ = ("flat", "shapes")
-
-    def __init__(self, parts: list[Any]) -> None:
-        import torch
-        from torch._utils import _flatten_dense_tensors
-
-        with torch.no_grad():
-            self.flat = _flatten_dense_tensors(parts)
-        self.shapes = [tuple(p.shape) for p in parts]
-
-    @staticmethod
-    def fits(parts: list[Any]) -> bool:
-        """Whether `parts` can be kept flat: two or more float32 CPU tensors."""
-        torch = sys.modules.get("torch")
-        return (
-            torch is not None
-            and len(parts) > 1
-            and _LITTLE
-            and all(type(x) is torch.Tensor and x.dtype is torch.float32 and x.is_cpu
-                    for x in parts)
-        )  # fmt: skip
-
-    def checksum_digest(self) -> tuple[float, str]:
-        a = self.flat.numpy()
-        mv = memoryview(a).cast("B")
-        pieces: list[bytes | memoryview] = [b"twinrun.tensors.v1\0"]
-        for head, start, stop in _flat_layout(tuple(self.shapes)):
-            pieces += (head, mv[start:stop])
-        return SumSq().add(a).value(), hashlib.sha256(b"".join(pieces)).hexdigest()
-
-
-_layouts: dict[tuple[tuple[int, ...], ...], list[tuple[bytes, int, int]]] = {}
-
-
-def _flat_layout(shapes: tuple[tuple[int, ...], ...]) -> list[tuple[bytes, int, int]]:
-    """For float32 parts of these shapes laid end to end: each part's frame header and byte
-    span (the part count leads the first header, as `digest_many` hashes it)."""
-    layout = _layouts.get(shapes)
-    if layout is None:
-        layout, start = [], 0
-        for i, shape in enumerate(shapes):
-            nbytes = 4 * math.prod(shape)
-            head = _header("float32", shape, nbytes)
-            layout.append(((len(shapes).to_bytes(8, "big") if i == 0 else b"") + head, start,
-                           start + nbytes))  # fmt: skip
-            start += nbytes
-        _layouts[shapes] = layout
-    return layout

@@ -46,7 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from twinrun.diag.checksum import FlatParts, checksum_digest, checksum_digest_many
+from twinrun.diag.checksum import checksum_digest, checksum_digest_many
+from twinrun.diag.flat import FlatLeaf
 from twinrun.diag.rows import (
     DIAG_FORMAT,
     DiagRow,
@@ -116,11 +117,11 @@ def _is_part_list(value: Any) -> bool:
 
 def leaf_value(value: Any) -> LeafValue:
     """Checksum and digest of one leaf value: a tensor, numpy array, float, int, list of numbers,
-    a list of tensors or a FlatParts (a multi-part leaf: merged checksum, `digest_many`), or a
+    a list of tensors or a FlatLeaf (a multi-part leaf: merged checksum, `digest_many`), or a
     LeafValue."""
     if isinstance(value, LeafValue):
         return value
-    if isinstance(value, FlatParts):
+    if isinstance(value, FlatLeaf):
         return LeafValue(*value.checksum_digest())
     if _is_part_list(value):
         return LeafValue(*checksum_digest_many(value))

@@ -11,7 +11,8 @@ the bytes themselves: the cost is the step's logits, sent once per process) and 
 the row. Every other leaf is already the same on every process.
 
 The row is computed on the recorder's background thread while the next step runs (the tensors
-the next step updates in place — parameters and Adam moments — are handed over as copies); the
+the next step updates in place — parameters and Adam moments — are handed over as copies: the
+four LoRA leaves in one flat buffer, copied with one call and checksummed in one pass); the
 loop's checkpoints flush it first, and closing the hook at the end of the run writes the rest.
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-from twinrun.diag.checksum import FlatParts
+from twinrun.diag.flat import FlatLeaf, FlatLeaves
 from twinrun.train.distributed import in_global_order
 from twinrun.train.loop import Forward, Hook, StepContext, rng_state_leaf
 
@@ -68,24 +69,37 @@ class DiagHook(Hook):
             self.recorder.close()
 
 
+LORA_LEAVES = ("grads.lora", "adam.exp_avg", "adam.exp_avg_sq", "params.lora")
+
+
 def late_leaves(ctx: StepContext) -> dict[str, Any]:
     """The leaves after the backward: gradients, Adam moments, parameters, lr, RNG state — copies,
     since the next step updates them in place while the row is computed."""
     loop = ctx.loop
     states = [loop.optimizer.state.get(p, {}) for _, p in loop.params]
+    parts: list[list[torch.Tensor]] = [
+        list(ctx.grads),
+        [s["exp_avg"] for s in states if "exp_avg" in s],
+        [s["exp_avg_sq"] for s in states if "exp_avg_sq" in s],
+        [p for _, p in loop.params],
+    ]
     return {
-        "grads.lora": copied(list(ctx.grads)),
-        "adam.exp_avg": copied([s["exp_avg"] for s in states if "exp_avg" in s]),
-        "adam.exp_avg_sq": copied([s["exp_avg_sq"] for s in states if "exp_avg_sq" in s]),
-        "params.lora": copied([p for _, p in loop.params]),
+        **dict(zip(LORA_LEAVES, copied(parts), strict=True)),
         "lr": torch.tensor([ctx.lr], dtype=torch.float64),
         "rng.state": rng_state_leaf(),
     }
 
 
-def copied(parts: list[torch.Tensor]) -> FlatParts | list[torch.Tensor]:
-    """A copy of a leaf's parts: float32 CPU parts (the usual LoRA leaf) in one flat buffer —
-    one copy instead of one per part; anything else part by part."""
-    if FlatParts.fits(parts):
-        return FlatParts(parts)
-    return [t.detach().clone() for t in parts]
+def copied(leaves: list[list[torch.Tensor]]) -> list[FlatLeaf | list[torch.Tensor]]:
+    """A copy of each leaf's parts: the leaves whose parts are float32 CPU tensors (the usual
+    LoRA leaves) share one flat buffer — one copy for all of them, and one checksum pass (see
+    diag/flat.py); any other leaf part by part."""
+    flat = [i for i, parts in enumerate(leaves) if FlatLeaves.fits(parts)]
+    group = FlatLeaves([leaves[i] for i in flat]) if flat else None
+    out: list[FlatLeaf | list[torch.Tensor]] = []
+    for i, parts in enumerate(leaves):
+        if group is not None and i in flat:
+            out.append(group.leaf(flat.index(i)))
+        else:
+            out.append([t.detach().clone() for t in parts])
+    return out

@@ -1,0 +1,147 @@
+"""Several multi-part float32 leaves kept in one flat buffer and checksummed in one pass.
+
+A training step's LoRA leaves (the gradients, both Adam moments, the parameters) are each made
+of many small float32 tensors. `FlatLeaves` copies all of their parts into one contiguous
+buffer with one call (a snapshot: the next step's in-place updates do not reach it), and
+computes every leaf's checksum and digest together:
+
+* the checksums in one binned pass over the whole buffer (`twinrun.diag.checksum`'s exact
+  float32 path), each value's bin offset by its leaf, so each leaf still gets its own exact
+  sum of squares;
+* each leaf's digest over its own span of the buffer, every part framed by its own shape.
+
+`FlatLeaves(...).leaf(i)` is what a row holds for leaf i; `DiagRecorder` computes the group the
+first time one of its leaves is asked for. The checksum and digest of leaf i are exactly
+`checksum_digest_many(leaves[i])`: the same merged sum of squares and the same digest bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import sys
+from typing import Any
+
+from twinrun.diag.checksum import (
+    _CHUNK,
+    _LITTLE,
+    _NBINS,
+    SumSq,
+    _Bins,
+    _header,
+    exact_value,
+)
+
+__all__ = ["FlatLeaf", "FlatLeaves"]
+
+Shapes = tuple[tuple[int, ...], ...]
+_layouts: dict[Shapes, list[tuple[bytes, int, int]]] = {}
+_keys: dict[tuple[int, ...], Any] = {}
+
+
+class FlatLeaves:
+    """The float32 CPU parts of several leaves, copied into one buffer (see the module
+    docstring). `fits(parts)` says whether a leaf's parts can be kept this way."""
+
+    __slots__ = ("flat", "shapes", "counts", "_results")
+
+    def __init__(self, leaves: list[list[Any]]) -> None:
+        import torch
+        from torch._utils import _flatten_dense_tensors
+
+        parts = [p for leaf in leaves for p in leaf]
+        with torch.no_grad():
+            self.flat = _flatten_dense_tensors(parts)
+        self.shapes: list[Shapes] = [tuple(tuple(p.shape) for p in leaf) for leaf in leaves]
+        self.counts = [sum(p.numel() for p in leaf) for leaf in leaves]
+        self._results: list[tuple[float, str]] | None = None
+
+    @staticmethod
+    def fits(parts: list[Any]) -> bool:
+        """Whether a leaf's `parts` can be kept flat: one or more float32 CPU tensors."""
+        torch = sys.modules.get("torch")
+        return (
+            torch is not None
+            and len(parts) > 0
+            and _LITTLE
+            and all(isinstance(x, torch.Tensor) and x.dtype is torch.float32 and x.is_cpu
+                    for x in parts)
+        )  # fmt: skip
+
+    def leaf(self, i: int) -> FlatLeaf:
+        """Leaf i, as a value for a diag row."""
+        return FlatLeaf(self, i)
+
+    def results(self) -> list[tuple[float, str]]:
+        """(checksum, digest) of every leaf, computed once."""
+        if self._results is None:
+            self._results = list(zip(self._checksums(), self._digests(), strict=True))
+        return self._results
+
+    def _checksums(self) -> list[float]:
+        a = self.flat.numpy()
+        if a.shape[0] >= 2 * _CHUNK:  # large leaves: SumSq's chunked, threaded path per leaf
+            out, start = [], 0
+            for n in self.counts:
+                out.append(SumSq().add(a[start : start + n]).value())
+                start += n
+            return out
+        bins = _Bins(len(self.counts))
+        bins.feed(a, _segment_keys(tuple(self.counts)))
+        return [exact_value(*t) for t in bins.settle_all()]
+
+    def _digests(self) -> list[str]:
+        mv = memoryview(self.flat.numpy()).cast("B")
+        out, base = [], 0
+        for shapes, n in zip(self.shapes, self.counts, strict=True):
+            pieces: list[bytes | memoryview] = [b"twinrun.tensors.v1\0"]
+            for head, start, stop in _flat_layout(shapes):
+                pieces += (head, mv[base + start : base + stop])
+            out.append(hashlib.sha256(b"".join(pieces)).hexdigest())
+            base += 4 * n
+        return out
+
+
+class FlatLeaf:
+    """One leaf of a `FlatLeaves` group, as a diag row holds it."""
+
+    __slots__ = ("group", "index")
+
+    def __init__(self, group: FlatLeaves, index: int) -> None:
+        self.group = group
+        self.index = index
+
+    def checksum_digest(self) -> tuple[float, str]:
+        """Exactly `checksum_digest_many` of the leaf's parts (as they were when copied)."""
+        return self.group.results()[self.index]
+
+
+def _segment_keys(counts: tuple[int, ...]) -> Any:
+    """For leaves of these sizes laid end to end: each value's bin offset (leaf * 2048)."""
+    keys = _keys.get(counts)
+    if keys is None:
+        import numpy as np
+
+        keys = np.repeat(np.arange(len(counts), dtype=np.int64) * _NBINS, counts)
+        if len(_keys) >= 64:
+            _keys.clear()
+        _keys[counts] = keys
+    return keys
+
+
+def _flat_layout(shapes: Shapes) -> list[tuple[bytes, int, int]]:
+    """For float32 parts of these shapes laid end to end: each part's frame header and byte
+    span (the part count leads the first header, as `digest_many` hashes it)."""
+    layout = _layouts.get(shapes)
+    if layout is None:
+        layout, start = [], 0
+        for i, shape in enumerate(shapes):
+            nbytes = 4 * math.prod(shape)
+            head = _header("float32", shape, nbytes)
+            layout.append(((len(shapes).to_bytes(8, "big") if i == 0 else b"") + head, start,
+                           start + nbytes))  # fmt: skip
+            start += nbytes
+        if len(_layouts) >= 64:
+            _layouts.clear()
+        _layouts[shapes] = layout
+    return layout
