@@ -14,7 +14,9 @@
    declared one present.
 
 `run_checks(run, stop=True)` raises the first failure (replay); `stop=False` runs every check
-whose inputs are trusted and marks the rest skipped (explain). No check builds a model.
+whose inputs are trusted and marks the rest skipped (explain). No check builds a model. The
+hashing runs ahead on other threads (`capture/hashing.py`: the adapter and model from the start,
+the payload's decode and logical digest beside its file digest); results are taken in this order.
 """
 
 from __future__ import annotations
