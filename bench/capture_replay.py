@@ -16,11 +16,13 @@
 3. Repeated replays: min / median / max of the replay step and process times over `--repeats`
    fresh replays, and whether every source and replay ends with the same adapter SHA256.
 
-    python bench/capture_replay.py [--repeats 5] [--sizes 128:256,8:256] [--quick] [--render]
+    python bench/capture_replay.py [--repeats 5] [--explain-repeats 15] [--sizes 128:256,8:256]
+                                   [--quick] [--render] [--explain-only]
 
 Writes bench/results/capture_replay.{json,md} and the section between `<!-- capture:begin -->`
 and `<!-- capture:end -->` in docs/benchmarks.md (`--quick` writes nothing unless `--write`).
-`src/` is used as it is on disk.
+`--explain-only` re-measures part 1 and keeps the saved figures of parts 2 and 3 (the page says
+when each was measured). `src/` is used as it is on disk.
 """
 
 from __future__ import annotations
@@ -360,6 +362,19 @@ COLUMNS = ("payload", "adapter", "all", "explain s", "hashlib s", "explain GB/s"
 EXPLAIN_HEADER = f"| {' | '.join(COLUMNS)} |\n" + "|---" * len(COLUMNS) + "|"
 
 
+def explain_measured(res: dict[str, Any]) -> str:
+    """The line saying when explain was re-measured on its own (`--explain-only`), if it was."""
+    e = res.get("explain_measured")
+    if not e:
+        return ""
+    m = e["machine"]
+    return (
+        f"\nRe-measured on its own {e['when']} (`--explain-only`) at commit {m['git_commit']} "
+        f"plus the working tree, load average {m['load_avg']:.2f} at start; "
+        f"{e['explain_repeats']} repeats.\n"
+    )
+
+
 def parts_table(res: dict[str, Any]) -> str:
     mb = 2**20
     sizes = [
@@ -426,7 +441,7 @@ working tree; load average {m["load_avg"]:.2f} at start. Each figure: median (mi
 {res["repeats"]} repeats (explain: {res.get("explain_repeats", res["repeats"])}).
 
 ### explain vs plain hashlib SHA256 of the same bytes
-
+{explain_measured(res)}
 Synthetic GRPO captures (rows of 512 tokens), each with an adapter weight file, a manifest and the
 toy model. explain runs all seven checks in-process; beyond hashing every file it decodes and
 validates the payload and recomputes the logical digest — a second SHA256 pass over the whole
@@ -493,6 +508,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="2 repeats, 16:32 MiB; writes nothing")
     ap.add_argument("--write", action="store_true", help="with --quick: write anyway")
     ap.add_argument("--render", action="store_true", help="re-render the saved JSON only")
+    ap.add_argument(
+        "--explain-only", action="store_true", help="re-measure explain; keep the saved replay part"
+    )
     args = ap.parse_args()
     if args.render:
         res = json.loads((RESULTS / "capture_replay.json").read_text())
@@ -502,12 +520,16 @@ def main() -> None:
         args.repeats, args.explain_repeats, args.sizes = 2, 2, "16:32"
     from twinrun.model.toy import write_toy_checkpoint
 
-    res: dict[str, Any] = {
+    now = {
         "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "repeats": args.repeats,
         "explain_repeats": args.explain_repeats,
         "machine": machine(),
     }
+    res: dict[str, Any] = dict(now)
+    if args.explain_only:  # the replay part (and its date) as saved; explain's own date
+        res = json.loads((RESULTS / "capture_replay.json").read_text())
+        res["explain_measured"], res["explain_repeats"] = now, args.explain_repeats
     with tempfile.TemporaryDirectory(prefix="twinrun-bench-capture-") as tmp:
         root = Path(tmp)
         model = root / "toy"
@@ -517,8 +539,10 @@ def main() -> None:
             where = root / f"explain{i}"
             where.mkdir()
             res["explain"].append(bench_explain(where, model, sizes, args.explain_repeats))
-        (root / "replay").mkdir()
-        res["replay"] = bench_replay(root / "replay", model, args.repeats)
+        if not args.explain_only:
+            (root / "replay").mkdir()
+            res["replay"] = bench_replay(root / "replay", model, args.repeats)
+            res.pop("explain_measured", None)
     body = render(res)
     print(body)
     if args.quick and not args.write:
