@@ -347,23 +347,20 @@ def test_explain_refuses_source_configs_that_run_refuses(
 
 
 @pytest.mark.parametrize("size", [0, 1, 20, 21, 100])
-def test_read_hashed_large_in_chunks(
-    size: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from twinrun.capture import checks
+def test_read_whole_in_chunks(size: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from twinrun.capture import hashing
 
-    monkeypatch.setattr(checks, "READ_CHUNK", 7)  # many chunks and a short last one
+    monkeypatch.setattr(hashing, "READ_CHUNK", 7)  # many reads and a short last one
     data = bytes(range(256))[:size]
     path = tmp_path / "payload.bin"
     path.write_bytes(data)
-    view, digest = checks.read_hashed_large(path, "payload")
+    view = hashing.read_whole(path, "payload")
     assert bytes(view) == data and view.readonly
-    assert digest == hashlib.sha256(data).hexdigest()
 
 
-def test_read_hashed_large_missing(tmp_path: Path) -> None:
-    from twinrun.capture import checks
+def test_read_whole_missing(tmp_path: Path) -> None:
+    from twinrun.capture.hashing import read_whole
     from twinrun.core.errors import DataError
 
     with pytest.raises(DataError, match="cannot read payload"):
-        checks.read_hashed_large(tmp_path / "absent.bin", "payload")
+        read_whole(tmp_path / "absent.bin", "payload")

@@ -14,23 +14,23 @@
    declared one present.
 
 `run_checks(run, stop=True)` raises the first failure (replay); `stop=False` runs every check
-whose inputs are trusted and marks the rest skipped (explain). No check builds a model.
+whose inputs are trusted and marks the rest skipped (explain). No check builds a model. The
+hashing runs ahead on other threads (`capture/hashing.py`: the adapter and model from the start,
+the payload's decode and logical digest beside its file digest); results are taken in this order.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from twinrun.capture import manifest as mf
-from twinrun.capture.digests import logical_sha256
-from twinrun.capture.payload import Decoded, decode
+from twinrun.capture.hashing import Hashes, PayloadDigests, read_hashed, read_whole
+from twinrun.capture.payload import Decoded
 from twinrun.config.run import valid
 from twinrun.config.toml import TomlRun
-from twinrun.core.digest import sha256_bytes, sha256_dir, sha256_file, sha256_json
+from twinrun.core.digest import sha256_bytes, sha256_json
 from twinrun.core.errors import (
     ConfigError,
     ContractError,
@@ -81,6 +81,7 @@ class Verified:
     manifest: dict[str, Any] = field(default_factory=dict)
     payload_path: Path | None = None
     payload: bytes | memoryview = b""
+    payload_digests: PayloadDigests | None = None  # the decode and logical digest, under way
     decoded: Decoded | None = None
     logical: str = ""
     source_contract: dict[str, Any] = field(default_factory=dict)
@@ -91,68 +92,6 @@ class Verified:
     @property
     def manifest_sha256(self) -> str:
         return sha256_bytes(self.manifest_bytes)
-
-
-def read_hashed(path: Path, what: str) -> tuple[bytes, str]:
-    """The file's bytes (read once, kept for decoding) and their SHA256."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise DataError(f"cannot read {what} {path}: {exc.strerror}", "check the path") from exc
-    return data, hashlib.sha256(data).hexdigest()
-
-
-READ_CHUNK = 8 << 20
-
-
-def read_hashed_large(path: Path, what: str) -> tuple[memoryview, str]:
-    """A large file's bytes (a read-only view, kept for decoding) and their SHA256 in one pass:
-    each 8 MiB chunk is hashed right after it is read into the buffer, while it is still in the
-    CPU cache, instead of copying the whole file and then reading it all back to hash it. The
-    buffer is not zero-filled first (that alone costs as much as copying the file)."""
-    import numpy as np
-
-    h = hashlib.sha256()
-    try:
-        with open(path, "rb") as fh:
-            buf = np.empty(os.fstat(fh.fileno()).st_size, dtype=np.uint8)
-            view, pos = buf.data.cast("B"), 0
-            while pos < len(view) and (n := fh.readinto(view[pos : pos + READ_CHUNK])):
-                h.update(view[pos : pos + n])
-                pos += n
-            tail = []  # bytes appended since the file was opened: read and hashed all the same
-            while more := fh.read(READ_CHUNK):
-                h.update(more)
-                tail.append(more)
-    except OSError as exc:
-        raise DataError(f"cannot read {what} {path}: {exc.strerror}", "check the path") from exc
-    if tail:
-        view, pos = memoryview(b"".join([view[:pos], *tail])), pos + sum(map(len, tail))
-    return view[:pos].toreadonly(), h.hexdigest()
-
-
-class Hashes:
-    """File and directory digests the checks will need, started on a background thread at
-    once: hashing only reads bytes (nothing is parsed or trusted early), and the big adapter and
-    model files then hash while the payload is checked. Results are used in check order."""
-
-    def __init__(self, files: list[Path], dirs: list[Path]) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinrun-hash")
-        self.jobs = {p: self.pool.submit(sha256_file, p) for p in files if p.is_file()}
-        self.jobs |= {d: self.pool.submit(sha256_dir, d) for d in dirs if d.is_dir()}
-
-    def file(self, path: Path) -> str:
-        job = self.jobs.get(path)
-        return job.result() if job is not None else sha256_file(path)
-
-    def dir(self, path: Path) -> str:
-        job = self.jobs.get(path)
-        return job.result() if job is not None else sha256_dir(path)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def fresh_output(v: Verified) -> str:
@@ -188,17 +127,19 @@ def payload_sha(v: Verified) -> str:
     assert v.manifest_path is not None
     pin = v.manifest["payload"]
     path = mf.member(v.manifest_path.parent, pin.get("file"), "payload")
-    data, got = read_hashed_large(path, "payload")
+    digests = PayloadDigests(read_whole(path, "payload"), str(path))
+    data, got = digests.data, digests.sha256
     if got != pin["sha256"]:
         raise IntegrityError(
             pin["sha256"], got, str(path), "the payload is not the one the manifest pins"
         )
-    v.payload_path, v.payload = path, data
+    v.payload_path, v.payload, v.payload_digests = path, data, digests
     return f"sha256 {got} ({len(data)} bytes)"
 
 
 def decode_payload(v: Verified) -> str:
-    decoded = decode(v.payload, str(v.payload_path))
+    assert v.payload_digests is not None
+    decoded = v.payload_digests.decoded()  # decode(v.payload), done on the digests' thread
     m, a = v.manifest, decoded.arrays
     mismatch = [
         k
@@ -220,8 +161,8 @@ def decode_payload(v: Verified) -> str:
 
 
 def logical(v: Verified) -> str:
-    assert v.decoded is not None
-    got = logical_sha256(v.decoded.arrays)
+    assert v.payload_digests is not None and v.decoded is not None
+    got = v.payload_digests.logical()  # logical_sha256(v.decoded.arrays), on that thread
     recorded = v.manifest["logical_batch_sha256"]
     where = f"logical batch of {v.payload_path}"
     if got != recorded:

@@ -161,7 +161,10 @@ def active_counts(arrays: BatchArrays) -> np.ndarray:
     """Loss-mask tokens per row."""
     starts = arrays.offsets[:-1]
     if len(arrays.loss_mask) and np.all(np.diff(arrays.offsets) > 0):
-        return np.add.reduceat(arrays.loss_mask, starts, dtype=np.int64)
+        # a uint32 sum is exact (no row holds 2**32 tokens when no array does) and ~6x faster
+        # than numpy's int64 reduceat over uint8
+        wide = np.uint32 if len(arrays.loss_mask) < 2**32 else np.int64
+        return np.add.reduceat(arrays.loss_mask, starts, dtype=wide).astype(np.int64)
     csum = np.zeros(len(arrays.loss_mask) + 1, dtype=np.int64)  # rows may be empty: slower path
     np.cumsum(arrays.loss_mask, dtype=np.int64, out=csum[1:])
     return csum[arrays.offsets[1:]] - csum[starts]
