@@ -79,6 +79,20 @@ def _flush() -> None:
             hook(param)
 
 
+def queue_flush() -> None:
+    """Have the engine run `_flush` once at the end of the current backward pass."""
+    if not _Pending.queued:
+        torch.autograd.Variable._execution_engine.queue_callback(_flush)
+        _Pending.queued = True
+
+
+def new_forward() -> int:
+    """The order of a new forward; drops what a backward that raised left behind."""
+    if _Pending.entries or _Pending.queued:
+        _Pending.entries, _Pending.queued = [], False
+    return next(_Pending.forwards)
+
+
 class RowAliases(torch.autograd.Function):
     """One alias of every trainable parameter per row (see the module docstring).
 
@@ -91,20 +105,16 @@ class RowAliases(torch.autograd.Function):
     def forward(
         ctx: Any, rows: int, params: tuple[torch.Tensor, ...], anchor: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
-        if _Pending.entries or _Pending.queued:  # left over by a backward that raised
-            _Pending.entries, _Pending.queued = [], False
         ctx.leaves = params
         ctx.rows = rows
-        ctx.order = next(_Pending.forwards)
+        ctx.order = new_forward()
         ctx.set_materialize_grads(False)
         return tuple(p.detach() for _ in range(rows) for p in params)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[None, None, None]:
         n = len(ctx.leaves)
-        if not _Pending.queued:
-            torch.autograd.Variable._execution_engine.queue_callback(_flush)
-            _Pending.queued = True
+        queue_flush()
         for row in range(ctx.rows):
             _Pending.entries.append((row, ctx.order, ctx.leaves, grads[row * n : (row + 1) * n]))
         return None, None, None
@@ -167,6 +177,8 @@ def run_rows(
     b, t = input_ids.shape
     lengths = real_lengths(attention_mask, b, t)
     trainable = trainable_parameters(model) if torch.is_grad_enabled() else []
+    if packable(model, trainable, max(lengths)):
+        return run_packed(model, input_ids, lengths, hidden_layer, steer)
     aliases: tuple[torch.Tensor, ...] = ()
     if trainable:
         aliases = row_aliases(b, tuple(p for _, _, p in trainable))
@@ -181,6 +193,44 @@ def run_rows(
         if out.hidden is not None:
             hidden.append(F.pad(out.hidden, (0, 0, 0, t - length)))
     result = ModelOutput(torch.cat(logits), torch.cat(hidden) if hidden else None)
+    setattr(result.logits, BATCH_INVARIANT_TAG, True)
+    return result
+
+
+def packable(model: RowModel, trainable: Trainable, longest: int) -> bool:
+    """Whether `run_packed` can run this forward: every trainable parameter is a LoRA factor
+    (used by `F.linear` alone, without a bias), and no sliding window is shorter than a row."""
+    from twinrun.model.lora import LoRALinear
+
+    hf = getattr(model, "hf", None)
+    if hf is None:
+        return False
+    window = getattr(hf.config, "sliding_window", None)
+    if window is not None and window < longest:
+        return False
+    lora = {id(m.lora_A.weight) for m in model.modules() if isinstance(m, LoRALinear)}
+    lora |= {id(m.lora_B.weight) for m in model.modules() if isinstance(m, LoRALinear)}
+    return all(id(p) in lora for _, _, p in trainable)
+
+
+def run_packed(
+    model: RowModel,
+    input_ids: torch.Tensor,
+    lengths: list[int],
+    hidden_layer: int | None,
+    steer: tuple[int, torch.Tensor] | None,
+) -> ModelOutput:
+    """The rows' real tokens as one packed sequence (`twinrun.model.packing`), results
+    right-padded with 0."""
+    from twinrun.model.packing import pack, packed, plan_for, unpack
+
+    b, t = input_ids.shape
+    plan = plan_for(lengths, input_ids.device)
+    ids, positions, flat = pack(input_ids, plan)
+    with packed(model.hf, plan, new_forward()):  # type: ignore[attr-defined]
+        out = model.run_batch(ids, None, None, hidden_layer, steer, positions)
+    hidden = unpack(out.hidden, flat, b, t) if out.hidden is not None else None
+    result = ModelOutput(unpack(out.logits, flat, b, t), hidden)
     setattr(result.logits, BATCH_INVARIANT_TAG, True)
     return result
 
