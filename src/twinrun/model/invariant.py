@@ -1,12 +1,15 @@
 """Batch-invariant mode for `CausalLM` (`--batch-invariant`): a row's numbers do not depend on
 the batch it rode in.
 
-How. A forward without a KV cache runs every row on its own, cut to its real length: the very
-forward a batch of one gives that row. Every matmul, softmax, norm and reduction then has shapes
-that depend on the row alone — no GEMM whose M dimension counts other rows' tokens, no softmax over
-padded keys, nothing reduced across rows — so on a given device, library and thread count a row's
-logits, hidden states and gradients are bitwise what `--batch-size 1` gives it. The results are
-right-padded with zeros to the batch's width (padded positions are never read by a loss).
+How. A forward without a KV cache runs packed when it can (`twinrun.model.packing`, `run_packed`:
+every trainable parameter a LoRA factor, no sliding window shorter than a row): the rows' real
+tokens end to end, linear layers on fixed-shape chunks of tokens, attention per row over its own
+keys, LoRA weight gradients per row. Otherwise every row runs on its own, cut to its real length
+(the forward a batch of one gives it). Either way every matmul, softmax, norm and reduction a row
+goes through has shapes that do not depend on the other rows, nothing is reduced across rows, and
+a batch of one runs the same code: on a given device, library and thread count a row's logits,
+hidden states and gradients are the same bits at any batch size. The results are right-padded
+with zeros to the batch's width (padded positions are never read by a loss).
 
 Gradients. Autograd adds the gradients a parameter receives from several rows in the order its
 scheduler reaches them (last row first, in practice), so a batch of four and four batches of one
@@ -22,8 +25,8 @@ and accumulation A·B. The gradients are written into `.grad` directly (post-acc
 run once per backward, as usual), so `torch.autograd.grad` does not see them. One backward at a
 time: the collected gradients are module state.
 
-Cost: one forward per row, so per-op dispatch overhead grows with the batch size; on models whose
-matmuls dominate, that overhead vanishes and no compute is spent on padding.
+Cost (bench/batch_invariant.py): packing keeps one forward per batch; what remains is per-call
+overhead (chunked linears, per-width attention groups, per-row gradient bookkeeping).
 """
 
 from __future__ import annotations

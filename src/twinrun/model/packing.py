@@ -9,10 +9,12 @@ mixes a row's own tokens runs per row; everything position-wise runs on the pack
   bits depend only on its tokens (a row's position inside a chunk does not change its bits: the
   tests check that on many positions);
 - embeddings, norms, rotary embeddings and residual adds on the packed tensor (each token alone);
-- attention per row, on the row's own queries and keys (`row_attention`, the model's own eager
-  attention with a causal mask of the row's length), as a batch of one computes it;
-- the trainable linear weights' gradients per row (`RowLinear`): the row's tokens only, handed to
-  `invariant._flush`, which adds them into `.grad` row by row.
+- attention per row, on the row's own queries and keys (`row_attention`: the model's own eager
+  attention; the rows of one slot width — 32, 64, 128, ... tokens, the smallest that holds the
+  row — as a batch of rows, each masked causally within its own tokens);
+- the LoRA factors' weight gradients per row (`RowLinear`, which `LoRALinear` calls through
+  `row_linear`): a row's tokens only, rows of one slot width as one batched matmul over
+  zero-padded slots, handed to `invariant._flush`, which adds them into `.grad` row by row.
 
 Positions restart at 0 for every row. A batch of one runs the same way, so a row's logits,
 hidden states and gradient are the same bits in any batch. They are not the bits of the ordinary
@@ -58,6 +60,7 @@ class Plan:
 
 
 _active: list[Plan] = []
+_order: list[int] = []
 
 
 def slot_width(length: int) -> int:
@@ -143,22 +146,24 @@ class RowLinear(torch.autograd.Function):
         return grad_x, None, None, None
 
 
-class PackedMode(TorchFunctionMode):
-    """Routes `F.linear` to chunked calls (and trainable weights through `RowLinear`)."""
+def recording_rows(weight: torch.Tensor) -> bool:
+    """Whether a packed forward is recording gradients for `weight` (use `row_linear`)."""
+    return bool(_active) and weight.requires_grad and torch.is_grad_enabled()
 
-    def __init__(self, plan: Plan, order: int) -> None:
-        super().__init__()
-        self.plan, self.order = plan, order
+
+def row_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """A LoRA factor's linear map inside a packed forward (`RowLinear`)."""
+    return RowLinear.apply(x, weight, _active[-1], _order[-1])
+
+
+class PackedMode(TorchFunctionMode):
+    """Runs every `F.linear` on `CHUNK`-token slices (torch's own override mechanism)."""
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func is F.linear:
             x, weight = args[0], args[1]
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            if weight.requires_grad and torch.is_grad_enabled():
-                if bias is not None:
-                    raise ValueError("batch-invariant packing: a trainable linear with a bias")
-                return RowLinear.apply(x, weight, self.plan, self.order)
             return chunked_linear(x, weight, bias)
         return func(*args, **kwargs)
 
@@ -212,11 +217,13 @@ def packed(hf: Any, plan: Plan, order: int) -> Iterator[None]:
     before = config._attn_implementation
     config._attn_implementation = ATTENTION
     _active.append(plan)
+    _order.append(order)
     try:
-        with PackedMode(plan, order):
+        with PackedMode():
             yield
     finally:
         _active.pop()
+        _order.pop()
         config._attn_implementation = before
 
 
