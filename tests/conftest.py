@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,9 @@ def toy_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`gpu` tests are skipped where no CUDA device exists."""
+    """`gpu` tests are skipped where no CUDA device exists. Where one does, strict mode's cuBLAS
+    setting is exported up front: the tests share one process, and the first that touches CUDA
+    would otherwise fix cuBLAS's workspace before a later run's strict mode could set it."""
     try:
         import torch
 
@@ -26,6 +29,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     except Exception:  # pragma: no cover - torch is a hard dependency
         has_gpu = False
     if has_gpu:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:

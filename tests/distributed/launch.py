@@ -1,5 +1,6 @@
 """Start twinrun under torchrun on loopback (gloo, CPU): a free port per job, one torch thread
-per process, the worktree and the test's plugin folders on PYTHONPATH."""
+per process, the worktree and the test's plugin folders on PYTHONPATH (ahead of any inherited
+entries)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def torchrun(
 ) -> Job:
     """`torchrun --nproc-per-node N --master-port <free> TARGET...` (TARGET: `-m twinrun ...` or
     a script and its arguments); returns its exit status, output and wall seconds."""
-    path = os.pathsep.join([str(SRC), str(ROOT), *map(str, paths)])
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    path = os.pathsep.join([str(SRC), str(ROOT), *map(str, paths), *inherited])
     full_env = os.environ | {
         "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "TWINRUN_DIST_TIMEOUT_S": "60",
     } | (env or {})  # fmt: skip
