@@ -31,7 +31,6 @@ overhead (chunked linears, per-width attention groups, per-row gradient bookkeep
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -41,59 +40,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from twinrun.model.output import ModelOutput, RowModel
+from twinrun.model.row_gradients import collect, new_forward
 from twinrun.objectives.sft import BATCH_INVARIANT_TAG
 
 Trainable = list[tuple[nn.Module, str, nn.Parameter]]
-
-
-class _Pending:
-    """Row gradients collected during one backward pass, flushed by an engine callback."""
-
-    entries: list[tuple[int, int, tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...]]] = []
-    queued = False
-    forwards = itertools.count()
-
-
-def _flush() -> None:
-    """Add the collected row gradients into `.grad`: row index by row index; for one row index
-    the forwards' gradients are first summed in forward order, then added (as autograd adds the
-    gradients of a parameter used by several forwards in one backward)."""
-    entries = sorted(_Pending.entries, key=lambda e: (e[0], e[1]))
-    _Pending.entries = []
-    _Pending.queued = False
-    touched: dict[int, torch.Tensor] = {}
-    for _, group in itertools.groupby(entries, key=lambda e: e[0]):
-        totals: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for _, _, leaves, grads in group:
-            for param, g in zip(leaves, grads, strict=True):
-                if g is None:
-                    continue
-                key = id(param)
-                totals[key] = (param, g if key not in totals else totals[key][1] + g)
-        for param, total in totals.values():
-            if param.grad is None:
-                param.grad = total.detach().clone()
-            else:
-                param.grad.add_(total)
-            touched[id(param)] = param
-    for param in touched.values():  # as AccumulateGrad does, once per parameter and backward
-        hooks = getattr(param, "_post_accumulate_grad_hooks", None) or {}
-        for hook in list(hooks.values()):
-            hook(param)
-
-
-def queue_flush() -> None:
-    """Have the engine run `_flush` once at the end of the current backward pass."""
-    if not _Pending.queued:
-        torch.autograd.Variable._execution_engine.queue_callback(_flush)
-        _Pending.queued = True
-
-
-def new_forward() -> int:
-    """The order of a new forward; drops what a backward that raised left behind."""
-    if _Pending.entries or _Pending.queued:
-        _Pending.entries, _Pending.queued = [], False
-    return next(_Pending.forwards)
 
 
 class RowAliases(torch.autograd.Function):
@@ -102,7 +52,7 @@ class RowAliases(torch.autograd.Function):
     `RowAliases.apply(rows, params, anchor)`: the parameters come in as a tuple, not as tensor
     inputs, so autograd never routes a gradient (nor an empty one) to their own accumulators;
     `anchor` is a fresh scalar that requires grad, which makes the aliases differentiable. Backward
-    hands the rows' gradients to `_flush` and returns nothing."""
+    hands the rows' gradients to `row_gradients.collect` and returns nothing."""
 
     @staticmethod
     def forward(
@@ -117,9 +67,8 @@ class RowAliases(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[None, None, None]:
         n = len(ctx.leaves)
-        queue_flush()
         for row in range(ctx.rows):
-            _Pending.entries.append((row, ctx.order, ctx.leaves, grads[row * n : (row + 1) * n]))
+            collect(row, ctx.order, ctx.leaves, grads[row * n : (row + 1) * n])
         return None, None, None
 
 

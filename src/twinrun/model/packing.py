@@ -14,7 +14,7 @@ mixes a row's own tokens runs per row; everything position-wise runs on the pack
   row — as a batch of rows, each masked causally within its own tokens);
 - the LoRA factors' weight gradients per row (`RowLinear`, which `LoRALinear` calls through
   `row_linear`): a row's tokens only, rows of one slot width as one batched matmul over
-  zero-padded slots, handed to `invariant._flush`, which adds them into `.grad` row by row.
+  zero-padded slots, handed to `row_gradients.collect`, which adds them into `.grad` row by row.
 
 Positions restart at 0 for every row. A batch of one runs the same way, so a row's logits,
 hidden states and gradient are the same bits in any batch. They are not the bits of the ordinary
@@ -32,6 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+
+from twinrun.model.row_gradients import collect
 
 CHUNK = 64
 ATTENTION = "twinrun_rows"
@@ -114,7 +116,7 @@ def chunked_linear(
 
 class RowLinear(torch.autograd.Function):
     """x @ W.T on chunks; W's gradient per row (the row's tokens only), collected by
-    `invariant._Pending` under this forward's order and flushed in row order."""
+    `row_gradients.collect` under this forward's order and added in row order."""
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cpu")
@@ -126,14 +128,11 @@ class RowLinear(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        from twinrun.model.invariant import _Pending, queue_flush
-
         x, weight = ctx.saved_tensors
         plan: Plan = ctx.plan
         grad_x = None
         if ctx.needs_input_grad[0]:
             grad_x = chunked_linear(grad, weight.t())
-        queue_flush()
         g2 = torch.cat([grad.reshape(-1, grad.shape[-1]), grad.new_zeros(1, grad.shape[-1])])
         x2 = torch.cat([x.reshape(-1, x.shape[-1]), x.new_zeros(1, x.shape[-1])])
         for group in plan.groups:
@@ -142,7 +141,7 @@ class RowLinear(torch.autograd.Function):
             x3 = x2.index_select(0, group.zero_slots).view(r, w, -1)
             gw = torch.bmm(g3.transpose(1, 2), x3).to(weight.dtype)
             for i, row in enumerate(group.rows):
-                _Pending.entries.append((row, ctx.order, (weight,), (gw[i],)))
+                collect(row, ctx.order, (weight,), (gw[i],))
         return grad_x, None, None, None
 
 
