@@ -27,7 +27,9 @@ from twinrun.model.lora import apply_lora, lora_parameters
 from twinrun.objectives.dpo import sequence_logprob
 from twinrun.objectives.sft import BATCH_INVARIANT_TAG, completion_nll, row_sums
 
-LENGTHS = [7, 33, 12, 48, 5, 21, 40, 16]  # mixed lengths: every batch is padded
+# mixed lengths: every batch is padded; short rows share attention widths 32/64, the long ones
+# (65, 130) get their own multiple of 32 (96, 160)
+LENGTHS = [7, 33, 130, 48, 5, 65, 40, 16]
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +113,21 @@ def test_rows_are_bitwise_the_same_in_any_batch(
     for size, extra_pad in ((4, 0), (8, 0), (8, 9), (3, 2), (1, 5)):
         got = batched(model, rows, size, extra_pad, precision)
         assert equal_rows(got, alone) == len(rows), (size, extra_pad)
+
+
+def test_slot_widths_depend_on_the_row_alone() -> None:
+    from twinrun.model.packing import plan_for, slot_width
+
+    got = [slot_width(n) for n in (1, 32, 33, 64, 65, 96, 97, 130, 400)]
+    assert got == [32, 32, 64, 64, 96, 96, 128, 160, 416]
+    plan = plan_for(LENGTHS, torch.device("cpu"))
+    assert [(g.width, g.rows) for g in plan.groups] == [
+        (32, (0, 4, 7)),
+        (64, (1, 3, 6)),
+        (96, (5,)),
+        (160, (2,)),
+    ]
+    assert plan.total == 384  # 344 tokens, padded to a multiple of 64
 
 
 def test_padded_positions_are_zero_and_tagged(wide_dir: Path, rows: list[EncodedRow]) -> None:

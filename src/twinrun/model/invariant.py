@@ -179,7 +179,8 @@ def run_packed(
     b, t = input_ids.shape
     plan = plan_for(lengths, input_ids.device)
     ids, positions, flat = pack(input_ids, plan)
-    with packed(model.hf, plan, new_forward()):  # type: ignore[attr-defined]
+    hf = model.hf  # type: ignore[attr-defined]  # packable() checked that the model has .hf
+    with packed(hf, plan, new_forward()):
         out = model.run_batch(ids, None, None, hidden_layer, steer, positions)
     hidden = unpack(out.hidden, flat, b, t) if out.hidden is not None else None
     result = ModelOutput(unpack(out.logits, flat, b, t), hidden)

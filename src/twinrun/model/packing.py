@@ -10,8 +10,8 @@ mixes a row's own tokens runs per row; everything position-wise runs on the pack
   tests check that on many positions);
 - embeddings, norms, rotary embeddings and residual adds on the packed tensor (each token alone);
 - attention per row, on the row's own queries and keys (`row_attention`: the model's own eager
-  attention; the rows of one slot width — 32, 64, 128, ... tokens, the smallest that holds the
-  row — as a batch of rows, each masked causally within its own tokens);
+  attention; the rows of one slot width — 32 or 64 tokens, then the next multiple of 32
+  (`slot_width`) — as a batch of rows, each masked causally within its own tokens);
 - the LoRA factors' weight gradients per row (`RowLinear`, which `LoRALinear` calls through
   `row_linear`): a row's tokens only, rows of one slot width as one batched matmul over
   zero-padded slots, handed to `row_gradients.collect`, which adds them into `.grad` row by row.
@@ -66,11 +66,13 @@ _order: list[int] = []
 
 
 def slot_width(length: int) -> int:
-    """The attention width a row of `length` tokens gets (a function of the row alone)."""
-    width = 32
-    while width < length:
-        width *= 2
-    return width
+    """The attention width a row of `length` tokens gets (a function of the row alone): 32 or 64
+    up to 64 tokens, so that short rows share a group; above that the next multiple of 32, so a
+    long row wastes at most 31 padded slots (power-of-two widths wasted up to 3/4 of a long row's
+    attention work)."""
+    if length <= 32:
+        return 32
+    return -(-length // 32) * 32 if length > 64 else 64
 
 
 def plan_for(lengths: list[int], device: torch.device) -> Plan:
@@ -108,10 +110,14 @@ def plan_for(lengths: list[int], device: torch.device) -> Plan:
 def chunked_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """`F.linear` on `CHUNK`-token slices of x ([1, N, in], N a multiple of CHUNK)."""
-    if x.shape[-2] == CHUNK:
-        return F.linear(x, weight, bias)
-    return torch.cat([F.linear(c, weight, bias) for c in x.split(CHUNK, dim=-2)], dim=-2)
+    """`F.linear` on `CHUNK`-token slices of x ([1, N, in], N a multiple of CHUNK): one batched
+    matmul with a batch entry per slice (each entry the same [CHUNK, in] @ [in, out] product
+    whatever the number of slices; the tests hold its bits to a lone slice's)."""
+    k = x.shape[-2] // CHUNK
+    x3 = x.reshape(k, CHUNK, x.shape[-1])
+    w = weight.t().expand(k, *weight.t().shape)
+    y = torch.bmm(x3, w) if bias is None else torch.baddbmm(bias.expand(k, CHUNK, -1), x3, w)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 class RowLinear(torch.autograd.Function):
