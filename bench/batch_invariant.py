@@ -191,7 +191,16 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 }
                 row["ratio"] = row["invariant"]["median"] / row["ordinary"]["median"]
                 results.append(row)
-    return {"rows": results, "snapshot_sha256": sha}
+    return {"rows": results, "snapshot_sha256": sha, "profile": profile(env, models["hidden 64"])}
+
+
+def profile(env: dict[str, str], model: Path) -> dict[str, Any]:
+    """bench/batch_invariant_profile.py on `model` (where each mode's time goes)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "batch_invariant_profile.py"), str(model)],
+        env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def task_args(
@@ -264,15 +273,51 @@ def markdown(res: dict[str, Any]) -> str:
             f"| {fmt(r['invariant'])} | **{r['ratio']:.2f}×** |"
         )
     met = [r for r in res["rows"] if r["ratio"] <= GOAL]
+    short = [r for r in res["rows"] if r["data"].startswith("short")]
+    short_met = all(r["ratio"] <= GOAL for r in short)
+    short_ratios = ", ".join(f"{r['ratio']:.2f}×" for r in short)
     lines += [
         "",
-        f"Goal ≤ {GOAL}×: met in {len(met)} of {len(res['rows'])} configurations. "
-        "Batch-invariant mode runs every row as its own forward at its own length (the forward "
-        "a batch of one gives it), so it never computes padding, but it issues batch-size times "
-        "as many kernel calls, each with a small matrix (one row's tokens). On the short shipped "
-        "rows that per-call cost dominates; on long rows of mixed lengths the padding it saves "
-        "outweighs it and the mode is as fast as, or faster than, ordinary batching.",
+        f"Goal ≤ {GOAL}× on the short shipped rows: **{'met' if short_met else 'not met'}** "
+        f"({short_ratios}); ≤ {GOAL}× in {len(met)} of "
+        f"{len(res['rows'])} configurations. With LoRA as the only trainable parameters the mode "
+        "runs a batch packed: the rows' real tokens end to end, linear layers on 64-token chunks "
+        "(one batched matmul), attention per row over its own keys (rows grouped by a slot width "
+        "that depends on the row alone), LoRA weight gradients per row. It computes no padding "
+        "beyond the last chunk and the slot widths, which is why long rows of mixed lengths run "
+        "faster than ordinary batching.",
     ]
+    prof = res.get("profile")
+    if prof:
+        o, i = prof["ordinary"], prof["invariant"]
+        lines += [
+            "",
+            "Where the time goes (`bench/batch_invariant_profile.py`: hidden 64, shipped rows, "
+            "batch 8, 8 train steps in one process; CPU s = median of 5 unprofiled runs, then "
+            "torch.profiler self-CPU ms of one run, top ops):",
+            "",
+            "| | ordinary | `--batch-invariant` |",
+            "|---|---|---|",
+            f"| CPU s, 8 steps | {o['cpu_s_median']:.3f} | {i['cpu_s_median']:.3f} "
+            f"({i['cpu_s_median'] / o['cpu_s_median']:.2f}×) |",
+            f"| self-CPU ms in torch ops | {o['total_ms']:.1f} | {i['total_ms']:.1f} |",
+        ]
+        for k, (a, b) in enumerate(zip(o["top"], i["top"], strict=True)):
+            lines.append(
+                f"| top {k + 1} | {a['op']} ×{a['calls']}: {a['self_ms']:.1f} "
+                f"| {b['op']} ×{b['calls']}: {b['self_ms']:.1f} |"
+            )
+        if not short_met:
+            lines += [
+                "",
+                "What stands in the way of 1.3× on short rows: on a 17–26-token row every op is "
+                "tiny, so time is per-call cost, not arithmetic. The packed mode adds calls the "
+                "ordinary forward does not make — the per-row LoRA weight gradients "
+                "(`RowLinearBackward`: gather into slots, one bmm per slot width, per-row "
+                "bookkeeping), the per-width attention groups (index_select, mask, cat), "
+                "and the chunked matmuls' reshapes — and the Python between them, which the "
+                "self-CPU column of the ops does not show.",
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -285,6 +330,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.render:
         res = json.loads((RESULTS / "batch_invariant.json").read_text(encoding="utf-8"))
+        if "profile" not in res:  # results measured before the profile existed
+            with tempfile.TemporaryDirectory(prefix="twinrun-bi-") as tmp:
+                env, _ = snapshot(Path(tmp))
+                res["profile"] = profile(env, make_models(env, Path(tmp))["hidden 64"])
+            (RESULTS / "batch_invariant.json").write_text(json.dumps(res, indent=2) + "\n")
     else:
         if args.quick:
             args.repeats, args.epochs = 1, 3

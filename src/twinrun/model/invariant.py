@@ -1,12 +1,15 @@
 """Batch-invariant mode for `CausalLM` (`--batch-invariant`): a row's numbers do not depend on
 the batch it rode in.
 
-How. A forward without a KV cache runs every row on its own, cut to its real length: the very
-forward a batch of one gives that row. Every matmul, softmax, norm and reduction then has shapes
-that depend on the row alone — no GEMM whose M dimension counts other rows' tokens, no softmax over
-padded keys, nothing reduced across rows — so on a given device, library and thread count a row's
-logits, hidden states and gradients are bitwise what `--batch-size 1` gives it. The results are
-right-padded with zeros to the batch's width (padded positions are never read by a loss).
+How. A forward without a KV cache runs packed when it can (`twinrun.model.packing`, `run_packed`:
+every trainable parameter a LoRA factor, no sliding window shorter than a row): the rows' real
+tokens end to end, linear layers on fixed-shape chunks of tokens, attention per row over its own
+keys, LoRA weight gradients per row. Otherwise every row runs on its own, cut to its real length
+(the forward a batch of one gives it). Either way every matmul, softmax, norm and reduction a row
+goes through has shapes that do not depend on the other rows, nothing is reduced across rows, and
+a batch of one runs the same code: on a given device, library and thread count a row's logits,
+hidden states and gradients are the same bits at any batch size. The results are right-padded
+with zeros to the batch's width (padded positions are never read by a loss).
 
 Gradients. Autograd adds the gradients a parameter receives from several rows in the order its
 scheduler reaches them (last row first, in practice), so a batch of four and four batches of one
@@ -22,13 +25,12 @@ and accumulation A·B. The gradients are written into `.grad` directly (post-acc
 run once per backward, as usual), so `torch.autograd.grad` does not see them. One backward at a
 time: the collected gradients are module state.
 
-Cost: one forward per row, so per-op dispatch overhead grows with the batch size; on models whose
-matmuls dominate, that overhead vanishes and no compute is spent on padding.
+Cost (bench/batch_invariant.py): packing keeps one forward per batch; what remains is per-call
+overhead (chunked linears, per-width attention groups, per-row gradient bookkeeping).
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -38,45 +40,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from twinrun.model.output import ModelOutput, RowModel
+from twinrun.model.row_gradients import collect, new_forward
 from twinrun.objectives.sft import BATCH_INVARIANT_TAG
 
 Trainable = list[tuple[nn.Module, str, nn.Parameter]]
-
-
-class _Pending:
-    """Row gradients collected during one backward pass, flushed by an engine callback."""
-
-    entries: list[tuple[int, int, tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...]]] = []
-    queued = False
-    forwards = itertools.count()
-
-
-def _flush() -> None:
-    """Add the collected row gradients into `.grad`: row index by row index; for one row index
-    the forwards' gradients are first summed in forward order, then added (as autograd adds the
-    gradients of a parameter used by several forwards in one backward)."""
-    entries = sorted(_Pending.entries, key=lambda e: (e[0], e[1]))
-    _Pending.entries = []
-    _Pending.queued = False
-    touched: dict[int, torch.Tensor] = {}
-    for _, group in itertools.groupby(entries, key=lambda e: e[0]):
-        totals: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for _, _, leaves, grads in group:
-            for param, g in zip(leaves, grads, strict=True):
-                if g is None:
-                    continue
-                key = id(param)
-                totals[key] = (param, g if key not in totals else totals[key][1] + g)
-        for param, total in totals.values():
-            if param.grad is None:
-                param.grad = total.detach().clone()
-            else:
-                param.grad.add_(total)
-            touched[id(param)] = param
-    for param in touched.values():  # as AccumulateGrad does, once per parameter and backward
-        hooks = getattr(param, "_post_accumulate_grad_hooks", None) or {}
-        for hook in list(hooks.values()):
-            hook(param)
 
 
 class RowAliases(torch.autograd.Function):
@@ -85,28 +52,23 @@ class RowAliases(torch.autograd.Function):
     `RowAliases.apply(rows, params, anchor)`: the parameters come in as a tuple, not as tensor
     inputs, so autograd never routes a gradient (nor an empty one) to their own accumulators;
     `anchor` is a fresh scalar that requires grad, which makes the aliases differentiable. Backward
-    hands the rows' gradients to `_flush` and returns nothing."""
+    hands the rows' gradients to `row_gradients.collect` and returns nothing."""
 
     @staticmethod
     def forward(
         ctx: Any, rows: int, params: tuple[torch.Tensor, ...], anchor: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
-        if _Pending.entries or _Pending.queued:  # left over by a backward that raised
-            _Pending.entries, _Pending.queued = [], False
         ctx.leaves = params
         ctx.rows = rows
-        ctx.order = next(_Pending.forwards)
+        ctx.order = new_forward()
         ctx.set_materialize_grads(False)
         return tuple(p.detach() for _ in range(rows) for p in params)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[None, None, None]:
         n = len(ctx.leaves)
-        if not _Pending.queued:
-            torch.autograd.Variable._execution_engine.queue_callback(_flush)
-            _Pending.queued = True
         for row in range(ctx.rows):
-            _Pending.entries.append((row, ctx.order, ctx.leaves, grads[row * n : (row + 1) * n]))
+            collect(row, ctx.order, ctx.leaves, grads[row * n : (row + 1) * n])
         return None, None, None
 
 
@@ -167,6 +129,8 @@ def run_rows(
     b, t = input_ids.shape
     lengths = real_lengths(attention_mask, b, t)
     trainable = trainable_parameters(model) if torch.is_grad_enabled() else []
+    if packable(model, trainable, max(lengths)):
+        return run_packed(model, input_ids, lengths, hidden_layer, steer)
     aliases: tuple[torch.Tensor, ...] = ()
     if trainable:
         aliases = row_aliases(b, tuple(p for _, _, p in trainable))
@@ -181,6 +145,45 @@ def run_rows(
         if out.hidden is not None:
             hidden.append(F.pad(out.hidden, (0, 0, 0, t - length)))
     result = ModelOutput(torch.cat(logits), torch.cat(hidden) if hidden else None)
+    setattr(result.logits, BATCH_INVARIANT_TAG, True)
+    return result
+
+
+def packable(model: RowModel, trainable: Trainable, longest: int) -> bool:
+    """Whether `run_packed` can run this forward: every trainable parameter is a LoRA factor
+    (used by `F.linear` alone, without a bias), and no sliding window is shorter than a row."""
+    from twinrun.model.lora import LoRALinear
+
+    hf = getattr(model, "hf", None)
+    if hf is None:
+        return False
+    window = getattr(hf.config, "sliding_window", None)
+    if window is not None and window < longest:
+        return False
+    lora = {id(m.lora_A.weight) for m in model.modules() if isinstance(m, LoRALinear)}
+    lora |= {id(m.lora_B.weight) for m in model.modules() if isinstance(m, LoRALinear)}
+    return all(id(p) in lora for _, _, p in trainable)
+
+
+def run_packed(
+    model: RowModel,
+    input_ids: torch.Tensor,
+    lengths: list[int],
+    hidden_layer: int | None,
+    steer: tuple[int, torch.Tensor] | None,
+) -> ModelOutput:
+    """The rows' real tokens as one packed sequence (`twinrun.model.packing`), results
+    right-padded with 0."""
+    from twinrun.model.packing import pack, packed, plan_for, unpack
+
+    b, t = input_ids.shape
+    plan = plan_for(lengths, input_ids.device)
+    ids, positions, flat = pack(input_ids, plan)
+    hf = model.hf  # type: ignore[attr-defined]  # packable() checked that the model has .hf
+    with packed(hf, plan, new_forward()):
+        out = model.run_batch(ids, None, None, hidden_layer, steer, positions)
+    hidden = unpack(out.hidden, flat, b, t) if out.hidden is not None else None
+    result = ModelOutput(unpack(out.logits, flat, b, t), hidden)
     setattr(result.logits, BATCH_INVARIANT_TAG, True)
     return result
 

@@ -74,7 +74,13 @@ class LoRALinear(nn.Module):
         a = self.lora_A.weight
         if x.dtype != a.dtype:
             x = x.to(a.dtype)
-        result = result + self.lora_B(self.lora_A(x)) * self.scaling
+        from twinrun.model.packing import recording_rows, row_linear
+
+        if recording_rows(a):  # a batch-invariant packed forward: gradients per row
+            delta = row_linear(row_linear(x, a), self.lora_B.weight)
+        else:
+            delta = self.lora_B(self.lora_A(x))
+        result = result + delta * self.scaling
         return result.to(result_dtype)
 
     def extra_repr(self) -> str:

@@ -30,6 +30,7 @@ class RowModel(Protocol):
         kv_cache: Any,
         hidden_layer: int | None,
         steer: tuple[int, torch.Tensor] | None,
+        position_ids: torch.Tensor | None = None,
     ) -> ModelOutput: ...
 
 
