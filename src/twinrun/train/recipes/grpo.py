@@ -356,6 +356,20 @@ def update_rows(s: Any, batch: list[Rollout]) -> UpdateRows:
     )  # fmt: skip
 
 
+def kept_logprobs(
+    logits: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """[N, W-1] float64 logprobs of the predicted tokens `ids[:, 1:]`: at each kept position
+    `log_softmax(logits.double() / T)` of its token, 0 elsewhere (the loss reads kept positions
+    only). The float64 log-softmax runs over the kept positions' vocab rows alone — the prompt
+    and capped positions, most of a row, are never converted — and each kept value is the one a
+    log-softmax over every position gives (the softmax is per position)."""
+    rows = logits[:, :-1][kept].double() / temperature  # [K, V]
+    picked = torch.log_softmax(rows, dim=-1).gather(-1, ids[:, 1:][kept].unsqueeze(-1))
+    out = torch.zeros(kept.shape, dtype=torch.float64, device=logits.device)
+    return out.masked_scatter(kept, picked.squeeze(-1))
+
+
 def update_forwards(s: Any, batch: list[Rollout], step: int) -> StepForwards:
     """The PPO-clip update on `batch`, in forwards of `batch_size` rows (replay runs this)."""
     cfg, device = s.cfg, s.cfg.device
@@ -368,12 +382,11 @@ def update_forwards(s: Any, batch: list[Rollout], step: int) -> StepForwards:
         w = int(u.attn[sl].sum(dim=1).max())
         f_ids, f_attn = u.ids[sl, :w].to(device), u.attn[sl, :w].to(device)
         logits = s.model(f_ids, f_attn)
-        logp = torch.log_softmax(logits[:, :-1].double() / cfg.temperature, dim=-1)
-        logp = logp.gather(-1, f_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        kept = u.kept[sl, : w - 1].to(device)
+        logp = kept_logprobs(logits, f_ids, kept, cfg.temperature)
         out = grpo_loss(
             logp, u.old[sl, : w - 1].to(device), u.advantages[sl].to(device),
-            u.kept[sl, : w - 1].to(device), u.denominator, cfg.clip_eps,
-            u.weights[sl].to(device),
+            kept, u.denominator, cfg.clip_eps, u.weights[sl].to(device),
         )  # fmt: skip
         yield Forward(out.loss, out.row_losses, [f_ids], [logits])
         parts.append((float(out.loss.detach()), out.clipped_tokens, out.active_tokens))
