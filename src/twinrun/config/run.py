@@ -333,7 +333,6 @@ class ValidRun(Protocol):
     clip_eps: float
     advantage_clip: float
     token_cap: int
-    rollout_block: int
     env: str
     replay_capacity: int
     replay_alpha: float

@@ -235,7 +235,7 @@ def sampled_rollouts(s: Session, state: GrpoState, step: int, examples: list[int
     b % world (draws are keyed by example and k, and a block is the same on any process, so a
     completion does not depend on the process that samples it) and the blocks are all-gathered."""
     stamped = s.faults.once("observation", step)  # the planted fault, not in a spike rerun
-    blocks = rollout_blocks(len(examples), valid(s.cfg).rollout_block)
+    blocks = rollout_blocks(len(examples), s.cfg.rollout_block)
     local = [
         collect_rollouts(s, state, step, [examples[g] for g in blocks[b]], list(blocks[b]), stamped)
         for b in mine(len(blocks))
