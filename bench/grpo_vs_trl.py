@@ -6,7 +6,8 @@ integer answer): 4 prompts x group 4 = 16 completions a step, <= 16 new tokens, 
 no top-k / top-p, learning rate 1e-3, one torch thread, f32, the 16 rows in one update forward.
 
 - twinrun: `python -m twinrun tune grpo ... --batch-size 16 --threads 1`; a step's time is its
-  `wall_s` in metrics.jsonl (rollouts: one prompt group decoded as one batch from one prefill).
+  `wall_s` in metrics.jsonl (rollouts: the default `--rollout-block 4`, so the step's 4 prompt
+  groups, 16 rows, are decoded as one left-padded batch, as TRL does).
 - TRL: `bench/trl_grpo_child.py` in the benchmark's own environment `bench/.venv-trl` (made by
   this script: a venv that sees this interpreter's packages through a .pth file, plus
   `pip install trl==TRL_VERSION`; TRL is never a dependency of twinrun); a step's time is
@@ -17,7 +18,9 @@ The two alternate process by process (`--rounds` rounds, which goes first altern
 of each process is a warm-up, left out. twinrun / TRL is the ratio of the medians over all timed
 steps; each round's ratio gives its spread. `--smollm2` adds the same comparison on SmolLM2-135M
 (`python -m tests.real.smollm2` builds/caches it) with fewer steps. A cProfile of twinrun's
-rollout (the four groups of one step) is recorded when the goal is not met.
+rollout (the four groups of one step) is recorded when the goal is not met, and always a per-part
+timing of one update (forward, float64 logprobs over every position vs over the kept positions
+only, backward).
 
     python bench/grpo_vs_trl.py [--rounds 3] [--steps 8] [--smollm2] [--quick]
 
@@ -156,24 +159,24 @@ def compare(py: Path, model: Path, work: Path, rounds: int, steps: int) -> dict[
 
 
 def rollout_profile(model_dir: Path) -> list[str]:
-    """cProfile of the four prompt groups of one step, top entries by cumulative time."""
+    """cProfile of one step's rollout (its four prompt groups as one block), top entries by
+    cumulative time."""
     import torch
 
     from twinrun.core.rng import stream
     from twinrun.model.build import load_causal_lm
-    from twinrun.model.decoding import generate_group
+    from twinrun.model.decoding import generate_block
     from twinrun.model.tokens import load_tokenizer
 
     torch.set_num_threads(1)
     model, tok = load_causal_lm(model_dir), load_tokenizer(model_dir)
     rows = [json.loads(x) for x in EXAMPLES.read_text().splitlines()[:4]]
     prompts = [tok.prompt_ids([{"role": "user", "content": r["prompt"]}], True) for r in rows]
+    draws = [[lambda i, k=k, p=p: stream(1, "sample", 0, p, k, i).uniform() for k in range(4)]
+             for p in range(len(prompts))]  # fmt: skip
 
     def step() -> None:
-        for p, ids in enumerate(prompts):
-            draws = [lambda i, k=k, p=p: stream(1, "sample", 0, p, k, i).uniform()
-                     for k in range(4)]  # fmt: skip
-            generate_group(model, ids, 16, 1.0, draws, end_ids=tok.end_ids)
+        generate_block(model, prompts, 16, 1.0, draws, end_ids=tok.end_ids)
 
     step()
     prof = cProfile.Profile()
@@ -183,6 +186,73 @@ def rollout_profile(model_dir: Path) -> list[str]:
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(18)
     return [ln.rstrip() for ln in buf.getvalue().splitlines() if ln.strip()][:40]
+
+
+def update_parts(model_dir: Path, repeats: int = 2) -> dict[str, Any]:
+    """Per-part times of one GRPO update on a step's 16 sampled rows (one forward of 16 rows, LoRA
+    on q/k/v/o): the model forward, the float64 logprobs of the predicted tokens — over every
+    position (as before) and over the kept completion positions only (`kept_logprobs`, what
+    twinrun runs) — and the backward. Medians over `repeats` passes."""
+    import torch
+
+    from twinrun.core.rng import stream
+    from twinrun.model.build import load_causal_lm
+    from twinrun.model.decoding import generate_block
+    from twinrun.model.lora import apply_lora
+    from twinrun.model.tokens import load_tokenizer
+    from twinrun.train.recipes.grpo import kept_logprobs
+
+    torch.set_num_threads(1)
+    model, tok = load_causal_lm(model_dir), load_tokenizer(model_dir)
+    apply_lora(model.hf, 8, 16, 1, ["q_proj", "k_proj", "v_proj", "o_proj"])
+    rows = [json.loads(x) for x in EXAMPLES.read_text().splitlines()[:4]]
+    prompts = [tok.prompt_ids([{"role": "user", "content": r["prompt"]}], True) for r in rows]
+    draws = [[lambda i, k=k, p=p: stream(1, "sample", 0, p, k, i).uniform() for k in range(4)]
+             for p in range(len(prompts))]  # fmt: skip
+    with torch.no_grad():
+        done = generate_block(model, prompts, 16, 1.0, draws, end_ids=tok.end_ids)
+    seqs = [(p, p + r.tokens) for p, group in zip(prompts, done, strict=True) for r in group]
+    width = max(len(s) for _, s in seqs)
+    ids = torch.full((len(seqs), width), tok.pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    kept = torch.zeros((len(seqs), width - 1), dtype=torch.bool)
+    for i, (p, s) in enumerate(seqs):
+        ids[i, : len(s)], attn[i, : len(s)] = torch.tensor(s), 1
+        kept[i, len(p) - 1 : len(s) - 1] = True
+    parts: dict[str, list[float]] = {
+        k: [] for k in ("forward", "logprobs_all_positions", "logprobs_kept_positions", "backward")
+    }
+    zero = torch.zeros((), dtype=torch.float64)
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        logits = model(ids, attn)
+        t1 = time.perf_counter()
+        full = torch.log_softmax(logits[:, :-1].double(), dim=-1)
+        full = full.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        t2 = time.perf_counter()
+        logp = kept_logprobs(logits, ids, kept, 1.0)
+        t3 = time.perf_counter()
+        (-torch.where(kept, logp, zero).sum()).backward()
+        t4 = time.perf_counter()
+        del full
+        for key, x in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            parts[key].append(x)
+        model.hf.zero_grad(set_to_none=True)
+    return {"rows": len(seqs), "width": width, "kept_tokens": int(kept.sum()),
+            "parts_s": {k: statistics.median(v) for k, v in parts.items()}}  # fmt: skip
+
+
+def parts_table(name: str, u: dict[str, Any]) -> list[str]:
+    s = u["parts_s"]
+    return [
+        f"Where the update's time goes ({name}: one forward of {u['rows']} rows × {u['width']} "
+        f"tokens, {u['kept_tokens']} kept completion tokens; medians of 2 passes):", "",
+        "| part | s |", "|---|---|",
+        f"| model forward (logits at every position) | {s['forward']:.3f} |",
+        f"| float64 logprobs over every position (before) | {s['logprobs_all_positions']:.3f} |",
+        f"| float64 logprobs over kept positions (now) | {s['logprobs_kept_positions']:.3f} |",
+        f"| backward | {s['backward']:.3f} |", "",
+    ]  # fmt: skip
 
 
 def fmt(s: dict[str, Any], d: int = 3) -> str:
@@ -221,11 +291,13 @@ def main() -> None:
         result: dict[str, Any] = {"toy": compare(py, toy, work, rounds, steps)}
         if result["toy"]["ratio"] > GOAL:
             result["toy"]["rollout_profile"] = rollout_profile(toy)
+        result["toy"]["update_parts"] = update_parts(toy)
         if a.smollm2:
             sm = smollm2_dir()
             result["smollm2"] = compare(py, sm, work, max(1, rounds - 1), max(3, steps // 2))
             if result["smollm2"]["ratio"] > GOAL:
                 result["smollm2"]["rollout_profile"] = rollout_profile(sm)
+            result["smollm2"]["update_parts"] = update_parts(sm)
     meta = {
         "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python bench/grpo_vs_trl.py" + (" --smollm2" if a.smollm2 else ""),
@@ -247,9 +319,12 @@ def main() -> None:
     if "smollm2" in result:
         lines += table("SmolLM2-135M", result["smollm2"])
     for key in ("toy", "smollm2"):
+        if "update_parts" in result.get(key, {}):
+            lines += parts_table(key, result[key]["update_parts"])
+    for key in ("toy", "smollm2"):
         if "rollout_profile" in result.get(key, {}):
-            lines += [f"Where twinrun's rollout time goes ({key}, cProfile of one step's four "
-                      "groups, top entries by cumulative time):", "", "```",
+            lines += [f"Where twinrun's rollout time goes ({key}, cProfile of one step's block "
+                      "of four groups, top entries by cumulative time):", "", "```",
                       *result[key]["rollout_profile"], "```", ""]  # fmt: skip
     md = "\n".join(lines)
     print(md)

@@ -47,6 +47,21 @@ def shape(objective: str, model: Path, examples: Path, out: Path) -> list[str]:
     return args
 
 
+def grpo_blocks(model: Path, data: Path, out: Path) -> list[str]:
+    """GRPO with 3 prompt groups a step decoded in blocks of 2 (block 0: groups 0-1, on rank 0
+    of 2; block 1: group 2, on rank 1), prompts of unequal lengths, so blocks are left-padded."""
+    examples = data / "arith-mixed.jsonl"
+    pairs = ((1, 2), (12, 345), (7, 88), (1234, 5), (3, 3))
+    examples.write_text(
+        "".join(
+            json.dumps({"prompt": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n"
+            for a, b in pairs
+        )
+    )
+    args = run_args("grpo", model, examples, out, "--diag")
+    return with_flags(args, prompts_per_step="3", rollout_block="2")
+
+
 @dataclass
 class Runs:
     one: dict[str, Path]  # the runs of one process (in this process, no torchrun)
@@ -70,6 +85,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory, toy_model_dir: Path) -> Runs:
         args[objective] = shape(objective, toy_model_dir, examples[objective], one[objective])
         assert run_cli(args[objective]) == 0
         many.append(shape(objective, toy_model_dir, examples[objective], two[objective]))
+    blocks = "grpo-blocks"  # prompts of unequal lengths, 3 groups a step in blocks of 2
+    one[blocks], two[blocks] = root / "one" / blocks, root / "two" / blocks
+    args[blocks] = grpo_blocks(toy_model_dir, data, one[blocks])
+    assert run_cli(args[blocks]) == 0
+    many.append(grpo_blocks(toy_model_dir, data, two[blocks]))
     many.append(["run", str(toml), "--quiet"])
     job = torchrun_many(2, many, root, paths=(data,))
     assert job.returncode == 0, job.stderr[-3000:]
@@ -100,6 +120,16 @@ def test_two_processes_write_the_bytes_of_one(
     sidecar = json.loads((two / "twinrun.json").read_text())
     assert sidecar["runtime"]["processes"] == 2
     assert "processes" not in json.loads((one / "twinrun.json").read_text())["runtime"]
+
+
+def test_grpo_blocks_on_two_processes_write_the_bytes_of_one(runs: Runs) -> None:
+    """Whole blocks of prompt groups go to processes (block b on rank b % 2): the adapter, diag
+    and metrics of two processes are those of one."""
+    one, two = runs.one["grpo-blocks"], runs.two["grpo-blocks"]
+    for name in ("adapter_model.safetensors", "diag.jsonl"):
+        assert (two / name).read_bytes() == (one / name).read_bytes()
+    assert timeless(metrics(two)) == timeless(metrics(one))
+    assert json.loads((two / "twinrun.json").read_text())["train"]["rollout_block"] == 2
 
 
 def test_uneven_accumulation_steps(runs: Runs) -> None:

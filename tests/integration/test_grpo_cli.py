@@ -220,6 +220,8 @@ def test_observation_fault_localised(
             "No such option '--epochs'. Did you mean '--steps'?",
         ),
         (("--env", "arithmetic", "--replay", "per"), "--replay per needs"),
+        (("--env", "arithmetic", "--rollout-block", "0"), "--rollout-block must be >= 1, got 0"),
+        (("--env", "arithmetic", "--rollout-block", "x"), "'x' is not a valid integer"),
     ],
 )
 def test_grpo_config_errors(
@@ -239,30 +241,43 @@ def test_grpo_config_errors(
     assert not (tmp_path / "o").exists()
 
 
-def test_completion_independent_of_batch(toy_model_dir: Path, arith: Path) -> None:
-    """A prompt's completions are the same whether it was sampled alone or among 4."""
+def sampling_session(model: Path, rollout_block: int) -> types.SimpleNamespace:
     from twinrun.config.run import RunConfig
-    from twinrun.data.examples import load_rows
     from twinrun.model.build import load_causal_lm
     from twinrun.model.tokens import load_tokenizer
-    from twinrun.rl.environments import make_environment
     from twinrun.train.faults import Faults
-    from twinrun.train.recipes.grpo import GrpoState, collect_rollouts
 
     cfg = RunConfig(objective="grpo", seed=3, group_size=3, max_new_tokens=5, temperature=1.0,
-                    chat_template="on")  # fmt: skip
-    session = types.SimpleNamespace(
-        cfg=cfg,
-        model=load_causal_lm(toy_model_dir),
-        tok=load_tokenizer(toy_model_dir),
-        faults=Faults(frozenset()),
-        max_length=2048,
-    )
+                    chat_template="on", rollout_block=rollout_block)  # fmt: skip
+    return types.SimpleNamespace(
+        cfg=cfg, model=load_causal_lm(model), tok=load_tokenizer(model),
+        faults=Faults(frozenset()), max_length=2048,
+    )  # fmt: skip
+
+
+def by_example(rollouts: list) -> dict[int, list[tuple[list[int], list[float]]]]:
+    out: dict[int, list[tuple[list[int], list[float]]]] = {}
+    for r in rollouts:
+        out.setdefault(r.example, []).append((r.completion, r.old_logprobs))
+    return out
+
+
+def test_completion_depends_on_its_block_only(toy_model_dir: Path, arith: Path) -> None:
+    """With blocks of 2 prompt groups, the completions of the first block are the same bit for
+    bit whichever prompts fill the second block; with blocks of 1, a prompt sampled alone equals
+    it sampled among 4."""
+    from twinrun.data.examples import load_rows
+    from twinrun.rl.environments import make_environment
+    from twinrun.train.recipes.grpo import GrpoState, sampled_rollouts
+
     state = GrpoState(rows=load_rows(arith), env=make_environment("arithmetic"),
                       env_name="arithmetic", replay=None)  # fmt: skip
-    alone = collect_rollouts(session, state, 2, [5])  # type: ignore[arg-type]
-    among = collect_rollouts(session, state, 2, [1, 5, 0, 7])  # type: ignore[arg-type]
-    mine = [r for r in among if r.example == 5]
-    assert [r.completion for r in alone] == [r.completion for r in mine]
-    assert [r.old_logprobs for r in alone] == [r.old_logprobs for r in mine]
-    assert len({tuple(r.completion) for r in alone}) > 1  # the group really samples
+    two = sampling_session(toy_model_dir, 2)
+    a = by_example(sampled_rollouts(two, state, 2, [1, 5, 0, 7]))  # type: ignore[arg-type]
+    b = by_example(sampled_rollouts(two, state, 2, [1, 5, 2, 3]))  # type: ignore[arg-type]
+    assert a[1] == b[1] and a[5] == b[5]
+    assert len({tuple(c) for c, _ in a[5]}) > 1  # the group really samples
+    one = sampling_session(toy_model_dir, 1)
+    alone = by_example(sampled_rollouts(one, state, 2, [5]))  # type: ignore[arg-type]
+    among = by_example(sampled_rollouts(one, state, 2, [1, 5, 0, 7]))  # type: ignore[arg-type]
+    assert alone[5] == among[5]

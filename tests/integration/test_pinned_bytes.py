@@ -34,9 +34,16 @@ PINNED: dict[str, dict[str, str]] = {
         "head": "79ad729d083354c5f81d8e22222fe46a0f073724ade10ee97dcbbe01dc867d23",
     },
     "grpo": {
-        "adapter": "9d401b2b1947d100df93b6c9aadb4c4b6213f19046f0c44858b62e49926992bb",
-        "diag": "b55d0731dbdca4cbfcb8e3d9dae318ba889bbe1109e243140573b5c7af84f35b",
+        "adapter": "9ee04aa4abd638a22025e2898305aa2fdd65c38b767dc5aa4a661ed7c3a0e24a",
+        "diag": "216faf2a6f6076216e418313a800a08b2ded5a23ffffef807851b6c2644696d4",
     },
+}
+# GRPO with --rollout-block 1 (each prompt group decoded alone, as every GRPO run was before
+# block decoding): the bytes pinned then, unchanged — a block of one prompt is exactly the
+# per-group decode.
+PER_GROUP_GRPO = {
+    "adapter": "9d401b2b1947d100df93b6c9aadb4c4b6213f19046f0c44858b62e49926992bb",
+    "diag": "b55d0731dbdca4cbfcb8e3d9dae318ba889bbe1109e243140573b5c7af84f35b",
 }
 
 
@@ -56,3 +63,14 @@ def test_pinned_bytes(
         f"{objective} run bytes changed ({report}). If the change is on purpose, copy the "
         "'got' values into PINNED in tests/integration/test_pinned_bytes.py"
     )
+
+
+def test_grpo_rollout_block_of_one_keeps_the_per_group_bytes(
+    tmp_path: Path, toy_model_dir: Path
+) -> None:
+    examples = write_examples(tmp_path / "data")["grpo"]
+    out = tmp_path / "run"
+    args = run_args("grpo", toy_model_dir, examples, out, "--diag", "--rollout-block", "1")
+    assert run_cli(args) == 0
+    got = {key: sha256_of(out / FILES[key]) for key in PER_GROUP_GRPO}
+    assert got == PER_GROUP_GRPO

@@ -33,6 +33,7 @@ GRPO = {
     "--steps", "--prompts-per-step", "--group-size", "--max-new-tokens", "--temperature",
     "--clip-eps", "--advantage-clip", "--token-cap", "--env", "--env-arg", "--replay",
     "--replay-capacity", "--replay-alpha", "--replay-beta", "--replay-fraction",
+    "--rollout-block",
 }  # fmt: skip
 EXPECTED_FLAGS = {
     "sft": COMMON | {"--epochs", "--accumulation"},
@@ -129,7 +130,8 @@ def test_sidecar_keys_are_unchanged_plus_the_new_settings(objective: str) -> Non
     if objective == "dpo":
         before = [*before[:11], "beta", *before[11:]]
     keys = set(shaping_numbers(RunConfig(objective=objective)))
-    assert keys == set(before) | NEW_KEYS
+    grpo_only = {"rollout_block"} if objective == "grpo" else set()
+    assert keys == set(before) | NEW_KEYS | grpo_only
 
 
 def test_sidecar_records_replay_numbers_only_for_per() -> None:

@@ -41,6 +41,10 @@ def test_keys_map_onto_the_run_config(tmp_path: Path) -> None:
     run = load(tmp_path, source(tmp_path))
     cfg = run.cfg
     assert run.trainer == cfg.objective == "grpo" and cfg.steps == run.max_steps == 1
+    assert cfg.rollout_block == 4  # the stated default
+    doc = source(tmp_path)
+    doc["grpo"]["rollout_block"] = 2
+    assert load(tmp_path, doc).cfg.rollout_block == 2
     assert cfg.learning_rate == 0.05 and cfg.lora_alpha == 8 and cfg.threads == 1
     assert cfg.capture and cfg.checkpoint_every == 0 and cfg.init_adapter == str(tmp_path / "i")
     assert cfg.env == "arithmetic" and cfg.output == str(tmp_path / "out")
@@ -92,11 +96,13 @@ def test_value_problems_named_by_toml_key(tmp_path: Path) -> None:
     doc = source(tmp_path)
     doc["training"]["learning_rate"] = 0
     doc["grpo"]["group_size"] = 1
+    doc["grpo"]["rollout_block"] = 0
     doc["backend"]["devices"] = "cuda:0,cuda:1"
     doc["inference"]["engine"] = "vllm"
     msg = error(tmp_path, doc)
     assert "training.learning_rate must be > 0" in msg
     assert "grpo.group_size must be >= 2" in msg
+    assert "grpo.rollout_block must be >= 1, got 0" in msg
     assert "backend.devices must name exactly one device" in msg
     assert "inference.engine must be pytorch" in msg
     assert "--" not in msg.split(" — ")[0]  # flags rewritten as TOML keys

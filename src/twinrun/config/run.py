@@ -154,6 +154,12 @@ class RunConfig:
         "int", "--token-cap", "grpo.token_cap", "Completion tokens per row in the loss, at most.",
         required=True, objectives=GRPO, low=1,
     )  # fmt: skip
+    rollout_block: int = _s(
+        "int", "--rollout-block", "grpo.rollout_block",
+        "Prompt groups decoded as one batch: consecutive groups 0..N-1, N..2N-1, ... "
+        "(a row's bytes depend on its block; fixed, whatever the process count).",
+        objectives=GRPO, default=4, low=1,
+    )  # fmt: skip
     env: str | None = _s(
         "str", "--env", "environment.name", "arithmetic | clock | module.path:factory.",
         required=True, objectives=GRPO,

@@ -13,7 +13,8 @@ GRPO sampling, evaluation and extraction alike. LoRA factors stay float32 (PEFT'
 Around transformers' forward:
 
 - right-padded batches: position ids 0..T-1 in every row, every padded key masked out of every
-  query (transformers' own causal + padding mask);
+  query (transformers' own causal + padding mask); a left-padded batch (block decoding,
+  `model/decoding.py`) passes each row's `position_ids` (its real tokens count from 0);
 - `hidden_layer=L` also returns the residual stream at transformers' `hidden_states[L]` (0 = the
   embeddings, L = the output of decoder layer L-1; for L = num_layers the stream *before* the
   final norm); `steer=(L, v)` adds `v` to the residual stream at that same point (and the
@@ -173,9 +174,12 @@ class CausalLM:
         attention_mask: torch.Tensor | None = None,
         kv_cache: Any = None,
         steer: tuple[int, torch.Tensor] | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """float32 logits [B, T, V] for right-padded `input_ids` [B, T] (mask 1 = real token)."""
-        return self.run(input_ids, attention_mask, kv_cache, steer=steer).logits
+        """float32 logits [B, T, V] for right-padded `input_ids` [B, T] (mask 1 = real token);
+        a left-padded batch (KV-cached decoding) also gives each row's `position_ids`."""
+        return self.run(input_ids, attention_mask, kv_cache, steer=steer,
+                        position_ids=position_ids).logits  # fmt: skip
 
     def hidden_states_at(
         self, input_ids: torch.Tensor, layer: int, attention_mask: torch.Tensor | None = None
@@ -198,9 +202,10 @@ class CausalLM:
         kv_cache: Any = None,
         hidden_layer: int | None = None,
         steer: tuple[int, torch.Tensor] | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> ModelOutput:
-        """The full forward; see the module docstring for `hidden_layer`, `steer` and
-        batch-invariant mode."""
+        """The full forward; see the module docstring for `hidden_layer`, `steer`, `position_ids`
+        and batch-invariant mode."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
         if steer is None:
@@ -209,16 +214,28 @@ class CausalLM:
         for label, at in (("hidden_layer", hidden_layer), ("steer layer", steer and steer[0])):
             if at is not None and not 0 <= at <= n:
                 raise ValueError(f"{label} must be in [0, {n}], got {at}")
-        if attention_mask is not None and attention_mask.shape != input_ids.shape:
+        if (
+            attention_mask is not None
+            and kv_cache is None
+            and attention_mask.shape != input_ids.shape
+        ):
             raise ValueError("attention_mask must have the shape of input_ids")
+        if attention_mask is not None and attention_mask.shape[0] != input_ids.shape[0]:
+            raise ValueError("attention_mask must have a row per row of input_ids")  # cached: keys
+        if position_ids is not None and position_ids.shape != input_ids.shape:
+            raise ValueError("position_ids must have the shape of input_ids")
         if self.batch_invariant:
+            if position_ids is not None:
+                raise ValueError("batch-invariant mode takes no position_ids (rows run alone)")
             if kv_cache is None:
                 from twinrun.model.invariant import run_rows
 
                 return run_rows(self, input_ids, attention_mask, hidden_layer, steer)
             if input_ids.shape[0] != 1:
                 raise ValueError("batch-invariant mode runs a KV cache for one row only")
-        return self.run_batch(input_ids, attention_mask, kv_cache, hidden_layer, steer)
+        return self.run_batch(
+            input_ids, attention_mask, kv_cache, hidden_layer, steer, position_ids
+        )
 
     def run_batch(
         self,

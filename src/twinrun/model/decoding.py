@@ -12,20 +12,30 @@ temperature-scaled distribution (`log_softmax(logits.double() / T)`; at temperat
 unscaled one) — GRPO's "old" logprob. Generation stops after emitting any of `end_ids` (a checkpoint
 may declare several: its eos and the chat template's end-of-turn token).
 
-`generate_group` decodes several completions of one prompt (a GRPO prompt group) as one batch:
-the prompt is prefilled once as a one-row forward, its cache is repeated for the G rows, and
-every later forward is a [G, 1] batch of each row's last token. Row r draws its tokens from its
-own `draws[r]`; a row stops at its end id while the others go on. A finished row consumes no
-more draws; it is fed its last token again until the block ends and its outputs are thrown away.
+`generate_block` decodes the completions of a block of prompts (GRPO: several prompt groups) as
+one batch: the block's prompts are prefilled together as one [P, W] forward, left-padded to the
+longest (W) with the padded keys masked out and each row's position ids counting its real tokens
+from 0; the cache is repeated for each prompt's G rows, and every later forward is a [P*G, 1]
+batch of each row's last token (with the mask grown by one real key and the row's own position).
+When the block's prompts all have the same length nothing is padded and no mask or position ids
+are passed, so a block of one prompt is exactly `generate_group`'s decode. Row r draws its tokens
+from its own `draws[r]`; a row stops at its end id while the others go on. A finished row consumes
+no more draws; it is fed its last token again until the block ends and its outputs are thrown
+away.
 
-What a row's bytes depend on: the prompt, its own draws, the model (weights, precision,
-attention, threads) and G — the decode forwards always have shape [G, 1], whatever the other
-rows sample or when they stop. No operation of a decoder forward mixes rows (every row has the
-same length: the prompt plus the position, so there is no padding and no mask), so the other
-rows' tokens never enter a row's arithmetic; only the shape does, through the kernels' blocking.
+What a row's bytes depend on: its prompt, its own draws, the model (weights, precision,
+attention, threads) and its block — the number of prompts and rows in it and their prompt
+lengths (which set the batch shape and the left padding) — and nothing else: the forwards always
+have shape [P*G, 1] whatever the rows sample or when they stop, and no operation of a decoder
+forward mixes rows (a padded key is masked out of every query, so it adds exact zeros), so the
+other rows' tokens never enter a row's arithmetic; only the shape and the padding do, through the
+kernels' blocking (a reduction over W + t keys groups its terms differently from one over the
+row's own length). A left-padded row therefore equals its unpadded decode to float32 rounding,
+not bit for bit (on the toy model the tokens are the same and the logprobs agree to ~2e-7).
+`generate_group` is the block of one prompt: a row depends on its prompt, its draws and G.
 In batch-invariant mode (`model.batch_invariant`) every row is decoded alone ([1, 1] forwards
-from the shared prefill), which is what `generate` does for one row: then a completion depends
-on G not at all.
+from its prompt's prefill), which is what `generate` does for one row: then a completion depends
+neither on G nor on the block.
 """
 
 from __future__ import annotations
@@ -174,26 +184,21 @@ def generate_group(
     """One completion per entry of `draws`, all of `prompt_ids`, decoded as one [len(draws), 1]
     batch (each row alone in batch-invariant mode); see the module docstring for what a row's
     bytes depend on."""
-    if not prompt_ids:
-        raise ValueError("generation needs a non-empty prompt")
+    if prefix is None:
+        return generate_block(
+            model, [prompt_ids], max_new_tokens, temperature, [draws], end_ids, steer
+        )[0]
     if not draws:
         raise ValueError("generation needs at least one row (one draw function per row)")
     check_request(max_new_tokens, temperature, draws)
+    if prefix.prompt_ids != list(prompt_ids):
+        raise ValueError("the prefix was made for another prompt")
     if max_new_tokens == 0:
         return [GenerationResult() for _ in draws]
-    if prefix is None:
-        prefix = prefill(model, prompt_ids, steer)
-    elif prefix.prompt_ids != list(prompt_ids):
-        raise ValueError("the prefix was made for another prompt")
-    if model.batch_invariant and len(draws) > 1:
-        return [
-            decode_rows(model, prefix, max_new_tokens, temperature, [d], end_ids, steer)[0]
-            for d in draws
-        ]
-    return decode_rows(model, prefix, max_new_tokens, temperature, draws, end_ids, steer)
+    return decode_from_prefix(model, prefix, max_new_tokens, temperature, draws, end_ids, steer)
 
 
-def decode_rows(
+def decode_from_prefix(
     model: CausalLM,
     prefix: Prefix,
     max_new_tokens: int,
@@ -202,14 +207,124 @@ def decode_rows(
     end_ids: Collection[int],
     steer: tuple[int, torch.Tensor] | None,
 ) -> list[GenerationResult]:
-    """The decode loop of `generate_group`: [G, 1] forwards until every row has stopped."""
+    """The rows of one prompt from its prefill: together, or each alone in batch-invariant mode."""
+    if model.batch_invariant and len(draws) > 1:
+        return [
+            decode_from_prefix(model, prefix, max_new_tokens, temperature, [d], end_ids, steer)[0]
+            for d in draws
+        ]
+    rows = len(draws)
+    table = prefix.logits.detach().to("cpu", torch.float64).unsqueeze(0).expand(rows, -1)
+    start = Start(prefix.fork(rows), table, None)
+    return decode_rows(model, start, max_new_tokens, temperature, draws, end_ids, steer)
+
+
+def generate_block(
+    model: CausalLM,
+    prompts: Sequence[list[int]],
+    max_new_tokens: int,
+    temperature: float,
+    draws: Sequence[Sequence[Draw | None]],
+    end_ids: Collection[int] = (),
+    steer: tuple[int, torch.Tensor] | None = None,
+) -> list[list[GenerationResult]]:
+    """The completions of a block of prompts, `draws[p]` one draw function per row of prompt p
+    (every prompt the same number of rows), decoded as one [P*G, 1] batch from one left-padded
+    prefill; see the module docstring for what a row's bytes depend on. Returns the rows of each
+    prompt, in order."""
+    if not prompts:
+        raise ValueError("generation needs at least one prompt")
+    if len(draws) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but draw functions for {len(draws)}")
+    if any(not p for p in prompts):
+        raise ValueError("generation needs a non-empty prompt")
+    if any(not d for d in draws):
+        raise ValueError("generation needs at least one row (one draw function per row)")
+    group = len(draws[0])
+    if any(len(d) != group for d in draws):
+        raise ValueError("every prompt of a block needs the same number of rows")
+    flat = [d for row_draws in draws for d in row_draws]
+    check_request(max_new_tokens, temperature, flat)
+    if max_new_tokens == 0:
+        return [[GenerationResult() for _ in d] for d in draws]
+    if model.batch_invariant:  # every row alone, from its own prompt's prefill
+        return [
+            decode_from_prefix(model, prefill(model, p, steer), max_new_tokens, temperature, d,
+                               end_ids, steer)
+            for p, d in zip(prompts, draws, strict=True)
+        ]  # fmt: skip
+    start = prefill_block(model, prompts, group, steer)
+    out = decode_rows(model, start, max_new_tokens, temperature, flat, end_ids, steer)
+    return [out[i * group : (i + 1) * group] for i in range(len(prompts))]
+
+
+@dataclass
+class Start:
+    """Where a batched decode starts: the cache with one row per completion, the float64 logits
+    of each row's first token [rows, V], and for a left-padded block the key mask [rows, W] and
+    each row's prompt length (None when every row has the same length: no mask, no position
+    ids)."""
+
+    cache: Any
+    table: torch.Tensor
+    padded: tuple[torch.Tensor, torch.Tensor] | None
+
+
+def prefill_block(
+    model: CausalLM,
+    prompts: Sequence[list[int]],
+    group: int,
+    steer: tuple[int, torch.Tensor] | None,
+) -> Start:
+    """One [P, W] forward over the block's prompts, left-padded to the longest, its cache and
+    last-position logits repeated for each prompt's `group` rows."""
+    device = next(model.parameters()).device
+    lengths = [len(p) for p in prompts]
+    width = max(lengths)
+    cache = model.new_cache()
+    with torch.no_grad():
+        if min(lengths) == width:
+            ids = torch.tensor([list(p) for p in prompts], dtype=torch.long, device=device)
+            logits = model(ids, kv_cache=cache, steer=steer)[:, -1]
+            padded = None
+        else:
+            ids = torch.zeros((len(prompts), width), dtype=torch.long)  # pad id 0: masked out
+            mask = torch.zeros((len(prompts), width), dtype=torch.long)
+            for i, p in enumerate(prompts):
+                ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+                mask[i, width - len(p) :] = 1
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            logits = model(ids.to(device), mask.to(device), kv_cache=cache, steer=steer,
+                           position_ids=positions.to(device))[:, -1]  # fmt: skip
+            lens = torch.tensor(lengths, dtype=torch.long)
+            padded = (mask.repeat_interleave(group, 0), lens.repeat_interleave(group, 0))
+    if group > 1:
+        cache.batch_repeat_interleave(group)
+    table = logits.detach().to("cpu", torch.float64).repeat_interleave(group, 0)
+    return Start(cache, table, padded)
+
+
+def decode_rows(
+    model: CausalLM,
+    start: Start,
+    max_new_tokens: int,
+    temperature: float,
+    draws: Sequence[Draw | None],
+    end_ids: Collection[int],
+    steer: tuple[int, torch.Tensor] | None,
+) -> list[GenerationResult]:
+    """The decode loop: [rows, 1] forwards until every row has stopped."""
     rows = len(draws)
     results = [GenerationResult() for _ in range(rows)]
     live = list(range(rows))
     last = [0] * rows  # the token each row is fed next (a finished row: its last one, again)
     stop = frozenset(end_ids)
-    cache = prefix.fork(rows)
-    table = prefix.logits.detach().to("cpu", torch.float64).unsqueeze(0).expand(rows, -1)
+    cache, table = start.cache, start.table
+    device = next(model.parameters()).device
+    mask = lengths = None
+    if start.padded is not None:
+        mask, lengths = start.padded
+        mask, lengths = mask.to(device), lengths.to(device).view(rows, 1)
     with torch.no_grad():
         for position in range(max_new_tokens):
             for r, (token, logprob) in zip(
@@ -222,8 +337,13 @@ def decode_rows(
                     live.remove(r)
             if not live or position == max_new_tokens - 1:
                 break
-            step = torch.tensor(last, dtype=torch.long, device=prefix.logits.device).view(rows, 1)
-            logits = model(step, kv_cache=cache, steer=steer)[:, -1]
+            step = torch.tensor(last, dtype=torch.long, device=device).view(rows, 1)
+            if mask is None or lengths is None:
+                logits = model(step, kv_cache=cache, steer=steer)[:, -1]
+            else:  # token `position` of a row sits at its prompt length + position
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                logits = model(step, mask, kv_cache=cache, steer=steer,
+                               position_ids=lengths + position)[:, -1]  # fmt: skip
             table = logits.to("cpu", torch.float64)
     return results
 

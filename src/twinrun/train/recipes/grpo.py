@@ -3,11 +3,12 @@
 One optimizer step:
 1. pick `prompts_per_step` example rows (keyed per-epoch shuffle, as SFT);
 2. the environment turns each row into an observation (`stream(seed, "env", step, slot)`);
-3. sample `group_size` completions per prompt from the current policy, the group decoded as one
-   batch from one prefill of its prompt (`model/decoding.py` states what a row's bytes depend
-   on: its prompt, its own draws and the group size), each token drawn from
+3. sample `group_size` completions per prompt from the current policy, `rollout_block`
+   consecutive prompt groups decoded as one batch from one left-padded prefill
+   (`model/decoding.py` states what a row's bytes depend on: its prompt, its own draws and its
+   block — the block's prompt lengths and size), each token drawn from
    `stream(seed, "sample", step, example_index, k, position)` — a completion never depends on
-   which other prompts shared its step — keeping float64 old logprobs;
+   the prompts of other blocks, nor on the process count — keeping float64 old logprobs;
 4. rewards from the environment; advantages group-normalised, batch-normalised, clipped
    (`rl/advantages.py`); with `--replay per`, earlier rollouts re-enter with probability
    proportional to |advantage|^alpha and importance weights (`rl/prioritized.py`);
@@ -32,7 +33,7 @@ from twinrun.config.run import RunConfig, valid, validate
 from twinrun.core.rng import stream
 from twinrun.data.batching import epoch_order
 from twinrun.data.examples import EncodedRow, SourcedRow, check_length
-from twinrun.model.decoding import generate_group
+from twinrun.model.decoding import generate_block
 from twinrun.objectives.grpo import grpo_loss
 from twinrun.rl.advantages import apply_token_cap, compute_advantages
 from twinrun.rl.environments import (
@@ -197,40 +198,49 @@ def prompt_ids_for(s: Session, observation: str) -> list[int]:
     return s.tok.prompt_ids(messages, s.cfg.chat_template == "on")
 
 
-def sample_group(
-    s: Session, prompt_ids: list[int], step: int, example: int
-) -> list[tuple[list[int], list[float]]]:
-    """The `group_size` completions of one prompt, decoded as one batch from one prefill;
-    completion k's token i is drawn from stream(seed, "sample", step, example, k, i). Returns
-    (tokens, float64 old logprobs) per completion."""
+def sample_block(
+    s: Session, prompts: list[list[int]], step: int, examples: list[int]
+) -> list[list[tuple[list[int], list[float]]]]:
+    """The `group_size` completions of each prompt of a block, decoded as one batch from one
+    left-padded prefill; completion k of example e draws its token i from
+    stream(seed, "sample", step, e, k, i). Returns (tokens, float64 old logprobs) per completion,
+    per prompt."""
     seed, group = s.cfg.seed, s.cfg.group_size
     assert seed is not None and group is not None
 
-    def draw_for(k: int) -> Callable[[int], float]:
+    def draw_for(example: int, k: int) -> Callable[[int], float]:
         return lambda position: stream(seed, "sample", step, example, k, position).uniform()
 
     with torch.no_grad():
-        results = generate_group(
+        results = generate_block(
             s.model,
-            prompt_ids,
+            prompts,
             valid(s.cfg).max_new_tokens,
             valid(s.cfg).temperature,
-            [draw_for(k) for k in range(group)],
+            [[draw_for(e, k) for k in range(group)] for e in examples],
             end_ids=s.tok.end_ids,
         )
-    return [(list(r.tokens), [float(x) for x in r.logprobs]) for r in results]
+    return [[(list(r.tokens), [float(x) for x in r.logprobs]) for r in rows] for rows in results]
+
+
+def rollout_blocks(groups: int, block: int) -> list[range]:
+    """The step's prompt groups in blocks of `block` consecutive global group indices (the last
+    may be shorter): fixed by the run's settings, never by the process count."""
+    return [range(a, min(groups, a + block)) for a in range(0, groups, block)]
 
 
 def sampled_rollouts(s: Session, state: GrpoState, step: int, examples: list[int]) -> list[Rollout]:
-    """Every prompt group's rollouts, in global group order. Under torchrun each process samples
-    the groups g with g % world == rank (draws are keyed by example and k, so a completion does
-    not depend on the process that samples it) and the groups are all-gathered."""
-    slots = list(mine(len(examples)))
-    local = collect_rollouts(s, state, step, [examples[g] for g in slots], slots)
-    k = s.cfg.group_size
-    assert k is not None
-    groups = [local[i * k : (i + 1) * k] for i in range(len(slots))]
-    return [r for group in in_global_order(groups, "gathering the rollouts") for r in group]
+    """Every prompt group's rollouts, in global group order. The groups are decoded in blocks of
+    `rollout_block` (`rollout_blocks`); under torchrun block b is sampled by process
+    b % world (draws are keyed by example and k, and a block is the same on any process, so a
+    completion does not depend on the process that samples it) and the blocks are all-gathered."""
+    stamped = s.faults.once("observation", step)  # the planted fault, not in a spike rerun
+    blocks = rollout_blocks(len(examples), s.cfg.rollout_block)
+    local = [
+        collect_rollouts(s, state, step, [examples[g] for g in blocks[b]], list(blocks[b]), stamped)
+        for b in mine(len(blocks))
+    ]
+    return [r for block in in_global_order(local, "gathering the rollouts") for r in block]
 
 
 def collect_rollouts(
@@ -239,15 +249,18 @@ def collect_rollouts(
     step: int,
     examples: list[int],
     slots: list[int] | None = None,
+    stamped: bool | None = None,
 ) -> list[Rollout]:
-    """The rollouts of these prompt groups, group after group (a group's bytes do not depend on
-    which other groups share the step); `slots` are their global group indices (default 0, 1,
-    ...), which key the environment's observation draws."""
+    """The rollouts of one block of prompt groups, decoded as one batch (`sample_block`), group
+    after group; `slots` are their global group indices (default 0, 1, ...), which key the
+    environment's observation draws; `stamped`: whether the planted observation fault acts
+    (default: asked of the run's faults)."""
     cfg = s.cfg
-    out: list[Rollout] = []
     max_len = s.max_length
-    stamped = s.faults.once("observation", step)  # the planted fault, not in a spike rerun
+    if stamped is None:
+        stamped = s.faults.once("observation", step)
     slots = list(range(len(examples))) if slots is None else slots
+    prompts = []
     for slot, example in zip(slots, examples, strict=True):
         row = state.rows[example]
         observation = checked_prompt(
@@ -257,10 +270,13 @@ def collect_rollouts(
             observation = observation_fault(observation)
         ids = prompt_ids_for(s, observation)
         check_length(EncodedRow(tuple(ids), ()), row.where, max_len - valid(cfg).max_new_tokens)
-        for k, (completion, logprobs) in enumerate(sample_group(s, ids, step, example)):
-            reward = checked_reward(
-                state.env, state.env_name, dict(row.data), s.tok.decode(completion)
-            )
+        prompts.append(ids)
+    out: list[Rollout] = []
+    sampled = sample_block(s, prompts, step, examples)
+    for example, ids, group in zip(examples, prompts, sampled, strict=True):
+        data = dict(state.rows[example].data)
+        for k, (completion, logprobs) in enumerate(group):
+            reward = checked_reward(state.env, state.env_name, data, s.tok.decode(completion))
             out.append(Rollout(example, k, step, ids, completion, logprobs, reward))
     return out
 
@@ -340,6 +356,20 @@ def update_rows(s: Any, batch: list[Rollout]) -> UpdateRows:
     )  # fmt: skip
 
 
+def kept_logprobs(
+    logits: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """[N, W-1] float64 logprobs of the predicted tokens `ids[:, 1:]`: at each kept position
+    `log_softmax(logits.double() / T)` of its token, 0 elsewhere (the loss reads kept positions
+    only). The float64 log-softmax runs over the kept positions' vocab rows alone — the prompt
+    and capped positions, most of a row, are never converted — and each kept value is the one a
+    log-softmax over every position gives (the softmax is per position)."""
+    rows = logits[:, :-1][kept].double() / temperature  # [K, V]
+    picked = torch.log_softmax(rows, dim=-1).gather(-1, ids[:, 1:][kept].unsqueeze(-1))
+    out = torch.zeros(kept.shape, dtype=torch.float64, device=logits.device)
+    return out.masked_scatter(kept, picked.squeeze(-1))
+
+
 def update_forwards(s: Any, batch: list[Rollout], step: int) -> StepForwards:
     """The PPO-clip update on `batch`, in forwards of `batch_size` rows (replay runs this)."""
     cfg, device = s.cfg, s.cfg.device
@@ -352,12 +382,11 @@ def update_forwards(s: Any, batch: list[Rollout], step: int) -> StepForwards:
         w = int(u.attn[sl].sum(dim=1).max())
         f_ids, f_attn = u.ids[sl, :w].to(device), u.attn[sl, :w].to(device)
         logits = s.model(f_ids, f_attn)
-        logp = torch.log_softmax(logits[:, :-1].double() / cfg.temperature, dim=-1)
-        logp = logp.gather(-1, f_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        kept = u.kept[sl, : w - 1].to(device)
+        logp = kept_logprobs(logits, f_ids, kept, cfg.temperature)
         out = grpo_loss(
             logp, u.old[sl, : w - 1].to(device), u.advantages[sl].to(device),
-            u.kept[sl, : w - 1].to(device), u.denominator, cfg.clip_eps,
-            u.weights[sl].to(device),
+            kept, u.denominator, cfg.clip_eps, u.weights[sl].to(device),
         )  # fmt: skip
         yield Forward(out.loss, out.row_losses, [f_ids], [logits])
         parts.append((float(out.loss.detach()), out.clipped_tokens, out.active_tokens))
