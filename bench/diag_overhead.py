@@ -296,10 +296,11 @@ def markdown(res: dict[str, Any]) -> str:
         share = prof["row total"] / (1e3 * first["summary"]["wall_s"]["plain_median_s"])
         lines += [
             "",
-            "What one row costs (checksum + digest, ms per step, measured in the benchmark process "
-            "on the toy's shapes; the four LoRA leaves are copied into one flat buffer with one "
-            "call on the loop's thread, checksummed in one binned pass with a bin offset per "
-            "leaf, and hashed leaf by leaf over their spans: the same bytes as part by part):",
+            "What one row costs (checksum + digest, ms per step, the median of 7 measurements in "
+            "the benchmark process on the toy's shapes; the four LoRA leaves are copied into one "
+            "flat buffer with one call on the loop's thread, checksummed in one binned pass with "
+            "a bin offset per leaf, and hashed leaf by leaf over their spans: the same bytes as "
+            "part by part):",
             "",
             "| part | ms |",
             "|---|---|",
@@ -381,7 +382,8 @@ def main() -> None:
     }
     res["pass"] = judged(res) <= GOAL
     if not res["pass"]:
-        res["row_profile_ms"] = row_profile()
+        profiles = [row_profile() for _ in range(7)]  # a busy moment inflates one; take medians
+        res["row_profile_ms"] = {k: statistics.median(p[k] for p in profiles) for k in profiles[0]}
     body = markdown(res)
     print(body)
     print(f"bench took {res['bench_wall_s']} s", file=sys.stderr)

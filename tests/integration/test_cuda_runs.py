@@ -1,7 +1,8 @@
 """On a CUDA device (skipped without one): every objective's run, repeated at one seed in strict
 mode, writes the same adapter and diag bytes; its numbers stay close to the CPU run's; a
 torchrun job of one process (nccl) writes the bytes of the plain process; a capture made on the
-GPU replays on it bit for bit (gate B)."""
+GPU replays on it bit for bit (gate B); batch-invariant evaluation gives 64 of 64 equal losses at
+batch sizes 1 and 8."""
 
 from __future__ import annotations
 
@@ -91,3 +92,20 @@ def test_cuda_capture_replays_bitwise(tmp_path: Path, toy_model_dir: Path) -> No
     rc = run_cli(["evidence", str(cap.out), str(tmp_path / "r1"), str(tmp_path / "r2"),
                   "--require", "B"])  # fmt: skip
     assert rc == 0
+
+
+def test_cuda_batch_invariant_evaluate_equal_at_batch_1_and_8(
+    tmp_path: Path, toy_model_dir: Path
+) -> None:
+    from twinrun.data.examples import shipped_examples
+
+    losses = {}
+    for bs in (1, 8):
+        out = tmp_path / f"eval{bs}.json"
+        args = ["tune", "evaluate", "--model", str(toy_model_dir),
+                "--examples", str(shipped_examples("sft.jsonl")), "--output", str(out),
+                "--batch-size", str(bs), "--precision", "f32", "--chat-template", "off",
+                "--quiet", "--batch-invariant", *CUDA]  # fmt: skip
+        assert run_cli(args) == 0
+        losses[bs] = [e["loss"] for e in json.loads(out.read_text())["per_example"]]
+    assert len(losses[1]) == 64 and losses[1] == losses[8]

@@ -151,11 +151,15 @@ def run_rows(
 
 def packable(model: RowModel, trainable: Trainable, longest: int) -> bool:
     """Whether `run_packed` can run this forward: every trainable parameter is a LoRA factor
-    (used by `F.linear` alone, without a bias), and no sliding window is shorter than a row."""
+    (used by `F.linear` alone, without a bias), no sliding window is shorter than a row, and the
+    model is on the CPU. The packed path's promise rests on a row's bits not depending on how many
+    chunks or rows share a batched matmul, which holds for the CPU kernels (tested); cuBLAS picks
+    its kernel by the batch count, and on an H200 the packed losses moved between batch sizes, so
+    on CUDA every row runs as its own forward."""
     from twinrun.model.lora import LoRALinear
 
     hf = getattr(model, "hf", None)
-    if hf is None:
+    if hf is None or hf.device.type != "cpu":
         return False
     window = getattr(hf.config, "sliding_window", None)
     if window is not None and window < longest:
