@@ -308,10 +308,14 @@ def markdown(res: dict[str, Any]) -> str:
             "",
             f"What stands in the way: the row's {prof['row total']:.2f} ms of exact checksums and "
             f"SHA256 digests is {100 * share:.0f}% of a step without `--diag` by itself, too much "
-            "for the loop's own thread; on the background thread it overlaps the next step only "
-            "where a core is free — on a busy machine the thread takes its CPU time (and GIL "
-            "hand-overs) from the step, which is what the per-step overhead above shows beyond "
-            "the copies.",
+            "for the loop's own thread. On the background thread it runs beside the next step, "
+            "but as a series of small operations with Python between them, holding the GIL, which"
+            " the step's own Python-level operations (a toy step is thousands of tiny ops) then "
+            "wait for: a free core does not remove that (the per-step overhead above stays beyond"
+            " the work plus the copies when the load is low), and where no core is free the "
+            "thread also takes its CPU time from the step. Taking the row off the step entirely "
+            "needs a separate process (the copied leaves handed over in shared memory), not a "
+            "thread.",
         ]
     if res.get("quick"):
         lines += ["", "Note: a `--quick` run (fewer pairs and steps)."]

@@ -143,8 +143,11 @@ def setup(device: str) -> str:
 
 
 def teardown() -> None:
-    """Leave the process group (at the end of a command)."""
+    """Leave the process group (at the end of a successful command): every process waits for the
+    others first, so none closes its connections while a peer is still finishing a collective
+    (a process with no work of its own, e.g. no prompt group to sample, gets here first)."""
     if active():
+        barrier("waiting for every process to finish")
         _dist().destroy_process_group()
 
 
