@@ -164,27 +164,24 @@ def summarise(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     for f in FIGURES:
         plain = [x for p in pairs for x in p["plain"]["per_step"][f]]
         diag = [x for p in pairs for x in p["diag"]["per_step"][f]]
-        mp, md = statistics.median(plain), statistics.median(diag)
-        per_pair = [p["diag"][f] / p["plain"][f] - 1.0 for p in pairs]
-        summary[f] = {
-            "plain_median_s": mp,
-            "diag_median_s": md,
-            "overhead": md / mp - 1.0,
-            "overhead_ms": (md - mp) * 1e3,
-            "per_pair_overhead": spread([round(x, 4) for x in per_pair]),
-        }
+        summary[f] = overhead(statistics.median(plain), statistics.median(diag), pairs, f)
     for f in PROCESS:
         mp = statistics.median(p["plain"][f] for p in pairs)
         md = statistics.median(p["diag"][f] for p in pairs)
-        per_pair = [p["diag"][f] / p["plain"][f] - 1.0 for p in pairs]
-        summary[f] = {
-            "plain_median_s": mp,
-            "diag_median_s": md,
-            "overhead": md / mp - 1.0,
-            "overhead_ms": (md - mp) * 1e3,
-            "per_pair_overhead": spread([round(x, 4) for x in per_pair]),
-        }
+        summary[f] = overhead(mp, md, pairs, f)
     return summary
+
+
+def overhead(mp: float, md: float, pairs: list[dict[str, Any]], f: str) -> dict[str, Any]:
+    """Figure f's pooled medians without (mp) and with (md) `--diag`, and the per-pair spread."""
+    per_pair = [p["diag"][f] / p["plain"][f] - 1.0 for p in pairs]
+    return {
+        "plain_median_s": mp,
+        "diag_median_s": md,
+        "overhead": md / mp - 1.0,
+        "overhead_ms": (md - mp) * 1e3,
+        "per_pair_overhead": spread([round(x, 4) for x in per_pair]),
+    }
 
 
 def row_profile(repeats: int = 50) -> dict[str, float]:

@@ -164,8 +164,12 @@ def packable(model: RowModel, trainable: Trainable, longest: int) -> bool:
     window = getattr(hf.config, "sliding_window", None)
     if window is not None and window < longest:
         return False
-    lora = {id(m.lora_A.weight) for m in model.modules() if isinstance(m, LoRALinear)}
-    lora |= {id(m.lora_B.weight) for m in model.modules() if isinstance(m, LoRALinear)}
+    lora = {
+        id(factor.weight)
+        for m in model.modules()
+        if isinstance(m, LoRALinear)
+        for factor in (m.lora_A, m.lora_B)
+    }
     return all(id(p) in lora for _, _, p in trainable)
 
 
