@@ -7,6 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from twinrun.core.portable import pin_environment
+
+# Before torch is imported: the suite's runs share this process, and torch chooses its CPU
+# kernels once (the portable mode's pinned bytes hold only with the portable kernels).
+pin_environment()
+
 
 @pytest.fixture(scope="session")
 def toy_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

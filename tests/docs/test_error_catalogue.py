@@ -31,7 +31,7 @@ def sft(*extra: str, model: str = "runs/toy", examples: str = "sft.jsonl") -> li
             "--seed", "1", "--epochs", "1", "--batch-size", "4", "--accumulation", "1",
             "--learning-rate", "1e-2", "--warmup-steps", "0", "--lr-schedule", "constant",
             "--lora-rank", "4", "--lora-alpha", "8", "--precision", "f32",
-            "--chat-template", "on", "--quiet", *extra]  # fmt: skip
+            "--chat-template", "on", "--threads", "1", "--quiet", *extra]  # fmt: skip
 
 
 CASES = [

@@ -19,7 +19,7 @@ VALID: dict[str, dict[str, str]] = {
         "--model": "m", "--examples": "e.jsonl", "--seed": "1", "--batch-size": "2",
         "--learning-rate": "0.01", "--warmup-steps": "0", "--lr-schedule": "cosine",
         "--lora-rank": "4",
-        "--lora-alpha": "8", "--precision": "f32", "--chat-template": "off",
+        "--lora-alpha": "8", "--precision": "f32", "--chat-template": "off", "--threads": "1",
     },
     "epochs": {"--epochs": "1", "--accumulation": "1"},
     "grpo": {

@@ -14,7 +14,7 @@ def eval_args(model: Path, examples: Path, out: Path, bs: int, *extra: str) -> l
     return [
         "tune", "evaluate", "--model", str(model), "--examples", str(examples),
         "--chat-template", "on", "--precision", "f32", "--batch-size", str(bs),
-        "--output", str(out), "--quiet", *extra,
+        "--output", str(out), "--threads", "1", "--quiet", *extra,
     ]  # fmt: skip
 
 
@@ -62,7 +62,7 @@ def test_evaluate_refuses_existing_report(
 def gen(model: Path, *extra: str) -> list[str]:
     return [
         "generate", "--model", str(model), "--prompt", "What is 2 + 3?", "--max-new-tokens", "6",
-        "--chat-template", "on", "--precision", "f32", "--json", *extra,
+        "--chat-template", "on", "--precision", "f32", "--threads", "1", "--json", *extra,
     ]  # fmt: skip
 
 

@@ -90,7 +90,7 @@ def test_pairwise_evaluate_reports_accuracy(
     out = tmp_path / "eval.json"
     args = ["tune", "evaluate", "--model", str(toy_model_dir), "--adapter", str(run),
             "--examples", str(pairs8), "--chat-template", "on", "--precision", "f32",
-            "--batch-size", "4", "--output", str(out), "--quiet"]  # fmt: skip
+            "--batch-size", "4", "--output", str(out), "--threads", "1", "--quiet"]  # fmt: skip
     assert run_cli(args) == 0
     report = json.loads(out.read_text())
     assert report["mode"] == "pairwise" and report["scorer"] == "reward_head"

@@ -27,6 +27,17 @@ from twinrun.model.lora import apply_lora, lora_parameters
 from twinrun.objectives.dpo import sequence_logprob
 from twinrun.objectives.sft import BATCH_INVARIANT_TAG, completion_nll, row_sums
 
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """The suite runs with the portable CPU kernels, whose matrix multiplies split their sums by
+    thread: the mode's promise holds at one thread there (runs with several are refused)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # mixed lengths: every batch is padded; short rows share attention widths 32/64, the long ones
 # (65, 130) get their own multiple of 32 (96, 160)
 LENGTHS = [7, 33, 130, 48, 5, 65, 40, 16]

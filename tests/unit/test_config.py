@@ -25,6 +25,7 @@ def full(**over: object) -> RunConfig:
         lora_alpha=8.0,
         precision="f32",
         chat_template="off",
+        threads=1,
     )
     base.update(over)
     return RunConfig(**base)  # type: ignore[arg-type]

@@ -36,6 +36,7 @@ PROVENANCE_KEYS = {
     "torch",
     "cuda",
     "device_name",
+    "cpu_kernels",
 }
 
 

@@ -28,6 +28,7 @@ COMMON = {
     "--init-adapter", "--overwrite", "--quiet",
     "--lora-targets", "--attention", "--max-length", "--shard-base", "--lr-schedule",
     "--decay-steps", "--eval-examples", "--eval-every", "--eval-limit", "--stop-after",
+    "--cpu-kernels",
 }  # fmt: skip
 GRPO = {
     "--steps", "--prompts-per-step", "--group-size", "--max-new-tokens", "--temperature",
@@ -63,7 +64,7 @@ GRPO_KEYS = [
 ]  # fmt: skip
 NEW_KEYS = {
     "attention", "max_length", "lr_schedule", "decay_steps", "eval_every", "eval_limit",
-    "stop_after",
+    "stop_after", "cpu_kernels",
 }  # fmt: skip
 # a text run records the grpo-free common keys and its own (the corpus is recorded as data)
 TEXT_KEYS = [

@@ -23,7 +23,7 @@ from twinrun.cli.options import shared_options
 )  # fmt: skip
 @click.option("--steering", is_flag=True, help="Pairs -> mean(chosen) - mean(rejected).")
 @shared_options(
-    "batch_invariant", "threads", "device", "strict", "overwrite", "quiet",
+    "batch_invariant", "threads", "device", "cpu_kernels", "strict", "overwrite", "quiet",
     overwrite={"help": "Replace existing output files."}, quiet={"help": "No summary line."},
 )  # fmt: skip
 def extract(**opts: Any) -> None:

@@ -24,7 +24,7 @@ from twinrun.cli.options import FINITE_FLOAT, shared_options
 )  # fmt: skip
 @click.option("--steer", type=str, default=None, help="A steering artifact (twinrun extract).")
 @click.option("--steer-scale", type=FINITE_FLOAT, default=None, help="Steering vector scale.")
-@shared_options("device", "threads", "strict")
+@shared_options("device", "cpu_kernels", "threads", "strict")
 @click.option("--json", "as_json", is_flag=True, help="Print {prompt_tokens, tokens, text}.")
 def generate(**opts: Any) -> None:
     """Generate a completion for one prompt."""

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "evidence": ("twinrun.cli.evidence", "evidence", "Evidence gates for a capture's replays."),
     "init-adapter": ("twinrun.cli.init_adapter", "init_adapter", "Write an initial adapter."),
     "golden": ("twinrun.cli.golden", "golden", "Golden artifacts: write or check a platform's."),
+    "reproduce": ("twinrun.cli.reproduce", "reproduce", "Re-run a recorded run; same bytes?"),
 }
 
 
@@ -123,6 +124,9 @@ def run_cli(args: list[str] | None = None) -> int:
 
 
 def main() -> None:
+    from twinrun.core.portable import pin_environment
+
+    pin_environment()  # before anything imports torch: its kernels are chosen at their first use
     code = run_cli()
     if code == 0:  # under torchrun: leave the process group (a failed run just exits)
         from twinrun.train.distributed import teardown

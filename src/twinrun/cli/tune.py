@@ -80,7 +80,7 @@ def text(**opts: Any) -> None:
 @click.option("--adapter", type=str, default=None, help="A LoRA adapter directory to apply.")
 @shared_options(
     "examples", "chat_template", "precision", "batch_size", "output", "threads", "device",
-    "strict", "batch_invariant", output={"help": "Report JSON file to write."},
+    "cpu_kernels", "strict", "batch_invariant", output={"help": "Report JSON file to write."},
 )  # fmt: skip
 @click.option("--diag", type=str, default=None, help="Write eval-phase diag rows to this file.")
 @shared_options("overwrite", "quiet", overwrite={"help": "Replace an existing report."})

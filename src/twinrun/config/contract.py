@@ -4,9 +4,9 @@ adapter, given the batch — as flat TOML-keyed values, so two contracts diff ke
 It holds the optimizer (AdamW and its numbers, the learning rate, warmup and schedule), the
 model (base weights SHA256, LoRA shape, precision), the objective's own coefficients, the forward
 split (`batch_size`, `accumulation`, or a text run's `windows_per_step`), the seed, and the
-backend (device, strict mode, threads, batch-invariant mode, gradient checkpointing). It leaves
-out what only chose the rows (examples, corpus, environment, sampling numbers): the logical
-digest pins those.
+backend (device, strict mode, threads, CPU kernels, batch-invariant mode, gradient
+checkpointing). It leaves out what only chose the rows (examples, corpus, environment,
+sampling numbers): the logical digest pins those.
 
 A replay's contract must equal its source's, except for keys it declares in
 `allow_config_differences` — and v1 allows only `backend.options.gradient_checkpointing`. An
@@ -54,6 +54,7 @@ def optimizer_contract(
         "backend.devices": cfg.device,
         "backend.options.strict_deterministic": cfg.strict,
         "backend.options.threads": cfg.threads,
+        "backend.options.cpu_kernels": cfg.cpu_kernels,
         "backend.options.batch_invariant": cfg.batch_invariant,
         "backend.options.gradient_checkpointing": cfg.gradient_checkpointing,
         "inference.engine": engine,

@@ -23,6 +23,7 @@ from twinrun.config.setting import (
 )
 from twinrun.config.values import targets_problems
 from twinrun.core.errors import ConfigError
+from twinrun.core.portable import MODES
 from twinrun.core.redact import redact, redact_env_args
 
 PRECISIONS = ("f32", "bf16")
@@ -33,6 +34,7 @@ TEXT = ("text",)
 EXAMPLES = ("sft", "dpo", "reward", "grpo")  # every objective that reads an examples file
 STEPS = ("grpo", "text")  # objectives that count optimizer steps, not epochs
 SCHEDULES = ("cosine", "wsd", "constant")
+CPU_KERNELS = MODES
 
 
 def _s(kind: Kind, flag: str, toml: str, help: str = "", **more: Any) -> Any:
@@ -227,9 +229,16 @@ class RunConfig:
         default=[], multiple=True,
     )  # fmt: skip
     threads: int | None = _s(
-        "int", "--threads", "backend.options.threads", "torch threads (recorded).", low=1
-    )
+        "int", "--threads", "backend.options.threads",
+        "torch threads; required on the CPU, where the count shapes the bytes.", low=1,
+    )  # fmt: skip
     device: str = _s("str", "--device", "backend.devices", "cpu | cuda:0.", default="cpu")
+    cpu_kernels: str = _s(
+        "str", "--cpu-kernels", "backend.options.cpu_kernels",
+        "portable: the same bytes on every x86-64 CPU (AVX2 kernels, MKL's compatible branch); "
+        "native: the machine's own kernels, faster, bytes of this CPU kind only.",
+        default="portable", choices=CPU_KERNELS,
+    )  # fmt: skip
     strict: bool = _s(
         "bool", "--strict/--no-strict", "backend.options.strict_deterministic",
         "Strict deterministic mode.", default=True,
@@ -372,6 +381,8 @@ def validate(cfg: RunConfig, source: Source = "flag") -> None:
     missing = [
         SETTINGS[n].name(source) for n in required_fields(cfg.objective) if getattr(cfg, n) is None
     ]
+    if cfg.threads is None and cfg.device == "cpu":  # the thread count splits CPU reductions
+        missing.append(SETTINGS["threads"].name(source))
     if missing:
         what = "flag" if source == "flag" else "key"
         raise ConfigError(
@@ -427,6 +438,18 @@ def value_problems(cfg: RunConfig, source: Source = "flag") -> list[str]:
         problems.append(f"{n['eval_limit']} needs {n['eval_examples']}")
     if (cfg.spike_factor is None) != (cfg.spike_window is None):
         problems.append(f"{n['spike_factor']} and {n['spike_window']} go together")
+    if (
+        cfg.batch_invariant
+        and cfg.device == "cpu"
+        and cfg.cpu_kernels == "portable"
+        and cfg.threads not in (None, 1)
+    ):
+        # MKL's compatible branch splits a matrix multiply's sum by thread, so on several
+        # threads a row's result depends on the batch it rides in (measured)
+        problems.append(
+            f"{n['batch_invariant']} with {n['cpu_kernels']} portable needs {n['threads']} 1 "
+            f"(or {n['cpu_kernels']} native)"
+        )
     return problems
 
 

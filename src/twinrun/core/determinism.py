@@ -27,6 +27,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from twinrun.core.errors import ConfigError, ContractError
+from twinrun.core.portable import check_mode, cpu_model, establish_kernels
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -98,14 +99,7 @@ def _check_cuda_device(torch: ModuleType, device: str, index: int) -> None:
 def _device_name(torch: ModuleType, index: int | None) -> str:
     if index is not None:
         return str(torch.cuda.get_device_name(index))
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
+    return cpu_model()
 
 
 def verify_strict() -> None:
@@ -138,12 +132,17 @@ def establish(
     threads: int | None,
     device: str = "cpu",
     attention: str = "eager",
+    cpu_kernels: str = "portable",
 ) -> dict[str, Any]:
     """Establish (strict) or only record (non-strict) the determinism settings; return the
-    provenance dict. All inputs are validated before anything global is changed."""
+    provenance dict. All inputs are validated before anything global is changed. The CPU
+    kernels are pinned first (`twinrun.core.portable`), in both modes: they must be in place
+    before torch runs a kernel."""
     index = parse_device(device)
     _check_threads(threads)
     _check_attention(attention)
+    check_mode(cpu_kernels)
+    kernels = establish_kernels(cpu_kernels)
 
     import torch
 
@@ -196,6 +195,7 @@ def establish(
         "torch": str(torch.__version__),
         "cuda": torch.version.cuda or None,
         "device_name": _device_name(torch, index),
+        "cpu_kernels": kernels,
     }
 
 

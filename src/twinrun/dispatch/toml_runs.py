@@ -22,6 +22,7 @@ from twinrun.config.run import valid
 from twinrun.config.toml import load_toml, resolved_tree
 from twinrun.core.errors import ConfigError
 from twinrun.core.fileio import atomic_write_bytes, atomic_write_json
+from twinrun.dispatch.trainers import train
 
 
 def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -> dict[str, Any]:
@@ -43,22 +44,7 @@ def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -
         hint = "see docs/capture.md (capture a source step)"
         raise ConfigError(f"{path}: " + "; ".join(problems), hint)
     cfg = run.cfg
-    if run.trainer == "sft":
-        from twinrun.train.recipes.sft import train_sft
-
-        record = train_sft(cfg)
-    elif run.trainer == "grpo":
-        from twinrun.train.recipes.grpo import train_grpo
-
-        record = train_grpo(cfg)
-    elif run.trainer == "text":
-        from twinrun.train.recipes.text import train_text
-
-        record = train_text(cfg)
-    else:
-        from twinrun.train.recipes.pairs import train_pairs
-
-        record = train_pairs(cfg, run.trainer)
+    record = train(cfg)
     if not record:  # a process of a data-parallel run other than rank 0: it writes nothing
         return record
     out = Path(valid(cfg).output)

@@ -1,7 +1,12 @@
 """Golden files: `DIR/golden-<fingerprint>.json` holds the suite's items for one platform.
 
     {"format": "twinrun.golden.v1", "fingerprint": {"torch": ..., "device": ..., "precision":
-     ...}, "items": {"sft.adapter_sha256": "...", ..., "extract.hidden": [512 floats]}}
+     ...}, "written_on": {"cpu_model": ..., "native_capability": ...},
+     "items": {"sft.adapter_sha256": "...", ..., "extract.hidden": [512 floats]}}
+
+On the CPU the suite runs with the portable kernels, so one file serves every x86-64 machine;
+`written_on` says which machine wrote it (a check elsewhere that fails means the portable mode
+is not yet portable there).
 
 `write_golden` computes the suite and writes the file atomically (refusing to replace one
 without `overwrite`). `check_golden` computes the suite and compares it with the file of this
@@ -19,7 +24,7 @@ from typing import Any
 
 from twinrun.core.errors import DataError, OutputError
 from twinrun.core.fileio import atomic_write_json
-from twinrun.golden.fingerprint import fingerprint, slug
+from twinrun.golden.fingerprint import fingerprint, slug, written_on
 from twinrun.golden.suite import run_suite
 
 FORMAT = "twinrun.golden.v1"
@@ -41,7 +46,8 @@ def write_golden(folder: str | Path, device: str = "cpu", overwrite: bool = Fals
         raise OutputError(f"{path} exists", "pass --overwrite to replace it (after review)")
     items = run_suite(device)
     Path(folder).mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, {"format": FORMAT, "fingerprint": fp, "items": items})
+    doc = {"format": FORMAT, "fingerprint": fp, "written_on": written_on(device), "items": items}
+    atomic_write_json(path, doc)
     return path
 
 

@@ -31,6 +31,7 @@ class EvalConfig:
     output: str | None = None
     threads: int | None = None
     device: str = "cpu"
+    cpu_kernels: str = "portable"
     strict: bool = True
     batch_invariant: bool = False
     overwrite: bool = False
@@ -46,6 +47,8 @@ class EvalConfig:
             "--batch-size": self.batch_size,
             "--output": self.output,
         }
+        if self.device == "cpu":  # the thread count shapes CPU results
+            flags["--threads"] = self.threads
         require_flags(flags, "evaluate")
         problems = common_problems(
             batch_size=self.batch_size,
@@ -84,7 +87,9 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
         from twinrun.model.lora import read_adapter_config
 
         read_adapter_config(cfg.adapter)  # fail before building anything
-    provenance = establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
+    provenance = establish(
+        strict=cfg.strict, threads=cfg.threads, device=cfg.device, cpu_kernels=cfg.cpu_kernels
+    )
     model = build_model(
         model_dir,
         precision=cfg.precision,  # type: ignore[arg-type]  # validate() requires it

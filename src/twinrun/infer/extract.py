@@ -59,6 +59,7 @@ class ExtractConfig:
     batch_invariant: bool = False
     threads: int | None = None
     device: str = "cpu"
+    cpu_kernels: str = "portable"
     strict: bool = True
     overwrite: bool = False
     quiet: bool = False
@@ -74,6 +75,8 @@ class ExtractConfig:
             "--batch-size": self.batch_size,
             "--output": self.output,
         }
+        if self.device == "cpu":  # the thread count shapes CPU results
+            flags["--threads"] = self.threads
         require_flags(flags, "extract")
         problems = common_problems(
             batch_size=self.batch_size,
@@ -196,7 +199,9 @@ def run_extract(cfg: ExtractConfig) -> dict[str, Any]:
         from twinrun.model.lora import read_adapter_config
 
         read_adapter_config(cfg.adapter)  # fail before building anything
-    provenance = establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
+    provenance = establish(
+        strict=cfg.strict, threads=cfg.threads, device=cfg.device, cpu_kernels=cfg.cpu_kernels
+    )
     model = build_model(
         model_dir,
         precision=str(cfg.precision),

@@ -24,6 +24,7 @@ class GenerateConfig:
     steer: str | None = None
     steer_scale: float | None = None
     device: str = "cpu"
+    cpu_kernels: str = "portable"
     threads: int | None = None
     strict: bool = True
 
@@ -37,6 +38,8 @@ class GenerateConfig:
             "--seed": self.seed,
             "--precision": self.precision,
         }
+        if self.device == "cpu":  # the thread count shapes CPU results
+            flags["--threads"] = self.threads
         require_flags(flags, "generate")
         problems = common_problems(
             precision=self.precision, chat_template=self.chat_template, threads=self.threads
@@ -76,7 +79,9 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
             f"runs past the model's {positions} positions",
             f"use --max-new-tokens {max(positions - len(prompt_ids), 0)} or less",
         )
-    establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
+    establish(
+        strict=cfg.strict, threads=cfg.threads, device=cfg.device, cpu_kernels=cfg.cpu_kernels
+    )
     model = build_model(model_dir, precision=cfg.precision, device=cfg.device, adapter=cfg.adapter)  # type: ignore[arg-type]  # validate() requires it
     if cfg.steer is not None:
         from twinrun.infer.steering import attach_steering

@@ -142,7 +142,9 @@ def build(v: Verified) -> Built:
     from twinrun.model.tokens import load_tokenizer
 
     cfg = v.run.cfg
-    provenance = establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
+    provenance = establish(
+        strict=cfg.strict, threads=cfg.threads, device=cfg.device, cpu_kernels=cfg.cpu_kernels
+    )
     provenance["torch_seed"] = seed_torch(valid(cfg).seed)
     model_dir = Path(valid(cfg).model)
     tok = load_tokenizer(model_dir)

@@ -124,6 +124,13 @@ def _open_locked(
         check_output_dir(valid(cfg).output, cfg.overwrite)
     out = Path(valid(cfg).output)
     model_dir = Path(valid(cfg).model)
+    from twinrun.core.determinism import establish, runtime_versions
+
+    # first: the CPU kernels are pinned before torch runs any (tokenization may)
+    provenance = establish(
+        strict=cfg.strict, threads=cfg.threads, device=cfg.device, cpu_kernels=cfg.cpu_kernels
+    )
+    provenance["world_size"] = distributed.world().size  # recorded; the bytes do not depend on it
     from twinrun.model.loading import read_model_config as read_config
     from twinrun.model.tokens import load_tokenizer
 
@@ -140,9 +147,6 @@ def _open_locked(
         cfg.resume = False  # killed before its first checkpoint: start again from step 0
         cfg.overwrite = True
 
-    from twinrun.core.determinism import establish, runtime_versions
-
-    provenance = establish(strict=cfg.strict, threads=cfg.threads, device=cfg.device)
     from twinrun.core.rng import seed_torch
 
     provenance["torch_seed"] = seed_torch(valid(cfg).seed)
@@ -269,7 +273,13 @@ def finish_session(
 
 
 def inputs_of(cfg: RunConfig) -> dict[str, Any]:
-    """The input paths a sidecar names (the corpus files of a text run, in order)."""
+    """The input paths a sidecar names (the corpus files of a text run, in order; the evaluation
+    examples when given) — what `twinrun reproduce` reads them from."""
+    paths: dict[str, Any] = {"model": str(cfg.model)}
     if cfg.objective == "text":
-        return {"model": str(cfg.model), "corpus": [str(p) for p in cfg.corpus or []]}
-    return {"model": str(cfg.model), "examples": str(cfg.examples)}
+        paths["corpus"] = [str(p) for p in cfg.corpus or []]
+    else:
+        paths["examples"] = str(cfg.examples)
+    if cfg.eval_examples is not None:
+        paths["eval_examples"] = str(cfg.eval_examples)
+    return paths

@@ -1,0 +1,179 @@
+"""`twinrun reproduce RUN_DIR --output DIR`: re-run a recorded run from its sidecar alone.
+
+The sidecar (`twinrun.json`) holds every number that shaped the run (`train`), the paths it read
+(`inputs`), the SHA256 of the model, the examples and the adapter it wrote, and the environment
+it ran in (`determinism`, `runtime`). Reproducing is:
+
+1. the run's configuration rebuilt from `train` and `inputs` (nothing else is read: no flags,
+   no TOML); a value the sidecar redacted (a secret in an environment argument) cannot be
+   re-run and is said so;
+2. the inputs checked before anything runs: a missing file, or a model directory or examples
+   file whose SHA256 moved, is "could not run" (exit 2), naming the file and both digests;
+3. the run, on one process (a run made under torchrun reproduces on one: its bytes do not
+   depend on the process count), into `--output`;
+4. the verdict: the same adapter bytes (and reward head) is "reproduced" (exit 0); otherwise
+   "diverged" (exit 1) with the recorded facts that differ between the two sidecars (versions,
+   CPU kernels, threads, device, world size) and, where both runs wrote diag.jsonl, the first
+   (step, leaf) where they part with its advice.
+   After the run, the inputs record the re-run wrote (tokenizer, corpus, evaluation examples,
+   initial adapter digests) is compared with the recorded one: a moved input is exit 2 too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from twinrun.config.run import RunConfig
+from twinrun.core.digest import sha256_dir, sha256_file
+from twinrun.core.errors import DataError, TwinrunError
+from twinrun.core.redact import REDACTED
+from twinrun.diag.recorded import RecordedDifference, read_sidecar, recorded_differences
+
+REPRODUCED, DIVERGED, COULD_NOT_RUN = 0, 1, 2
+INPUTS_RECORD = "twinrun.inputs.json"
+INPUT_DIGESTS = (
+    "model_sha256", "tokenizer_sha256", "data_sha256", "eval_sha256", "init_adapter_sha256",
+)  # fmt: skip
+SIDECAR = "twinrun.json"
+
+
+@dataclass
+class Reproduction:
+    """The verdict, its exit code and the lines that explain it."""
+
+    exit_code: int
+    headline: str
+    lines: list[str] = field(default_factory=list)
+    differences: list[RecordedDifference] = field(default_factory=list)
+
+
+def config_from_sidecar(
+    sidecar: dict[str, Any], output: Path, quiet: bool, overwrite: bool = False
+) -> RunConfig:
+    """The run's configuration from its sidecar's `train` and `inputs` sections."""
+    train = sidecar.get("train")
+    inputs = sidecar.get("inputs")
+    if not isinstance(train, dict) or not isinstance(inputs, dict) or "objective" not in train:
+        raise DataError(
+            "the sidecar has no train/inputs sections", "reproduce reads a training run's sidecar"
+        )
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    values = {k: v for k, v in train.items() if k in names}
+    if isinstance(values.get("adam_betas"), list):
+        values["adam_betas"] = tuple(values["adam_betas"])
+    redacted = [k for k, v in values.items() if REDACTED in repr(v)]
+    redacted += [k for k, v in inputs.items() if REDACTED in repr(v)]
+    if redacted:
+        raise DataError(
+            f"the sidecar redacted {', '.join(sorted(redacted))} (it held a secret)",
+            "re-run the original command with the secret instead",
+        )
+    paths = {k: inputs[k] for k in ("model", "examples", "corpus", "eval_examples") if k in inputs}
+    return RunConfig(**values, **paths, output=str(output), quiet=quiet, overwrite=overwrite)
+
+
+def _missing_input(cfg: RunConfig) -> str | None:
+    given = [("model directory", cfg.model), ("examples file", cfg.examples)]
+    given += [("corpus file", p) for p in cfg.corpus or []]
+    given += [("evaluation examples file", cfg.eval_examples)]
+    given += [("initial adapter", cfg.init_adapter)]
+    for what, path in given:
+        if path is not None and not Path(path).exists():
+            return f"the recorded {what} {path} is missing"
+    return None
+
+
+def _moved_input(cfg: RunConfig, sidecar: dict[str, Any]) -> str | None:
+    """The model directory's or examples file's digest against the sidecar's."""
+    checks = [("model directory", cfg.model, "model", sha256_dir)]
+    if cfg.examples is not None:
+        checks.append(("examples file", cfg.examples, "data", sha256_file))
+    for what, path, section, digest in checks:
+        want = (sidecar.get(section) or {}).get("sha256")
+        if path is None or want is None:
+            continue
+        got = digest(path)
+        if got != want:
+            return f"the {what} {path} changed: recorded sha256 {want}, now {got}"
+    return None
+
+
+def _moved_record(run_dir: Path, output: Path) -> str | None:
+    from twinrun.core.jsonlimits import load_json_file
+
+    old_path, new_path = run_dir / INPUTS_RECORD, output / INPUTS_RECORD
+    if not old_path.is_file() or not new_path.is_file():
+        return None
+    old = load_json_file(old_path, what="the run's inputs record")
+    new = load_json_file(new_path, what="the re-run's inputs record")
+    for key in INPUT_DIGESTS:
+        if isinstance(old, dict) and isinstance(new, dict) and old.get(key) != new.get(key):
+            what = key.removesuffix("_sha256").replace("_", " ")
+            return f"the {what} changed: recorded sha256 {old.get(key)}, now {new.get(key)}"
+    return None
+
+
+def _outputs_equal(recorded: dict[str, Any], rerun: dict[str, Any]) -> list[str]:
+    """The outputs whose digests differ (adapter, reward head)."""
+    differ = []
+    for section in ("adapter", "reward_head"):
+        a = (recorded.get(section) or {}).get("sha256")
+        b = (rerun.get(section) or {}).get("sha256")
+        if a != b:
+            differ.append(f"{section} sha256 recorded {a}, re-run {b}")
+    return differ
+
+
+def _first_divergence(run_dir: Path, output: Path) -> list[str]:
+    from twinrun.diag.advice import advice_for
+    from twinrun.diag.compare import compare, divergence_line
+
+    a, b = run_dir / "diag.jsonl", output / "diag.jsonl"
+    if not a.is_file() or not b.is_file():
+        return ["  (no diag.jsonl in both runs: run the original with --diag to see the step)"]
+    result = compare(a, b, bitwise=True)
+    if result.first is None:
+        return ["  diag.jsonl: every recorded leaf agrees bit for bit"]
+    first = result.first
+    return [divergence_line(first), f"advice: {first.leaf}: {advice_for(first.leaf).one_line()}"]
+
+
+def reproduce(
+    run_dir: str | Path, output: str | Path, quiet: bool = True, overwrite: bool = False
+) -> Reproduction:
+    """Re-run `run_dir` into `output` and judge the result (see the module docstring)."""
+    from twinrun.dispatch.trainers import train
+
+    run_dir, output = Path(run_dir), Path(output)
+    try:
+        sidecar = read_sidecar(run_dir)
+        if sidecar is None:
+            raise DataError(f"{run_dir} has no {SIDECAR}", "give the directory a run wrote")
+        cfg = config_from_sidecar(sidecar, output, quiet, overwrite)
+        problem = _missing_input(cfg) or _moved_input(cfg, sidecar)
+        if problem:
+            return Reproduction(COULD_NOT_RUN, f"reproduce: could not run — {problem}")
+        rerun = train(cfg)
+    except TwinrunError as exc:
+        return Reproduction(COULD_NOT_RUN, f"reproduce: could not run — {exc.one_line()}")
+    moved = _moved_record(run_dir, output)
+    if moved:
+        return Reproduction(COULD_NOT_RUN, f"reproduce: could not run — {moved}")
+    differences = recorded_differences(sidecar, rerun)
+    facts = [f"  {d.line()}" for d in differences]
+    differ = _outputs_equal(sidecar, rerun)
+    steps = (rerun.get("metrics") or {}).get("steps")
+    if not differ:
+        sha = (rerun.get("adapter") or {}).get("sha256")
+        head = f"reproduce: REPRODUCED bit for bit — adapter sha256 {sha} ({steps} steps)"
+        extra = ["recorded facts that differ (they did not move the bytes):", *facts]
+        return Reproduction(REPRODUCED, head, extra if facts else [], differences)
+    lines = ["  " + d for d in differ]
+    same = "recorded facts: all equal (same versions, CPU kernels, threads, device)"
+    lines += ["recorded facts that differ:", *facts] if facts else [same]
+    lines += _first_divergence(run_dir, output)
+    return Reproduction(DIVERGED, "reproduce: DIVERGED — the re-run wrote other bytes", lines,
+                        differences)  # fmt: skip
