@@ -116,7 +116,11 @@ def test_two_processes_write_the_bytes_of_one(
     assert (two / "diag.jsonl").read_bytes() == (one / "diag.jsonl").read_bytes()
     capsys.readouterr()
     assert run_cli(["diff", "--bitwise", str(one), str(two)]) == 0
-    assert capsys.readouterr().out.startswith("DETERMINISTIC")
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("DETERMINISTIC"))
+    # the sidecars differ in the process count (recorded first), the bytes do not
+    assert lines[0].startswith("RECORDED_DIFFERENCES: ")
+    assert "  runtime.processes: run_A=null run_B=2 (environment)" in lines[1:at]
     sidecar = json.loads((two / "twinrun.json").read_text())
     assert sidecar["runtime"]["processes"] == 2
     assert "processes" not in json.loads((one / "twinrun.json").read_text())["runtime"]

@@ -68,6 +68,7 @@ def test_deterministic_sft_passes(
     assert "diag digests at 4 steps" in lines[1]
     assert lines[2].startswith("cross-seed divergence: ") and "distinct trajectory" in lines[2]
     assert not any(ln.startswith("FIRST_DIVERGENCE") for ln in lines)
+    assert not any(ln.startswith("sidecars:") for ln in lines)  # they agree; nothing parted
     assert any(ln.startswith("verdict: PASS (seeds 0,1) — bit-exact") for ln in lines)
     assert "run 3/3: seed-1" in err  # progress goes to stderr
     # the runs are kept where they were asked for, with their logs
@@ -96,6 +97,8 @@ def test_unseeded_sampler_fails_and_is_localised(
     assert "step 2" in lines[1] and "not bit-exact" in lines[1]
     fd = [ln for ln in lines if ln.startswith("FIRST_DIVERGENCE")]
     assert len(fd) == 1 and fd[0].startswith("FIRST_DIVERGENCE: step=2 leaf=batch.sample_indices ")
+    # the runs parted although their sidecars agree: no recorded setting or environment explains it
+    assert lines[2].startswith("sidecars: the same-seed runs' twinrun.json agree")
     assert lines[-2].startswith("verdict: FAIL (seeds 0,1) — same-seed divergence")
     # the line is the one `twinrun diff` prints for the kept runs
     assert run_cli(["diff", str(keep / "seed-0-a"), str(keep / "seed-0-b")]) == 1

@@ -42,6 +42,11 @@ def test_fault_is_localised(
     assert run_cli(sft_args(toy_model_dir, sft_examples, out, 1, "--diag", "--inject", fault)) == 0
     capsys.readouterr()
     assert run_cli(["diff", str(sft_runs["a"]), str(out), "--bitwise"]) == 1
-    first = capsys.readouterr().out.splitlines()[0]
+    lines = capsys.readouterr().out.splitlines()
+    # the sidecars record the planted fault: that fact comes first, then where it shows
+    assert lines[:2] == [
+        "RECORDED_DIFFERENCES: 1",
+        f'  train.inject: run_A=[] run_B=["{fault}"] (setting)',
+    ]
     step = fault.split("@")[1]
-    assert first.startswith(f"FIRST_DIVERGENCE: step={step} leaf={leaf} "), first
+    assert lines[2].startswith(f"FIRST_DIVERGENCE: step={step} leaf={leaf} "), lines[2]

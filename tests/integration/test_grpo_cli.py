@@ -207,7 +207,12 @@ def test_observation_fault_localised(
     )
     capsys.readouterr()
     assert run_cli(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--bitwise"]) == 1
-    assert capsys.readouterr().out.startswith("FIRST_DIVERGENCE: step=1 leaf=rollout.tokens ")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [
+        "RECORDED_DIFFERENCES: 1",
+        '  train.inject: run_A=[] run_B=["observation@1"] (setting)',
+    ]  # the sidecars record the planted fault
+    assert lines[2].startswith("FIRST_DIVERGENCE: step=1 leaf=rollout.tokens ")
 
 
 @pytest.mark.parametrize(

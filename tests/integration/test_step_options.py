@@ -45,6 +45,16 @@ def rows(out: Path, name: str = "metrics.jsonl") -> list[dict]:
     return [json.loads(line) for line in (out / name).read_text().splitlines()]
 
 
+def first_divergence(out: str) -> str:
+    """diff's FIRST_DIVERGENCE line, after the block naming what the sidecars record differently
+    (the planted fault among the options)."""
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("FIRST_DIVERGENCE"))
+    assert lines[0].startswith("RECORDED_DIFFERENCES: ")
+    assert any(line.startswith("  train.inject: run_A=[] ") for line in lines[1:at]), lines[:at]
+    return lines[at]
+
+
 def prefetch(objective: str) -> list[str]:
     return [] if objective == "grpo" else ["--prefetch", "2"]  # grpo samples from the policy
 
@@ -102,7 +112,7 @@ def test_fault_found_with_other_options(
     assert run_cli(run_args(objective, toy_model_dir, data[objective], faulty, *extra)) == 0
     capsys.readouterr()
     assert run_cli(["diff", str(clean), str(faulty), "--bitwise"]) == 1
-    first = capsys.readouterr().out.splitlines()[0]
+    first = first_divergence(capsys.readouterr().out)
     assert first.startswith(f"FIRST_DIVERGENCE: step={step} leaf={leaf} "), first
 
 
@@ -125,7 +135,7 @@ def test_prefetch_with_spike_rerun_sft(
     assert run_cli(run_args("sft", toy_model_dir, data["sft"], faulty, *shape, *extra)) == 0
     capsys.readouterr()
     assert run_cli(["diff", str(ref), str(faulty), "--bitwise"]) == 1
-    first = capsys.readouterr().out.splitlines()[0]
+    first = first_divergence(capsys.readouterr().out)
     assert first.startswith("FIRST_DIVERGENCE: step=2 leaf=batch.sample_indices "), first
 
 

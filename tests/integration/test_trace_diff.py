@@ -60,7 +60,15 @@ def test_diff_names_the_first_module_backward(
     a, b = str(traced_runs["clean"]), str(traced_runs["fault"])
     assert run_cli(["diff", a, b, "--bitwise"]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("FIRST_DIVERGENCE: step=1 leaf=grads.lora "), lines[0]
+    assert lines[:2] == [
+        "RECORDED_DIFFERENCES: 1",
+        '  train.inject: run_A=[] run_B=["reduction@1"] (setting)',
+    ]  # the sidecars record the planted fault, and the advice names it first
+    assert lines[2].startswith("FIRST_DIVERGENCE: step=1 leaf=grads.lora "), lines[2]
+    advice = next(line for line in lines if line.startswith("advice: "))
+    assert advice.startswith(
+        'advice: grads.lora: the runs\' sidecars differ in train.inject ([] vs ["reduction@1"]): '
+    )
     module = [line for line in lines if line.startswith("FIRST_MODULE:")]
     assert len(module) == 1
     assert module[0].startswith("FIRST_MODULE: step=1 backward lm_head rel="), module[0]

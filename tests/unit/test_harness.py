@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from twinrun.core.errors import ConfigError, DataError, TwinrunError
+from twinrun.diag.recorded import RecordedDifference
 from twinrun.harness import (
     check_diag,
     compare_same_seed,
@@ -277,3 +278,45 @@ def test_diag_digest_only_falls_back_to_bitwise(tmp_path: Path) -> None:
     v = judge(rows(A), rows(A), rows(C), diag=d)
     assert v.passed and not v.fully_bit_exact
     assert "metrics bit-exact, diag digests differ" in format_verdict(v)[1]
+
+
+# ------------------------------------------------------------------------------- sidecars
+
+
+def test_recorded_differences_of_the_same_seed_runs(tmp_path: Path) -> None:
+    """The same-seed runs' sidecars should agree: a difference is named (and the advice bearing
+    on it says so first); agreement is said when the runs parted; nothing without sidecars."""
+    threads = [RecordedDifference("determinism.threads", "environment", 1, 2)]
+    a = write_diag(tmp_path / "a")
+    b = write_diag(tmp_path / "b", {(1, "grads.lora"): (99.0, "g")})
+    d = check_diag(a, b, metrics_bit_exact=False, recorded=threads)
+    assert d is not None and d.advice is not None
+    assert d.advice.startswith(
+        "grads.lora: the runs' sidecars differ in determinism.threads (1 vs 2): reduction order"
+    )
+    parted = rows(A, tokens=[12, 13, 20, 15])
+    v = judge(rows(A), parted, rows(C), diag=d)
+    v.recorded = threads
+    text = format_verdict(v)
+    at = text.index(
+        "sidecars: the same-seed runs' twinrun.json differ in 1 recorded fact (the command "
+        "should make them agree)"
+    )
+    assert at == 2 and text[1].startswith("same-seed max divergence:")  # under the same-seed line
+    assert text[3] == "  determinism.threads: run_a=1 run_b=2 (environment)"
+    assert v.to_dict()["recorded_differences"] == [
+        {"key": "determinism.threads", "section": "determinism", "kind": "environment",
+         "a": 1, "b": 2},
+    ]  # fmt: skip
+    v.recorded = []
+    assert format_verdict(v)[2] == (
+        "sidecars: the same-seed runs' twinrun.json agree (no setting, input or environment "
+        "difference recorded)"
+    )
+    assert v.to_dict()["recorded_differences"] == []
+    same = judge(rows(A), rows(A), rows(C))
+    same.recorded = []  # bit-exact and agreeing: nothing to say
+    assert not any(ln.startswith("sidecars:") for ln in format_verdict(same))
+    v.recorded = None  # no twinrun.json (not a twinrun command)
+    assert not any(ln.startswith("sidecars:") for ln in format_verdict(v))
+    assert v.to_dict()["recorded_differences"] is None

@@ -4,7 +4,8 @@ harness.
 A thin click command over `twinrun.harness.run_check`: CMD (with `{seed}` and `{out}`
 placeholders) runs twice at seed S and once at seed T; the report says whether step 0 is
 bit-exact, how far the same-seed runs drift, how far the seeds part, and where the same-seed runs
-first diverge when they wrote diag.jsonl. Exit status: 0 all hold, 1 one fails, 2 a run fails
+first diverge when they wrote diag.jsonl, and what the same-seed runs' sidecars (twinrun.json)
+record differently — they should agree. Exit status: 0 all hold, 1 one fails, 2 a run fails
 or writes no metrics (or the command is malformed). Imports neither torch nor numpy.
 """
 

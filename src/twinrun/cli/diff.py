@@ -6,6 +6,14 @@ traces part, forward or backward, with its own advice:
 
     FIRST_MODULE: step=1 backward lm_head rel=7.5e-01 call=0 entry=backward run_A=... run_B=...
 
+When both runs have a sidecar (twinrun.json beside diag.jsonl) and the sidecars state a setting,
+input or environment fact differently (`twinrun.diag.recorded`), a block comes first — those are
+facts, not guesses — and an advice line bearing on one of them names it first:
+
+    RECORDED_DIFFERENCES: 2
+      train.threads: run_A=1 run_B=2 (setting)
+      determinism.threads: run_A=1 run_B=2 (environment)
+
 Exit status: 0 deterministic, 1 divergence, 2 inputs missing or unreadable (a DataError names
 the file and line). Imports neither torch nor numpy (matplotlib only with --report).
 """
@@ -14,12 +22,20 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import click
 
 from twinrun.cli.options import FiniteFloat
-from twinrun.diag.advice import advice_for, trace_advice
+from twinrun.diag.advice import Advice, advice_for, trace_advice
 from twinrun.diag.compare import CompareResult, compare, divergence_line, format_number
+from twinrun.diag.recorded import (
+    RecordedDifference,
+    bearing_on,
+    format_difference,
+    recorded_between,
+    sidecars_differ_in,
+)
 from twinrun.diag.trace import TraceDivergence
 
 TOLERANCE = FiniteFloat(low=0)  # finite and >= 0: nan would make every comparison pass
@@ -43,16 +59,26 @@ def _module_line(m: TraceDivergence) -> str:
     return line
 
 
-def _text(r: CompareResult) -> list[str]:
+def _recorded_block(recorded: list[RecordedDifference] | None) -> list[str]:
+    """RECORDED_DIFFERENCES and one line each; nothing when the sidecars agree or one is absent."""
+    if not recorded:
+        return []
+    return [f"RECORDED_DIFFERENCES: {len(recorded)}"] + [
+        f"  {format_difference(d)}" for d in recorded
+    ]
+
+
+def _text(r: CompareResult, recorded: list[RecordedDifference] | None) -> list[str]:
     mode = "bitwise (digests)" if r.bitwise else f"rel_tol={r.rel_tol:g} abs_tol={r.abs_tol:g}"
+    head = _recorded_block(recorded)
     if r.first is None:
-        return [
+        return head + [
             f"DETERMINISTIC: {r.rows_compared} rows, {len(r.leaves)} leaves compared "
             f"({r.values_compared} values, {mode})",
             f"0 of {r.rows_compared} rows diverged",
         ]
     f = r.first
-    out = [divergence_line(f)]
+    out = [*head, divergence_line(f)]
     if f.kind == "missing_row":
         out.append(f"  run {f.missing_in} has no row for phase={f.phase} step={f.step}")
     elif f.kind == "missing_leaf":
@@ -69,11 +95,11 @@ def _text(r: CompareResult) -> list[str]:
     if r.first_module is not None:
         out.append(_module_line(r.first_module))
         tadv = trace_advice(r.first_module)
-        out.append(f"  trace advice: {tadv.one_line()}")
+        out.append(f"  trace advice: {_first(recorded, tadv)}{tadv.one_line()}")
     elif r.trace_note is not None:
         out.append(f"trace: {r.trace_note}")
     adv = advice_for(f.leaf)
-    out.append(f"advice: {adv.leaf}: {adv.one_line()}")
+    out.append(f"advice: {adv.leaf}: {_first(recorded, adv)}{adv.one_line()}")
     out.append(f"{r.rows_diverged} of {r.rows_compared} rows diverged")
     out += _table(r)
     return out
@@ -95,20 +121,39 @@ def _table(r: CompareResult) -> list[str]:
     return out
 
 
-def _json(r: CompareResult, report: str | None) -> str:
+def _first(recorded: list[RecordedDifference] | None, adv: Advice) -> str:
+    """What an advice line says first: the recorded differences that bear on it, if any."""
+    return sidecars_differ_in(recorded or [], adv.one_line())
+
+
+def _bearing(recorded: list[RecordedDifference] | None, adv: Advice) -> dict[str, Any]:
+    """The JSON advice's `recorded`: the keys bearing on it (only when both sidecars were read)."""
+    if recorded is None:
+        return {}
+    return {"recorded": [d.key for d in bearing_on(recorded, adv.one_line())]}
+
+
+def _json(r: CompareResult, report: str | None, recorded: list[RecordedDifference] | None) -> str:
     d = r.to_dict()
     adv = advice_for(r.first.leaf) if r.first is not None else None
-    d["advice"] = None if adv is None else {"leaf": adv.leaf, "cause": adv.cause, "fix": adv.fix}
+    d["advice"] = (
+        None
+        if adv is None
+        else {"leaf": adv.leaf, "cause": adv.cause, "fix": adv.fix} | _bearing(recorded, adv)
+    )
     if r.first_module is not None:
         tadv = trace_advice(r.first_module)
         d["first_module_line"] = _module_line(r.first_module)
         d["trace_advice"] = {"module": tadv.leaf, "cause": tadv.cause, "fix": tadv.fix}
+        d["trace_advice"] |= _bearing(recorded, tadv)
     else:
         d["trace_advice"] = None
     d["leaves_compared"] = len(r.leaves)
     d["exit_code"] = 0 if r.deterministic else 1
     if report is not None:
         d["report"] = report
+    if recorded is not None:  # both runs have a sidecar
+        d["recorded_differences"] = [x.to_dict() for x in recorded]
     return json.dumps(d, allow_nan=False)
 
 
@@ -138,8 +183,9 @@ def diff(
 
     RUN_A and RUN_B are diag.jsonl files or run directories written with --diag. Rows are
     matched by (phase, step); the first divergence is the earliest diverging leaf, in dataflow
-    order, of the first diverging row. Exit status: 0 deterministic, 1 divergence, 2 missing
-    or unreadable input.
+    order, of the first diverging row. When both runs have a twinrun.json sidecar, the settings,
+    inputs and environment they record differently are printed first. Exit status:
+    0 deterministic, 1 divergence, 2 missing or unreadable input.
     """
     result = compare(
         run_a,
@@ -155,10 +201,11 @@ def diff(
         from twinrun.diag.report import write_report
 
         write_report(result, report)
+    recorded = recorded_between(run_a, run_b)
     if as_json:
-        click.echo(_json(result, report))
+        click.echo(_json(result, report, recorded))
     else:
-        for line in _text(result):
+        for line in _text(result, recorded):
             click.echo(line)
         if report is not None:
             click.echo(f"report: {report}")

@@ -1,5 +1,5 @@
-"""Diagnostics: exact checksums, the diag.jsonl recorder, first-divergence comparison, advice
-and the heatmap report.
+"""Diagnostics: exact checksums, the diag.jsonl recorder, first-divergence comparison, advice,
+the heatmap report, and what two runs' sidecars record differently.
 
 Attributes are loaded lazily so that `import twinrun.diag.compare` (what `twinrun diff` needs)
 imports neither torch nor numpy.
@@ -28,6 +28,9 @@ _EXPORTS: dict[str, str] = {
     "advice_for": "advice",
     "Advice": "advice",
     "write_report": "report",
+    "RecordedDifference": "recorded",
+    "read_sidecar": "recorded",
+    "recorded_differences": "recorded",
 }
 
 __all__ = sorted(_EXPORTS)

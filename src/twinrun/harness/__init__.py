@@ -15,7 +15,10 @@ read and three things are judged:
 Wall-clock fields (`wall_s`, any name ending in `_s`, timestamps, peak memory) are never
 compared. When both same-seed runs wrote diag.jsonl and they part, the first divergence comes
 from `twinrun.diag.compare` (default tolerances; bitwise digests when the tolerance comparison
-finds none). Exit codes: 0 all hold, 1 one fails, 2 a run fails or writes no metrics.
+finds none). When the runs wrote sidecars (twinrun.json), the report names any setting, input or
+environment fact the same-seed runs' sidecars state differently (`twinrun.diag.recorded`; they
+should agree), and says they agree when the runs parted. Exit codes: 0 all hold, 1 one fails,
+2 a run fails or writes no metrics.
 
 This module never imports the CLI (nor torch): `run_check` is the whole harness for a library
 user; `judge` is the pure verdict on rows already read.
@@ -35,6 +38,7 @@ from typing import Any
 
 from twinrun.core.errors import ConfigError, DataError, OutputError, TwinrunError
 from twinrun.diag.compare import divergence_line
+from twinrun.diag.recorded import recorded_between
 from twinrun.harness.metrics import (
     DEFAULT_SEEDS,
     DEFAULT_TOL,
@@ -261,9 +265,11 @@ def _run_plan(
             raise DataError(f"{run.label} (seed {run.seed}): {exc.message}", exc.hint) from exc
         say(f"run {i}/{len(plan)}: {run.label} done in {res.wall_s:.1f} s, {len(rows[-1])} steps")
     same = compare_same_seed(rows[0], rows[1])
-    diag = check_diag(plan[0].out, plan[1].out, metrics_bit_exact=same.bit_exact)
+    recorded = recorded_between(plan[0].out, plan[1].out)
+    diag = check_diag(plan[0].out, plan[1].out, same.bit_exact, recorded or ())
     verdict = judge(rows[0], rows[1], rows[2], tol, seeds, diag)
     verdict.runs = results
+    verdict.recorded = recorded
     return verdict
 
 

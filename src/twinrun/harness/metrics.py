@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from twinrun.diag.compare import CompareResult, Divergence, compare, divergence_line, jsonable
+from twinrun.diag.recorded import RecordedDifference, format_difference, sidecars_differ_in
 
 if TYPE_CHECKING:
     from twinrun.harness.plan import RunResult
@@ -256,13 +257,17 @@ def cross_seed(
 
 
 def check_diag(
-    dir_a: str | os.PathLike[str], dir_b: str | os.PathLike[str], metrics_bit_exact: bool = True
+    dir_a: str | os.PathLike[str],
+    dir_b: str | os.PathLike[str],
+    metrics_bit_exact: bool = True,
+    recorded: Sequence[RecordedDifference] = (),
 ) -> DiagCheck | None:
     """Compare the same-seed runs' diag.jsonl (None when neither has one).
 
     Digests are compared bitwise; when the runs part (digests differ or the metrics are not
     bit-exact) the first divergence comes from the tolerance comparison at diff's default
-    tolerances, or from the bitwise one when the tolerance comparison finds none. A DataError
+    tolerances, or from the bitwise one when the tolerance comparison finds none. The advice
+    names first the `recorded` differences of the runs' sidecars that bear on it. A DataError
     from an unreadable diag file propagates (exit 2)."""
     fa, fb = Path(dir_a) / "diag.jsonl", Path(dir_b) / "diag.jsonl"
     has_a, has_b = fa.is_file(), fb.is_file()
@@ -290,7 +295,7 @@ def check_diag(
         first=chosen.first,
         bitwise=chosen.bitwise,
         line=divergence_line(chosen.first),
-        advice=f"{adv.leaf}: {adv.one_line()}",
+        advice=f"{adv.leaf}: {sidecars_differ_in(recorded, adv.one_line())}{adv.one_line()}",
         rows_diverged=chosen.rows_diverged,
     )
 
@@ -300,7 +305,10 @@ def check_diag(
 
 @dataclass
 class Verdict:
-    """What `twinrun check` found. `exit_code`: 0 when all three hold, 1 when one fails."""
+    """What `twinrun check` found. `exit_code`: 0 when all three hold, 1 when one fails.
+
+    `recorded`: what the same-seed runs' sidecars state differently (they should agree; it does
+    not change the verdict); None when the runs wrote no twinrun.json."""
 
     tol: float
     seeds: tuple[int, int]
@@ -310,6 +318,7 @@ class Verdict:
     diag: DiagCheck | None
     failures: list[str]
     runs: list[RunResult] = field(default_factory=list)
+    recorded: list[RecordedDifference] | None = None
 
     @property
     def passed(self) -> bool:
@@ -339,6 +348,9 @@ class Verdict:
             "cross_seed": asdict(self.cross_seed),
             "diag": None if self.diag is None else asdict(self.diag),
             "failures": list(self.failures),
+            "recorded_differences": None
+            if self.recorded is None
+            else [r.to_dict() for r in self.recorded],
             "runs": [
                 {
                     "label": r.run.label,
@@ -405,6 +417,22 @@ def _val(v: Any) -> str:
     return repr(v) if isinstance(v, float) else str(v)
 
 
+def _recorded_lines(v: Verdict) -> list[str]:
+    """The same-seed runs' sidecars: each difference (they should have none), or — when the runs
+    parted — that they agree, which rules out every recorded setting, input and environment."""
+    if v.recorded is None:
+        return []
+    if v.recorded:
+        n = len(v.recorded)
+        out = [f"sidecars: the same-seed runs' twinrun.json differ in {n} recorded "
+               f"{'fact' if n == 1 else 'facts'} (the command should make them agree)"]  # fmt: skip
+        return out + [f"  {format_difference(d, ('run_a', 'run_b'))}" for d in v.recorded]
+    if v.fully_bit_exact:
+        return []
+    return ["sidecars: the same-seed runs' twinrun.json agree (no setting, input or environment "
+            "difference recorded)"]  # fmt: skip
+
+
 def format_verdict(v: Verdict) -> list[str]:
     """The report, posttrainllm-style, one line per check, then the verdict line."""
     out: list[str] = []
@@ -440,6 +468,7 @@ def format_verdict(v: Verdict) -> list[str]:
     out.append(line)
     for m in s.missing[:5]:
         out.append(f"  only one run has {m}")
+    out += _recorded_lines(v)
 
     c = v.cross_seed
     if math.isnan(c.divergence):
