@@ -22,7 +22,8 @@ adds `S * vector` to the residual stream at the same layer, at every position
 whole answer; the shared prompt tokens never enter it.
 
 Files. `OUT.safetensors` carries string metadata at its top level — format, layer, pool,
-precision, chat template, batch size, batch-invariant, the model/data/adapter SHA256 — and
+precision, chat template, batch size, batch-invariant, the model/data/adapter SHA256; its keys
+sorted, so a rerun writes the same bytes (`twinrun.core.safetensors_bytes`) — and
 `OUT.json` is the sidecar: the same, plus tensor shapes, the output's own SHA256, determinism
 provenance and library versions. Batching: rows go through forwards of `--batch-size` in input
 order; with `--batch-invariant` each row's hidden states are bitwise what a batch of one gives.
@@ -224,12 +225,12 @@ def write_outputs(
     model_dir: Path,
     provenance: dict[str, Any],
 ) -> dict[str, Any]:
-    """OUT.safetensors (metadata at its top level) and the OUT.json sidecar, atomically."""
-    from safetensors.torch import save_file
-
+    """OUT.safetensors (metadata at its top level, keys sorted: the same bytes every run) and the
+    OUT.json sidecar, atomically."""
     from twinrun.core.determinism import runtime_versions
     from twinrun.core.digest import sha256_dir, sha256_file
     from twinrun.core.fileio import atomic_write_json, atomic_write_with
+    from twinrun.core.safetensors_bytes import stable_save_file
 
     adapter_sha = (
         sha256_file(Path(cfg.adapter) / "adapter_model.safetensors") if cfg.adapter else None
@@ -252,7 +253,7 @@ def write_outputs(
     strings = {k: "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
                for k, v in meta.items()}  # fmt: skip
     contiguous = {k: v.contiguous() for k, v in tensors.items()}
-    atomic_write_with(cfg.out_path, lambda tmp: save_file(contiguous, tmp, metadata=strings))
+    atomic_write_with(cfg.out_path, lambda tmp: stable_save_file(contiguous, tmp, strings))
     record = meta | {
         "tensors": {k: list(v.shape) for k, v in tensors.items()},
         "output": cfg.out_path.name,
