@@ -14,15 +14,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.toy_runs import run_args, write_examples
+from tests.integration.toy_runs import OBJECTIVES, run_args, write_examples
 from twinrun.cli.main import run_cli
+from twinrun.core.owned import survey
+from twinrun.train.outputs import run_layout
 
 RUN_FLAGS = ("--diag", "--checkpoint-every", "1", "--trace-step", "0")
 
 
 @pytest.fixture(scope="module")
-def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_examples(tmp_path_factory.mktemp("examples"))["sft"]
+def example_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return write_examples(tmp_path_factory.mktemp("examples"))
+
+
+@pytest.fixture(scope="module")
+def examples(example_files: dict[str, Path]) -> Path:
+    return example_files["sft"]
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +166,16 @@ def test_a_run_killed_before_its_sidecar_is_overwritable(
     assert any(p.name.startswith(".tmp-step-000001") for p in (out / "checkpoints").iterdir())
     assert run_cli([*args, "--overwrite"]) == 0
     same_as_fresh(out, fresh)
+
+
+@pytest.mark.parametrize("objective", [o for o in OBJECTIVES if o != "sft"])
+def test_every_objective_writes_only_declared_names(
+    tmp_path: Path, toy_model_dir: Path, example_files: dict[str, Path], objective: str
+) -> None:
+    out = tmp_path / objective
+    flags = ("--diag", "--checkpoint-every", "1")
+    assert run_cli(run_args(objective, toy_model_dir, example_files[objective], out, *flags)) == 0
+    found = survey(out, run_layout())
+    assert found.foreign is None, (found.foreign, found.why)
+    assert run_cli(run_args(objective, toy_model_dir, example_files[objective], out,
+                            *flags, "--overwrite")) == 0  # fmt: skip
