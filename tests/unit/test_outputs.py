@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -160,10 +161,10 @@ def test_twinrun_names_without_the_marker_are_refused(tmp_path: Path, marker_tex
     ],
 )  # fmt: skip
 def test_a_foreign_entry_is_named_and_nothing_changes(
-    tmp_path: Path, make: object, named: str
+    tmp_path: Path, make: Callable[[Path], object], named: str
 ) -> None:
     run = a_run(tmp_path / "run")
-    make(run)  # type: ignore[operator]  # one of the lambdas above
+    make(run)
     before = snapshot(run)
     with pytest.raises(OutputError) as err:
         check_output_dir(run, overwrite=True)

@@ -31,7 +31,7 @@ class Survey:
 
     entries: list[Path] = field(default_factory=list)
     foreign: Path | None = None  # the first foreign entry, in sorted order
-    why: str = ""  # what is foreign about it
+    why: str = ""  # what is foreign about it, when more than its name
 
 
 def _kind(layout: Layout, name: str) -> tuple[bool, Layout | None]:
@@ -54,18 +54,24 @@ def survey(root: Path, layout: Layout) -> Survey:
 
 
 def _walk(folder: Path, layout: Layout, found: Survey) -> bool:
-    for name in sorted(os.listdir(folder)):
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError as exc:
+        raise OutputError(
+            f"cannot read {folder} ({exc.strerror or exc})", "make it readable, or remove it"
+        ) from exc
+    for name in names:
         path = folder / name
         mode = os.lstat(path).st_mode  # lstat: a link is looked at, never through
         declared, sub = _kind(layout, name)
         if stat.S_ISLNK(mode):
-            why = "a symbolic link (twinrun writes none, and never follows one)"
+            why = "a symbolic link; twinrun writes none and never follows one"
         elif not declared:
-            why = "a name twinrun does not write there"
+            why = ""
         elif sub is None and not stat.S_ISREG(mode):
-            why = "not a regular file, where twinrun writes a file"
+            why = "a folder where twinrun writes a file" if stat.S_ISDIR(mode) else "not a file"
         elif sub is not None and not stat.S_ISDIR(mode):
-            why = "not a folder, where twinrun writes a folder"
+            why = "a file where twinrun writes a folder"
         else:
             if sub is not None and not _walk(path, sub, found):
                 return False

@@ -68,27 +68,52 @@ class Tour:
         return record
 
 
-def clear_for_rerun(folder: Path, layout: Layout) -> None:
-    """Empty `folder` as an earlier tour left it: only the names `layout` declares go, and a
-    folder holding anything else stops the tour with nothing removed."""
+def tour_dirs(tour: Tour) -> dict[Path, Layout]:
+    """Every subdirectory the tour writes, with what it writes there (what a rerun replaces)."""
+    from twinrun.harness import kept_layout
+    from twinrun.model.toy import TOY_LAYOUT
+    from twinrun.train.init_adapter import INIT_LAYOUT
+    from twinrun.train.outputs import run_layout
+
+    runs = ("run-a", "run-b", "run-c", "clean", "faulty", "capture-source", "replay-1", "replay-2")
+    dirs = {tour.root / name: run_layout() for name in runs}
+    dirs |= {
+        tour.root / "capture-init": INIT_LAYOUT,
+        tour.root / "check": kept_layout(run_layout()),
+    }
+    if tour.model == tour.root / "toy-model":
+        dirs[tour.model] = TOY_LAYOUT
+    return dirs
+
+
+def written_by_tour(folder: Path, layout: Layout) -> list[Path]:
+    """What an earlier tour left in `folder` (deepest first); OutputError naming anything else."""
     from twinrun.core.errors import OutputError
-    from twinrun.core.owned import remove, survey
+    from twinrun.core.owned import survey
 
     if folder.is_symlink() or folder.exists() and not folder.is_dir():
         raise OutputError(
             f"{folder} is not a directory the tour wrote", "give `twinrun demo` another --dir"
         )
     if not folder.exists():
-        return
+        return []
     found = survey(folder, layout)
     if found.foreign is not None:
         raise OutputError(
-            f"{folder} holds {found.foreign.relative_to(folder)}, which the tour did not write "
-            f"({found.why})",
+            f"{folder} holds {found.foreign.relative_to(folder)}, which the tour did not write"
+            + (f" ({found.why})" if found.why else ""),
             "move it out, or give `twinrun demo` another --dir; a rerun replaces only what the "
             "tour wrote",
         )
-    remove(found.entries)
+    return found.entries
+
+
+def clear_for_rerun(folder: Path, layout: Layout) -> None:
+    """Empty `folder` as an earlier tour left it: only the names `layout` declares go, and a
+    folder holding anything else stops the tour with nothing removed."""
+    from twinrun.core.owned import remove
+
+    remove(written_by_tour(folder, layout))
 
 
 # -- learn: greedy answers before and after -------------------------------------------------

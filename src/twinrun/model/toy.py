@@ -160,7 +160,7 @@ def _owned_toy(out: Path) -> list[Path]:
     if found.foreign is not None:
         raise OutputError(
             f"--overwrite refused: {out} holds {found.foreign.relative_to(out)}, which the toy "
-            f"checkpoint does not ({found.why})",
+            "checkpoint does not" + (f" ({found.why})" if found.why else ""),
             "move it out of the directory, or choose another; --overwrite replaces only a toy "
             "checkpoint",
         )

@@ -79,8 +79,9 @@ def owned_entries(p: Path) -> list[Path]:
     found = survey(p, run_layout())
     if found.foreign is not None:
         rel = found.foreign.relative_to(p)
+        why = f" ({found.why})" if found.why else ""
         raise OutputError(
-            f"--overwrite refused: {p} holds {rel}, which twinrun did not write ({found.why})",
+            f"--overwrite refused: {p} holds {rel}, which twinrun did not write{why}",
             "move it out of the directory, or choose another --output; --overwrite removes "
             "only the files a twinrun run writes",
         )
