@@ -26,8 +26,10 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def sft(*extra: str, model: str = "runs/toy", examples: str = "sft.jsonl") -> list[str]:
-    return ["tune", "sft", "--model", model, "--examples", examples, "--output", "out",
+def sft(
+    *extra: str, model: str = "runs/toy", examples: str = "sft.jsonl", output: str = "out"
+) -> list[str]:
+    return ["tune", "sft", "--model", model, "--examples", examples, "--output", output,
             "--seed", "1", "--epochs", "1", "--batch-size", "4", "--accumulation", "1",
             "--learning-rate", "1e-2", "--warmup-steps", "0", "--lr-schedule", "constant",
             "--lora-rank", "4", "--lora-alpha", "8", "--precision", "f32",
@@ -72,6 +74,10 @@ CASES = [
           "see docs/capture.md (capture a source step)")),
     Case("diff of nothing", ["diff", "runs/nope", "runs/nope2"],
          ("runs/nope: no such file or directory — give a diag.jsonl or a run directory",)),
+    Case("overwrite of a foreign directory", sft("--overwrite", output="mine"),
+         ("--overwrite refused:", ", which twinrun did not write")),
+    Case("output is a symlink", sft("--overwrite", output="linked"),
+         ("is a symbolic link",)),
     Case("check without placeholders", ["check", "--", "twinrun", "tune", "sft"],
          ("the command has no {seed} or {out} placeholder",)),
 ]  # fmt: skip
@@ -96,6 +102,10 @@ def bad_inputs(repo_like: Path, toy_model_dir: Path) -> Path:
     Path("pickled/pytorch_model.bin").write_bytes(b"not unpickled\n")
     config = json.loads(Path("vit/config.json").read_text())
     Path("vit/config.json").write_text(json.dumps(config | {"model_type": "vit"}))
+    Path("mine").mkdir()  # someone's directory with a name twinrun writes in it
+    Path("mine/metrics.jsonl").write_text('{"step": 0}\n')
+    Path("mine/notes.txt").write_text("mine\n")
+    Path("linked").symlink_to("mine")
     return repo_like
 
 

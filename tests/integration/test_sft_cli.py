@@ -187,10 +187,11 @@ def test_existing_output_refused_unless_overwrite(
 ) -> None:
     out = tmp_path / "run"
     out.mkdir()
-    (out / "twinrun.json").write_text("{}")
+    marker = '{"format": "twinrun.run.v1"}'  # a finished run's sidecar (abridged)
+    (out / "twinrun.json").write_text(marker)
     rc = run_cli(sft_args(toy_model_dir, sft_examples, out, 1))
     assert rc != 0 and "--overwrite" in capsys.readouterr().err
-    assert (out / "twinrun.json").read_text() == "{}"  # nothing lost
+    assert (out / "twinrun.json").read_text() == marker  # nothing lost
     assert run_cli(sft_args(toy_model_dir, sft_examples, out, 1, "--overwrite")) == 0
     assert (out / "adapter_model.safetensors").exists()
 

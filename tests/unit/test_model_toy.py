@@ -79,20 +79,40 @@ def test_shape_options(tmp_path: Path) -> None:
 
 
 def test_refuses_non_empty_dir_unless_overwrite(tmp_path: Path) -> None:
+    small = {"layers": 1, "hidden": 8, "intermediate": 8, "heads": 2, "kv_heads": 1}
     out = tmp_path / "m"
-    out.mkdir()
-    (out / "keep.txt").write_text("x")
+    write_toy_checkpoint(out, seed=0, **small)
     with pytest.raises(OutputError, match="not empty"):
-        write_toy_checkpoint(out, seed=0)
-    assert (out / "keep.txt").exists()
-    write_toy_checkpoint(out, seed=0, overwrite=True)
-    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+        write_toy_checkpoint(out, seed=0, **small)
+    first = (out / "model.safetensors").read_bytes()
+    write_toy_checkpoint(out, seed=1, overwrite=True, **small)  # a toy replaces a toy
+    assert (out / "model.safetensors").read_bytes() != first
     assert [p.name for p in tmp_path.iterdir()] == ["m"], "no temporary directories left"
+    (out / "keep.txt").write_text("x")  # anything else: --overwrite refuses, nothing lost
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(OutputError, match="holds keep.txt, which the toy checkpoint does not"):
+        write_toy_checkpoint(out, seed=0, overwrite=True, **small)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    (out / "keep.txt").unlink()
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(config | {"vocab_size": 32000}))
+    with pytest.raises(OutputError, match="not a twinrun toy checkpoint"):  # a real model's names
+        write_toy_checkpoint(out, seed=0, overwrite=True, **small)
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == 32000
+    (tmp_path / "link").symlink_to(out)
+    with pytest.raises(OutputError, match="is a symbolic link"):
+        write_toy_checkpoint(tmp_path / "link", seed=0, overwrite=True, **small)
     empty = tmp_path / "empty"
     empty.mkdir()
-    write_toy_checkpoint(empty, seed=0)  # an existing empty directory is fine
+    write_toy_checkpoint(empty, seed=0, **small)  # an existing empty directory is fine
     with pytest.raises(OutputError):
         write_toy_checkpoint(tmp_path / "m" / "model.safetensors", seed=0)
+
+
+def test_the_toy_writes_exactly_the_files_overwrite_may_replace(toy_model_dir: Path) -> None:
+    from twinrun.model.toy import TOY_FILES
+
+    assert sorted(p.name for p in toy_model_dir.iterdir()) == sorted(TOY_FILES)
 
 
 # -- tokenizer -------------------------------------------------------------------------------

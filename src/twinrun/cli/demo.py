@@ -14,7 +14,7 @@ import click
     "directory",
     default="twinrun-demo",
     show_default=True,
-    help="Where the demo writes (its own subdirectories are replaced on a rerun).",
+    help="Where the demo writes (a rerun replaces what the tour wrote there, nothing else).",
 )
 @click.option(
     "--model",

@@ -22,7 +22,7 @@ import click
     show_default=True,
     help="Weight scale (0.02 is HF's; 0.2 gives a toy that LoRA can teach).",
 )
-@click.option("--overwrite", is_flag=True, help="Replace an existing directory.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing toy checkpoint (only that).")
 def toy_model(
     directory: str,
     seed: int,

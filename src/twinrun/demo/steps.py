@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import RunConfig
+from twinrun.core.owned import Layout
 from twinrun.data.examples import shipped_examples
 
 QUESTIONS = 64  # the shipped sft.jsonl
@@ -65,6 +66,54 @@ class Tour:
         record = train_sft(self.sft_config(name, seed, **over))
         self.shas[name] = record["adapter"]["sha256"]
         return record
+
+
+def tour_dirs(tour: Tour) -> dict[Path, Layout]:
+    """Every subdirectory the tour writes, with what it writes there (what a rerun replaces)."""
+    from twinrun.harness import kept_layout
+    from twinrun.model.toy import TOY_LAYOUT
+    from twinrun.train.init_adapter import INIT_LAYOUT
+    from twinrun.train.outputs import run_layout
+
+    runs = ("run-a", "run-b", "run-c", "clean", "faulty", "capture-source", "replay-1", "replay-2")
+    dirs = {tour.root / name: run_layout() for name in runs}
+    dirs |= {
+        tour.root / "capture-init": INIT_LAYOUT,
+        tour.root / "check": kept_layout(run_layout()),
+    }
+    if tour.model == tour.root / "toy-model":
+        dirs[tour.model] = TOY_LAYOUT
+    return dirs
+
+
+def written_by_tour(folder: Path, layout: Layout) -> list[Path]:
+    """What an earlier tour left in `folder` (deepest first); OutputError naming anything else."""
+    from twinrun.core.errors import OutputError
+    from twinrun.core.owned import survey
+
+    if folder.is_symlink() or folder.exists() and not folder.is_dir():
+        raise OutputError(
+            f"{folder} is not a directory the tour wrote", "give `twinrun demo` another --dir"
+        )
+    if not folder.exists():
+        return []
+    found = survey(folder, layout)
+    if found.foreign is not None:
+        raise OutputError(
+            f"{folder} holds {found.foreign.relative_to(folder)}, which the tour did not write"
+            + (f" ({found.why})" if found.why else ""),
+            "move it out, or give `twinrun demo` another --dir; a rerun replaces only what the "
+            "tour wrote",
+        )
+    return found.entries
+
+
+def clear_for_rerun(folder: Path, layout: Layout) -> None:
+    """Empty `folder` as an earlier tour left it: only the names `layout` declares go, and a
+    folder holding anything else stops the tour with nothing removed."""
+    from twinrun.core.owned import remove
+
+    remove(written_by_tour(folder, layout))
 
 
 # -- learn: greedy answers before and after -------------------------------------------------
@@ -165,13 +214,10 @@ def plant_and_find(tour: Tour, fault: str = "reduction@3") -> Diagnosis:
 
 def capture_source(tour: Tour) -> dict[str, Any]:
     """A one-step SFT source that captures its optimizer batch (from `init-adapter`'s state)."""
-    from twinrun.train.init_adapter import init_adapter
+    from twinrun.train.init_adapter import INIT_LAYOUT, init_adapter
 
     init = tour.root / "capture-init"
-    if init.exists():
-        import shutil
-
-        shutil.rmtree(init)
+    clear_for_rerun(init, INIT_LAYOUT)
     init_adapter(init, str(tour.model), seed=5, rank=4, alpha=8.0)
     return {
         "training": {"trainer": "sft", "seed": 5, "max_steps": 1, "save_every": 0,
@@ -214,15 +260,12 @@ def replay_config(source: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def run_toml_doc(doc: dict[str, Any], path: Path) -> dict[str, Any]:
-    import shutil
-
     import tomli_w
 
     from twinrun.dispatch.toml_runs import run_toml
+    from twinrun.train.outputs import run_layout
 
-    out = Path(doc["logging"]["dir"])
-    if out.exists():
-        shutil.rmtree(out)
+    clear_for_rerun(Path(doc["logging"]["dir"]), run_layout())
     path.write_text(tomli_w.dumps(doc))
     return run_toml(path, None, True)
 
@@ -260,12 +303,10 @@ def check_command(tour: Tour) -> list[str]:
 
 
 def quick_check(tour: Tour) -> Any:
-    from twinrun.harness import run_check
+    from twinrun.harness import kept_layout, run_check
     from twinrun.harness.quick import quick_command
+    from twinrun.train.outputs import run_layout
 
     keep = tour.root / "check"
-    if keep.exists():
-        import shutil
-
-        shutil.rmtree(keep)
+    clear_for_rerun(keep, kept_layout(run_layout()))
     return run_check(quick_command(check_command(tour)), keep=keep)

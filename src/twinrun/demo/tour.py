@@ -25,6 +25,8 @@ from twinrun.demo.steps import (
     compare_answers,
     plant_and_find,
     quick_check,
+    tour_dirs,
+    written_by_tour,
 )
 
 __all__ = ["run_demo"]
@@ -43,6 +45,8 @@ def run_demo(root: Path, threads: int = 1, model: Path | None = None) -> dict[st
         budget=TOY_BUDGET if model is None else REAL_BUDGET,
         threads=threads,
     )
+    for folder, layout in tour_dirs(tour).items():  # a rerun stops here, before any step,
+        written_by_tour(folder, layout)  # when a directory holds what the tour did not write
     if model is None:
         from twinrun.model.toy import write_toy_checkpoint
 

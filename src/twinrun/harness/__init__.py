@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.core.errors import ConfigError, DataError, OutputError, TwinrunError
+from twinrun.core.owned import Layout
 from twinrun.diag.compare import divergence_line
 from twinrun.diag.recorded import recorded_between
 from twinrun.harness.metrics import (
@@ -152,6 +153,17 @@ def plan_runs(cmd: Sequence[str], seeds: tuple[int, int], root: Path) -> list[Pl
         out = root / label
         runs.append(PlannedRun(label, seed, out, substitute(cmd, seed, out)))
     return runs
+
+
+def kept_layout(run: Layout) -> Layout:
+    """What `run_check(keep=DIR)` leaves in DIR (each run's own files as `run` declares them):
+    the runs of `plan_runs`, their logs from `execute`, a killed run's lock (`core.lock`)."""
+    label = r"seed-\d+(-[ab])?"
+    return {
+        label: run,
+        "logs": {rf"{label}\.std(out|err)\.log": None},
+        rf"\.{label}\.twinrun-lock": None,
+    }
 
 
 def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:

@@ -22,8 +22,10 @@ puts `<|bos|>` first, and the chat template starts with the BOS token and ends e
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -31,6 +33,7 @@ from typing import Any
 
 from twinrun.core.errors import OutputError
 from twinrun.core.fileio import fsync_dir
+from twinrun.core.owned import Layout, remove, survey
 
 BOS_TOKEN = "<|bos|>"
 EOS_TOKEN = "<|eos|>"
@@ -38,6 +41,12 @@ PAD_TOKEN = "<|pad|>"
 BOS_ID, EOS_ID, PAD_ID = 256, 257, 258
 VOCAB_SIZE = 259
 INIT_STD = 0.02
+# what save_pretrained writes for the toy (transformers as locked): all `--overwrite` replaces
+TOY_FILES = (
+    "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+    "tokenizer_config.json", "chat_template.jinja",
+)  # fmt: skip
+TOY_LAYOUT: Layout = {re.escape(name): None for name in TOY_FILES}
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}"
@@ -125,13 +134,49 @@ def toy_state_dict(
 
 
 def _check_out_dir(out: Path, overwrite: bool) -> None:
+    if out.is_symlink():
+        raise OutputError(
+            f"{out} is a symbolic link (to {os.readlink(out)})",
+            "give the directory itself, or a new path: twinrun never writes through a link",
+        )
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out} exists and is not a directory", "choose another output path")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise OutputError(
+                f"output directory {out} exists and is not empty",
+                "choose a new directory or pass --overwrite",
+            )
+        _owned_toy(out)
+
+
+def _owned_toy(out: Path) -> list[Path]:
+    """The files of the toy checkpoint in `out`; OutputError when `out` holds anything else or is
+    not a toy checkpoint (a real checkpoint has the same file names: its config tells them
+    apart), so `--overwrite` never replaces someone's model or notes."""
+    found = survey(out, TOY_LAYOUT)
+    if not found.entries and found.foreign is None:
+        return []  # an empty directory
+    if found.foreign is not None:
         raise OutputError(
-            f"output directory {out} exists and is not empty",
-            "choose a new directory or pass --overwrite",
+            f"--overwrite refused: {out} holds {found.foreign.relative_to(out)}, which the toy "
+            "checkpoint does not" + (f" ({found.why})" if found.why else ""),
+            "move it out of the directory, or choose another; --overwrite replaces only a toy "
+            "checkpoint",
         )
+    try:
+        config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = None
+    toy = {"vocab_size": VOCAB_SIZE, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
+           "pad_token_id": PAD_ID}  # fmt: skip
+    if not isinstance(config, dict) or any(config.get(k) != v for k, v in toy.items()):
+        raise OutputError(
+            f"--overwrite refused: {out} is not a twinrun toy checkpoint (its config.json is "
+            "not the toy's)",
+            "choose another directory; --overwrite replaces only a toy checkpoint",
+        )
+    return found.entries
 
 
 def write_toy_checkpoint(
@@ -147,7 +192,8 @@ def write_toy_checkpoint(
 ) -> None:
     """Write the toy Llama checkpoint + byte tokenizer to `out_dir` (appears atomically).
 
-    Raises OutputError when `out_dir` exists and is not empty (unless `overwrite`)."""
+    Raises OutputError when `out_dir` exists and is not empty, unless `overwrite` and it holds a
+    toy checkpoint and nothing else."""
     from twinrun.core.rng import check_seed
 
     check_seed(seed)
@@ -182,8 +228,8 @@ def write_toy_checkpoint(
             os.replace(out, trash / "old")
         os.replace(tmp, out)
         fsync_dir(out.parent)
-        if trash is not None:
-            shutil.rmtree(trash)
+        if trash is not None:  # the old toy, surveyed again: only its files go
+            remove([*_owned_toy(trash / "old"), trash / "old", trash])
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

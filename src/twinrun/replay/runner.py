@@ -8,8 +8,10 @@ objective forwards the source ran — so on CPU the final adapter is the source'
 never opens the examples file, never builds the environment and never samples. Its timings and
 digests come from hooks (nothing is patched).
 
-It writes `final/` (the adapter after the update), `metrics.jsonl` (one row, in the replay
-vocabulary of docs/capture.md), `resolved_config.json` (redacted) and `twinrun.json` (last).
+It writes `twinrun.inputs.json` (first: the manifest and batch it verified, which mark the
+directory as twinrun's), `final/` (the adapter after the update), `metrics.jsonl` (one row, in
+the replay vocabulary of docs/capture.md), `resolved_config.json` (redacted) and `twinrun.json`
+(last).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from twinrun.core.rng import float_bits, restore_torch_rng
 from twinrun.train.hooks.capture import SKIPPED
 from twinrun.train.hooks.timing import TimingHook, peak_memory
 from twinrun.train.loop import Hook, Loop, StepContext, StepForwards, make_optimizer
-from twinrun.train.outputs import begin_output_dir
+from twinrun.train.outputs import REPLAY_INPUTS_FORMAT, begin_output_dir
 
 
 @dataclass
@@ -125,13 +127,23 @@ def replay(run: TomlRun) -> dict[str, Any]:
         )
     check_schedule(v)
     out = Path(valid(cfg).output)
-    begin_output_dir(out, False)
+    begin_output_dir(out, False, replay_inputs(v))
     row = replay_step(v, built, optimizer, out)
     final_sha = save_final(out / FINAL, built.model, built.head, cfg)
     row |= replay_metrics(v, row, final_sha, built.model)
     atomic_write_jsonl(out / "metrics.jsonl", [row])
     atomic_write_json(out / RESOLVED, resolved_tree(run))
     return write_sidecar(v, out, row, built.provenance, runtime_versions(), final_sha)
+
+
+def replay_inputs(v: Verified) -> dict[str, Any]:
+    """The replay directory's first file (its twinrun marker): what the replay verified."""
+    return {
+        "format": REPLAY_INPUTS_FORMAT,
+        "manifest_sha256": v.manifest_sha256,
+        "logical_batch_sha256": v.logical,
+        "step": v.manifest["step"],
+    }
 
 
 def build(v: Verified) -> Built:

@@ -8,13 +8,19 @@ then runs logical step 0 exactly once.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+from twinrun.capture.manifest import REQUIRED_STATE, STATE_FILES
 from twinrun.capture.state import STATE_FORMAT, TRAINER_STATE
 from twinrun.core.errors import ConfigError
 from twinrun.core.fileio import atomic_write_json
+from twinrun.core.owned import Layout
+
+# what it writes: the adapter, its config and trainer_state.json (the state a replay reads)
+INIT_LAYOUT: Layout = {re.escape(STATE_FILES[key]): None for key in REQUIRED_STATE}
 
 
 def init_adapter(

@@ -1,26 +1,121 @@
-"""Run directories: refuse to clobber, then write a run's artifacts atomically —
-`adapter_model.safetensors`, `adapter_config.json`, `metrics.jsonl`, `twinrun.json`."""
+"""Run directories: refuse to clobber, clear on `--overwrite` only what twinrun wrote, then write
+a run's artifacts atomically — `adapter_model.safetensors`, `adapter_config.json`,
+`metrics.jsonl`, `twinrun.json`.
+
+A run directory is twinrun's when it holds twinrun's marker: the inputs record
+(`twinrun.inputs.json`, written first of all by `begin_output_dir`, so a run killed at any later
+moment is still recognised) or the finished run's sidecar (`twinrun.json`), each a JSON object
+with twinrun's "format". `--overwrite` removes exactly the names `run_layout` declares and
+refuses — before any model is loaded or any file touched — a directory holding anything else.
+"""
 
 from __future__ import annotations
 
-import shutil
+import functools
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from twinrun.core.errors import OutputError
+from twinrun.core.errors import OutputError, TwinrunError
+from twinrun.core.owned import KILLED_WRITE, Layout, remove, survey
 
 SIDECAR = "twinrun.json"
 SIDECAR_FORMAT = "twinrun.run.v1"
-OURS = (
-    SIDECAR, "metrics.jsonl", "diag.jsonl", "adapter_model.safetensors", "checkpoints",
-    "twinrun.inputs.json",
-)  # fmt: skip
+INPUTS = "twinrun.inputs.json"  # the marker; train.resume_check compares it on --resume
+INPUTS_FORMAT = "twinrun.inputs.v1"  # a training run's inputs record
+REPLAY_INPUTS_FORMAT = "twinrun.replay-inputs.v1"  # a replay's: what it verified
+METRICS, DIAG, TRACE = "metrics.jsonl", "diag.jsonl", "trace.jsonl"
+DIFF_PICTURE = "diff.png"  # `twinrun diff --report` into a run (the tour's faulty/diff.png)
+
+
+def _files(*names: str) -> dict[str, Layout | None]:
+    return {re.escape(n): None for n in names}
+
+
+@functools.cache
+def run_layout() -> Layout:
+    """Every name twinrun writes into a run directory (training runs, TOML runs, captures,
+    replays) — the one list of what `--overwrite` may remove."""
+    from twinrun.capture import manifest as mf
+    from twinrun.capture.source import FINAL, FINAL_FILES, RESOLVED
+    from twinrun.train.checkpoint import CHECKPOINTS, STATE_JSON, STATE_TENSORS
+
+    adapter = _files(*FINAL_FILES)  # adapter weights and config, the reward head
+    checkpoint = _files(STATE_TENSORS, STATE_JSON)
+    step = r"\d{6,}"
+    capture = re.escape(mf.stem(0).removesuffix("000000")) + step  # optimizer_batch_step_K
+    return {
+        **_files(SIDECAR, INPUTS, METRICS, DIAG, TRACE, RESOLVED, DIFF_PICTURE),
+        **adapter,
+        re.escape(CHECKPOINTS): {  # checkpoint.write_checkpoint: step-K, or a killed .tmp-step-K-
+            rf"step-{step}": checkpoint,
+            rf"\.tmp-step-{step}-[A-Za-z0-9_]+": checkpoint,
+        },
+        re.escape(FINAL): adapter,
+        rf"{capture}\.safetensors": None,
+        rf"{capture}\.manifest\.json": None,
+        rf"{capture}\.state": _files(*mf.STATE_FILES.values()),
+        rf"{capture}\.final": adapter,
+    }
+
+
+def _is_marker(path: Path, formats: tuple[str, ...]) -> bool:
+    from twinrun.core.jsonlimits import load_json_file
+
+    if not path.is_file():
+        return False
+    try:
+        record = load_json_file(path, "marker")
+    except TwinrunError:
+        return False
+    return isinstance(record, dict) and record.get("format") in formats
+
+
+def owned_entries(p: Path) -> list[Path]:
+    """Every entry of the existing run directory `p`, deepest first — all of them names twinrun
+    writes, and `p` marked as twinrun's. OutputError naming the first foreign entry otherwise."""
+    found = survey(p, run_layout())
+    if found.foreign is not None:
+        rel = found.foreign.relative_to(p)
+        why = f" ({found.why})" if found.why else ""
+        raise OutputError(
+            f"--overwrite refused: {p} holds {rel}, which twinrun did not write{why}",
+            "move it out of the directory, or choose another --output; --overwrite removes "
+            "only the files a twinrun run writes",
+        )
+    killed_first_write = all(
+        (m := KILLED_WRITE.fullmatch(e.name)) and m["name"] == INPUTS for e in found.entries
+    )  # a run killed while begin_output_dir wrote the marker
+    if not (
+        killed_first_write
+        or _is_marker(p / INPUTS, (INPUTS_FORMAT, REPLAY_INPUTS_FORMAT))
+        or _is_marker(p / SIDECAR, (SIDECAR_FORMAT,))
+    ):
+        raise OutputError(
+            f"--overwrite refused: {p} does not look like a twinrun run directory (it has no "
+            f"{INPUTS} or {SIDECAR} of twinrun's)",
+            "point --output at a new or twinrun-made directory",
+        )
+    return found.entries
+
+
+def clear_run_dir(p: Path) -> None:
+    """Empty the twinrun run directory `p` (it stays, empty): exactly the entries
+    `owned_entries` names, nothing when it holds anything foreign."""
+    remove(owned_entries(p) if any(p.iterdir()) else [])
 
 
 def check_output_dir(path: str | Path, overwrite: bool) -> Path:
-    """Refuse an existing non-empty directory unless `overwrite`; changes nothing on disk."""
+    """Refuse a symbolic link, a file, or an existing non-empty directory unless `overwrite` and
+    it is a twinrun run directory holding nothing else; changes nothing on disk."""
     p = Path(path)
+    if p.is_symlink():
+        raise OutputError(
+            f"--output {p} is a symbolic link (to {os.readlink(p)})",
+            "give the directory itself, or a new path: twinrun never writes through a link",
+        )
     if p.exists() and not p.is_dir():
         raise OutputError(f"--output {p} exists and is not a directory", "choose another path")
     if p.is_dir() and any(p.iterdir()):
@@ -29,19 +124,22 @@ def check_output_dir(path: str | Path, overwrite: bool) -> Path:
                 f"output directory {p} exists and is not empty",
                 "choose a new --output, or pass --overwrite to replace it",
             )
-        if not any((p / name).exists() for name in OURS):
-            raise OutputError(
-                f"--overwrite refused: {p} does not look like a twinrun run directory",
-                "point --output at a new or twinrun-made directory",
-            )
+        owned_entries(p)
     return p
 
 
-def begin_output_dir(p: Path, overwrite: bool) -> None:
-    """Create (or, with --overwrite, empty) the run directory. Call after all validation."""
-    if p.is_dir() and any(p.iterdir()) and overwrite:
-        shutil.rmtree(p)
+def begin_output_dir(p: Path, overwrite: bool, inputs: dict[str, Any]) -> None:
+    """Create (or, with --overwrite, clear) the run directory, then write `inputs` (a record of
+    INPUTS_FORMAT or REPLAY_INPUTS_FORMAT) as its first file: from then on the directory is
+    known as twinrun's. Call after all validation; the directory is checked again, so nothing
+    foreign is removed even if it appeared since."""
+    check_output_dir(p, overwrite)
+    if overwrite and p.is_dir():
+        clear_run_dir(p)
     p.mkdir(parents=True, exist_ok=True)
+    from twinrun.core.fileio import atomic_write_json
+
+    atomic_write_json(p / INPUTS, inputs)
 
 
 def command_line() -> list[str]:

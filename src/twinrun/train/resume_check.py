@@ -16,11 +16,9 @@ from typing import Any
 from twinrun.config.run import RunConfig, shaping_numbers, valid
 from twinrun.core.digest import sha256_dir, sha256_files
 from twinrun.core.errors import ConfigError, DataError
-from twinrun.core.fileio import atomic_write_json
+from twinrun.train.outputs import INPUTS, INPUTS_FORMAT
+from twinrun.train.outputs import SIDECAR as FINISHED
 
-INPUTS = "twinrun.inputs.json"
-INPUTS_FORMAT = "twinrun.inputs.v1"
-FINISHED = "twinrun.json"
 # flags that may differ on resume: they cannot change a byte of the result
 MAY_DIFFER = frozenset({"resume", "quiet", "overwrite", "prefetch", "checkpoint_every"})
 TOKENIZER_FILES = (
@@ -48,10 +46,6 @@ def run_inputs(
         "eval_sha256": eval_sha256,
         "init_adapter_sha256": sha256_dir(cfg.init_adapter) if cfg.init_adapter else None,
     }
-
-
-def record_inputs(out: Path, inputs: dict[str, Any]) -> None:
-    atomic_write_json(out / INPUTS, inputs)
 
 
 def read_inputs(out: Path) -> dict[str, Any] | None:

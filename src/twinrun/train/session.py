@@ -21,7 +21,7 @@ from twinrun.data.examples import SourcedRow, load_rows
 from twinrun.train import distributed
 from twinrun.train.faults import Faults, parse_faults
 from twinrun.train.outputs import begin_output_dir, check_output_dir, sidecar
-from twinrun.train.resume_check import check_resume, record_inputs, run_inputs
+from twinrun.train.resume_check import check_resume, run_inputs
 
 
 @dataclass
@@ -146,6 +146,7 @@ def _open_locked(
     if cfg.resume and check_resume(out, inputs) == 0:  # refuses before any file is touched
         cfg.resume = False  # killed before its first checkpoint: start again from step 0
         cfg.overwrite = True
+        check_output_dir(out, cfg.overwrite)  # its partial logs go; anything foreign stops it
 
     from twinrun.core.rng import seed_torch
 
@@ -172,8 +173,7 @@ def _open_locked(
     params = lora_parameters(model)
     distributed.barrier("waiting for every process to check its inputs")
     if not cfg.resume and distributed.is_root():
-        begin_output_dir(out, cfg.overwrite)
-        record_inputs(out, inputs)
+        begin_output_dir(out, cfg.overwrite, inputs)  # the inputs record first: the marker
     session = Session(
         cfg=cfg,
         out=out,
