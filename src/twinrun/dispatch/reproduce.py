@@ -30,7 +30,12 @@ from twinrun.config.run import RunConfig
 from twinrun.core.digest import sha256_dir, sha256_file
 from twinrun.core.errors import DataError, TwinrunError
 from twinrun.core.redact import REDACTED
-from twinrun.diag.recorded import RecordedDifference, read_sidecar, recorded_differences
+from twinrun.diag.recorded import (
+    RecordedDifference,
+    format_difference,
+    read_sidecar,
+    recorded_differences,
+)
 
 REPRODUCED, DIVERGED, COULD_NOT_RUN = 0, 1, 2
 INPUTS_RECORD = "twinrun.inputs.json"
@@ -162,8 +167,9 @@ def reproduce(
     moved = _moved_record(run_dir, output)
     if moved:
         return Reproduction(COULD_NOT_RUN, f"reproduce: could not run — {moved}")
+    rerun = read_sidecar(output) or rerun  # as written, with the inputs record's digests
     differences = recorded_differences(sidecar, rerun)
-    facts = [f"  {d.line()}" for d in differences]
+    facts = [f"  {format_difference(d, ('recorded', 're-run'))}" for d in differences]
     differ = _outputs_equal(sidecar, rerun)
     steps = (rerun.get("metrics") or {}).get("steps")
     if not differ:

@@ -130,7 +130,6 @@ def _open_locked(
     provenance = establish(
         strict=cfg.strict, threads=cfg.threads, device=cfg.device, cpu_kernels=cfg.cpu_kernels
     )
-    provenance["world_size"] = distributed.world().size  # recorded; the bytes do not depend on it
     from twinrun.model.loading import read_model_config as read_config
     from twinrun.model.tokens import load_tokenizer
 
