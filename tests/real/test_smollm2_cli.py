@@ -94,7 +94,7 @@ def test_a_model_without_tokenizer_files_is_one_line(
     model = model_copy(smollm2_dir, tmp_path / "m", tokenizer=False)
     args = ["generate", "--model", str(model), "--prompt", "hi", "--chat-template", "off",
             "--temperature", "0", "--max-new-tokens", "2", "--seed", "0", "--precision", "f32",
-            "--json"]  # fmt: skip
+            "--threads", "1", "--json"]  # fmt: skip
     assert run_cli(args) != 0
     one_line_error(capsys, "no tokenizer files in", str(model))
     out = tmp_path / "run"

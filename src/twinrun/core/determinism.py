@@ -1,7 +1,8 @@
 """Strict determinism mode (docs/determinism.md): establish, verify, and record as provenance.
 
-`establish(strict, threads, device, attention)` runs before any model or CUDA state exists. In
-strict mode it sets
+`establish(strict, threads, device, attention, cpu_kernels)` runs before any model or CUDA state
+exists. In both modes it first pins the CPU kernels (`twinrun.core.portable`: the same bytes on
+every x86-64 CPU, read back and recorded under `cpu_kernels`). In strict mode it sets
 
 - `torch.use_deterministic_algorithms(True)` (errors, not warnings, on nondeterministic ops),
 - `torch.backends.cudnn.deterministic = True` and `torch.backends.cudnn.benchmark = False`,

@@ -35,6 +35,7 @@ from twinrun.diag.recorded import (
     format_difference,
     read_sidecar,
     recorded_differences,
+    sidecars_differ_in,
 )
 
 REPRODUCED, DIVERGED, COULD_NOT_RUN = 0, 1, 2
@@ -132,7 +133,9 @@ def _outputs_equal(recorded: dict[str, Any], rerun: dict[str, Any]) -> list[str]
     return differ
 
 
-def _first_divergence(run_dir: Path, output: Path) -> list[str]:
+def _first_divergence(
+    run_dir: Path, output: Path, differences: list[RecordedDifference]
+) -> list[str]:
     from twinrun.diag.advice import advice_for
     from twinrun.diag.compare import compare, divergence_line
 
@@ -143,7 +146,9 @@ def _first_divergence(run_dir: Path, output: Path) -> list[str]:
     if result.first is None:
         return ["  diag.jsonl: every recorded leaf agrees bit for bit"]
     first = result.first
-    return [divergence_line(first), f"advice: {first.leaf}: {advice_for(first.leaf).one_line()}"]
+    advice = advice_for(first.leaf).one_line()
+    return [divergence_line(first),
+            f"advice: {first.leaf}: {sidecars_differ_in(differences, advice)}{advice}"]  # fmt: skip
 
 
 def reproduce(
@@ -180,6 +185,6 @@ def reproduce(
     lines = ["  " + d for d in differ]
     same = "recorded facts: all equal (same versions, CPU kernels, threads, device)"
     lines += ["recorded facts that differ:", *facts] if facts else [same]
-    lines += _first_divergence(run_dir, output)
+    lines += _first_divergence(run_dir, output, differences)
     return Reproduction(DIVERGED, "reproduce: DIVERGED — the re-run wrote other bytes", lines,
                         differences)  # fmt: skip

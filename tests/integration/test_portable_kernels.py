@@ -1,0 +1,95 @@
+"""The portable CPU kernels and the thread count, through the CLI: what a run records, what is
+refused (one line, nothing written), and that the kernels decide the bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.toy_runs import run_args, sha256_of, write_examples
+from twinrun.cli.main import run_cli
+
+
+def without_threads(args: list[str]) -> list[str]:
+    i = args.index("--threads")
+    return args[:i] + args[i + 2 :]
+
+
+def test_a_cpu_run_without_threads_is_refused(
+    tmp_path: Path, toy_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    examples = write_examples(tmp_path / "data")["sft"]
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert run_cli(without_threads(run_args("sft", toy_model_dir, examples, out))) == 2
+    err = capsys.readouterr().err
+    assert err == ("twinrun: error: missing required flag: --threads — every training number "
+                   "must be given (twinrun has no silent defaults)\n")  # fmt: skip
+    assert not out.exists()
+
+
+def test_a_run_records_the_portable_kernels(tmp_path: Path, toy_model_dir: Path) -> None:
+    examples = write_examples(tmp_path / "data")["sft"]
+    out = tmp_path / "run"
+    assert run_cli(run_args("sft", toy_model_dir, examples, out)) == 0
+    side = json.loads((out / "twinrun.json").read_text())
+    kernels = side["determinism"]["cpu_kernels"]
+    assert side["train"]["cpu_kernels"] == "portable" and kernels["mode"] == "portable"
+    assert kernels["aten_capability"] == "AVX2" and kernels["mkl_cbwr"] == "COMPATIBLE"
+    assert kernels["onednn"] is False and kernels["native_capability"] in ("AVX2", "AVX512")
+    assert kernels["cpu_model"] == side["determinism"]["device_name"]
+
+
+def test_threads_1_and_2_write_other_bytes_and_each_reproduces(
+    tmp_path: Path, toy_model_dir: Path
+) -> None:
+    """Why --threads is required: the count splits sums (MKL's matrix multiplies, ATen's
+    softmax backward), so it shapes the bytes; each count is its own reproducible run."""
+    examples = write_examples(tmp_path / "data")["sft"]
+    shas = {}
+    for name, threads in (("a1", "1"), ("b1", "1"), ("a2", "2"), ("b2", "2")):
+        args = run_args("sft", toy_model_dir, examples, tmp_path / name)
+        args[args.index("--threads") + 1] = threads
+        assert run_cli(args) == 0
+        shas[name] = sha256_of(tmp_path / name / "adapter_model.safetensors")
+    assert shas["a1"] == shas["b1"] and shas["a2"] == shas["b2"]
+    assert shas["a1"] != shas["a2"]
+
+
+def test_batch_invariant_on_several_threads_is_refused(
+    tmp_path: Path, toy_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    examples = write_examples(tmp_path / "data")["sft"]
+    out = tmp_path / "run"
+    args = run_args("sft", toy_model_dir, examples, out, "--batch-invariant")
+    args[args.index("--threads") + 1] = "2"
+    capsys.readouterr()
+    assert run_cli(args) == 2
+    err = capsys.readouterr().err
+    assert "--batch-invariant with --cpu-kernels portable needs --threads 1" in err
+    assert err.count("\n") == 1 and not out.exists()
+
+
+def test_kernels_that_did_not_take_are_refused_before_anything_is_written(
+    tmp_path: Path, toy_model_dir: Path
+) -> None:
+    """A conflicting ATEN_CPU_CAPABILITY in the environment: a fresh process refuses the portable
+    mode with one line (the same line torch gets when it chose its kernels too early)."""
+    examples = write_examples(tmp_path / "data")["sft"]
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")}
+    done = subprocess.run(
+        [sys.executable, "-m", "twinrun", *run_args("sft", toy_model_dir, examples, out)],
+        capture_output=True, text=True, env=env | {"ATEN_CPU_CAPABILITY": "default"},
+    )  # fmt: skip
+    assert done.returncode != 0 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(
+        "twinrun: error: portable CPU kernels did not take: torch runs DEFAULT kernels, not AVX2"
+    )
+    assert "ATEN_CPU_CAPABILITY=default" in done.stderr and "--cpu-kernels native" in done.stderr
+    assert not out.exists()
