@@ -291,7 +291,7 @@ class RunConfig:
         "docs/distributed.md).", default=False, shapes=False,
     )  # fmt: skip
     overwrite: bool = _s(
-        "bool", "--overwrite", "", "Replace a run directory twinrun wrote (anything else: refused).",
+        "bool", "--overwrite", "", "Replace a run directory twinrun wrote (refuses other files).",
         default=False, shapes=False,
     )  # fmt: skip
     quiet: bool = _s("bool", "--quiet", "", "No progress output.", default=False, shapes=False)
