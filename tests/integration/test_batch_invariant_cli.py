@@ -108,7 +108,9 @@ def step_losses(run: Path) -> list[float]:
     ("objective", "precision", "splits"),
     [
         pytest.param(
-            "sft", "bf16", ((1, 4), (2, 2), (4, 1)),
+            "sft",
+            "bf16",
+            ((1, 4), (2, 2), (4, 1)),
             marks=pytest.mark.xfail(
                 strict=True,
                 reason="known: with AVX2 kernels (every CPU under the portable mode) SFT bf16 at "
