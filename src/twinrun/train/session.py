@@ -170,7 +170,12 @@ def _open_locked(
     if cfg.init_adapter is not None:
         check_adapter_shape(model, cfg)
     params = lora_parameters(model)
-    distributed.barrier("waiting for every process to check its inputs")
+    from twinrun.train.agreement import agreement_record
+
+    # every process has the same settings and inputs (or every process stops), then rank 0 writes
+    distributed.agree(
+        "waiting for every process to check its inputs", agreement_record(cfg, inputs)
+    )
     if not cfg.resume and distributed.is_root():
         begin_output_dir(out, cfg.overwrite, inputs)  # the inputs record first: the marker
     session = Session(
