@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from twinrun.core.errors import ModelError
-from twinrun.model.loading import read_model_config, weight_files
+from twinrun.model.loading import read_model_config, shard_files
 from twinrun.model.output import ModelOutput
 
 PRECISIONS = {"f32": torch.float32, "bf16": torch.bfloat16}
@@ -334,7 +334,7 @@ def load_causal_lm(
         raise ModelError(f"unknown attention {attention!r}", "use eager or sdpa")
     root = Path(model_dir)
     config = read_model_config(root)
-    weight_files(root)  # refuses pickle-only and weightless directories with a hint
+    shard_files(root)  # refuses pickle-only, weightless and out-of-directory shards with a hint
     causal_lm_class(config, str(root / "config.json"))
     from transformers import AutoModelForCausalLM
 
