@@ -119,18 +119,12 @@ def check_resume(out: Path, inputs: dict[str, Any]) -> int:
 
 
 def newest_checkpoint_state(out: Path) -> dict[str, Any] | None:
-    """`state.json` of the newest complete checkpoint, read without touching anything (the
-    loader, unlike this, also clears the leftovers of a killed checkpoint write)."""
-    from twinrun.core.jsonlimits import RECORDS, load_json_file
-    from twinrun.train.checkpoint import CHECKPOINTS, STATE_JSON
+    """`state.json` of the newest complete checkpoint, verified and read without touching anything
+    (the loader, unlike this, also clears the leftovers of a killed checkpoint write)."""
+    from twinrun.train.checkpoint import CHECKPOINTS, STATE_JSON, read_checkpoint
 
     root = out / CHECKPOINTS
     done = sorted(p for p in root.glob("step-*") if (p / STATE_JSON).is_file())
     if not done:
         return None
-    state = load_json_file(done[-1] / STATE_JSON, "checkpoint state", RECORDS)
-    if not isinstance(state, dict) or not isinstance(state.get("steps_done"), int):
-        raise DataError(
-            f"checkpoint {done[-1]} has no steps_done", "delete it to resume from the one before"
-        )
-    return state
+    return read_checkpoint(done[-1]).state  # verified: "checkpoint step-N is corrupt" otherwise
