@@ -301,3 +301,38 @@ def test_safetensors_disk_full_is_the_disk_error_line(
     assert run_cli(["tune", "sft"]) == 2
     err = one_line(capsys)
     assert "No space left on device — free some space and rerun" in err
+
+
+@pytest.fixture(scope="module")
+def adapter_run(
+    tmp_path_factory: pytest.TempPathFactory, toy_model_dir: Path, sft_examples: Path
+) -> Path:
+    run = tmp_path_factory.mktemp("adapter") / "run"
+    assert run_cli(sft_args(toy_model_dir, sft_examples, run, 1)) == 0
+    return run
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [lambda p: truncate(p), lambda p: flip_byte(p, 9), huge_header],
+    ids=["truncated", "bit-flipped-header", "huge-header"],
+)
+def test_damaged_adapter_is_one_line(
+    tmp_path: Path,
+    adapter_run: Path,
+    toy_model_dir: Path,
+    sft_examples: Path,
+    capsys: pytest.CaptureFixture[str],
+    damage: object,
+) -> None:
+    from tests.integration.test_evaluate_generate_cli import eval_args
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(adapter_run, adapter)
+    damage(adapter / "adapter_model.safetensors")  # type: ignore[operator]
+    before = snapshot(tmp_path)
+    out = tmp_path / "report.json"
+    assert run_cli(eval_args(toy_model_dir, sft_examples, out, 4, "--adapter", str(adapter))) == 2
+    err = one_line(capsys)
+    assert "adapter_model.safetensors is not a readable safetensors file (adapter weights" in err
+    assert not out.exists() and snapshot(tmp_path) == before
