@@ -336,3 +336,57 @@ def test_damaged_adapter_is_one_line(
     err = one_line(capsys)
     assert "adapter_model.safetensors is not a readable safetensors file (adapter weights" in err
     assert not out.exists() and snapshot(tmp_path) == before
+
+
+def integer_dtype_in_header(path: Path) -> None:
+    """Relabel the first F32 tensor as I32: the same size, so only the dtype is wrong."""
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    path.write_bytes(data[:8] + data[8 : 8 + n].replace(b'"F32"', b'"I32"', 1) + data[8 + n :])
+
+
+def test_integer_base_weights_are_refused(
+    tmp_path: Path, toy_model_dir: Path, sft_examples: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = copy_model(toy_model_dir, tmp_path / "model")
+    integer_dtype_in_header(model / "model.safetensors")
+    before = snapshot(tmp_path)
+    assert run_cli(sft_args(model, sft_examples, tmp_path / "run", 1)) == 2
+    err = one_line(capsys)
+    assert "model.safetensors: model weights" in err and "is I32, not floating point" in err
+    assert {k: v for k, v in snapshot(tmp_path).items() if not k.startswith("run")} == before
+
+
+def _nan_adapter(path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    next(iter(tensors.values())).view(-1)[0] = float("nan")
+    save_file(tensors, str(path))
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [(integer_dtype_in_header, "is not finite floating point (torch.int32)"),
+     (_nan_adapter, "is not finite floating point (torch.float32)")],
+    ids=["integer", "nan"],
+)  # fmt: skip
+def test_adapter_with_bad_values_is_one_line(
+    tmp_path: Path,
+    adapter_run: Path,
+    toy_model_dir: Path,
+    sft_examples: Path,
+    capsys: pytest.CaptureFixture[str],
+    damage: object,
+    expected: str,
+) -> None:
+    from tests.integration.test_evaluate_generate_cli import eval_args
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(adapter_run, adapter)
+    damage(adapter / "adapter_model.safetensors")  # type: ignore[operator]
+    before = snapshot(tmp_path)
+    out = tmp_path / "report.json"
+    assert run_cli(eval_args(toy_model_dir, sft_examples, out, 4, "--adapter", str(adapter))) == 2
+    assert expected in one_line(capsys)
+    assert not out.exists() and snapshot(tmp_path) == before

@@ -55,3 +55,30 @@ def test_disk_errors_inside_safetensors_errors_are_os_errors(message: str, code:
     assert isinstance(mapped, OSError) and mapped.errno == code
     assert mapped.filename == "/out/x.safetensors"
     assert disk_error(SafetensorError("HeaderTooLarge"), "p") is None
+
+
+def test_a_full_disk_under_save_file_is_the_os_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import safetensors.torch
+
+    from twinrun.core.safetensors_io import save_tensors_file
+
+    def full(*_args: object, **_kwargs: object) -> None:
+        raise SafetensorError(
+            'Error while serializing: IoError(Os { message: "No space left on device" })'
+        )
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    with pytest.raises(OSError) as info:
+        save_tensors_file({"w": torch.zeros(2)}, tmp_path / "x.safetensors", None)
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(
+        tmp_path / "x.safetensors"
+    )
+
+
+def test_integer_weights_fail_the_header_check(tmp_path: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    save_file({"layer.weight": torch.zeros(2, dtype=torch.int32)}, str(path))
+    with pytest.raises(ModelError, match="layer.weight is I32, not floating point"):
+        check_header(path, "model weights", "re-save it", ModelError)

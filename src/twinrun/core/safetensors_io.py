@@ -51,18 +51,26 @@ def read_tensors(
         raise _bad(str(path), what, exc, hint, error) from exc
 
 
+FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"})
+WEIGHT_SUFFIXES = (".weight", ".bias")
+
+
 def check_header(
     path: str | os.PathLike[str], what: str, hint: str, error: type[TwinrunError] = DataError
 ) -> None:
     """Open `path` as safetensors (its header parsed and checked against the file's size)
-    without reading the tensors; `error(...)` as `read_tensors` raises it."""
+    without reading the tensors; `error(...)` as `read_tensors` raises it. A `.weight` or
+    `.bias` tensor must be floating point: transformers would cast an integer one silently."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="pt") as fh:
-            fh.keys()
+            dtypes = {name: fh.get_slice(name).get_dtype() for name in fh.keys()}
     except Exception as exc:
         raise _bad(str(path), what, exc, hint, error) from exc
+    for name, dtype in sorted(dtypes.items()):
+        if name.endswith(WEIGHT_SUFFIXES) and dtype not in FLOAT_DTYPES:
+            raise error(f"{path}: {what} {name} is {dtype}, not floating point", hint)
 
 
 def read_tensors_bytes(

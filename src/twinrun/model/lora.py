@@ -361,6 +361,12 @@ def load_adapter(model: ModuleTree, adapter_dir: str | os.PathLike[str]) -> dict
                     f"{path}: {name} has shape {tuple(t.shape)}, expected {tuple(p.shape)}",
                     "was the adapter trained on this base model?",
                 )
+            if not t.is_floating_point() or not bool(torch.isfinite(t).all()):
+                _unwrap(model, wrapped)
+                raise ModelError(
+                    f"{path}: {name} is not finite floating point ({t.dtype})",
+                    "the adapter file is damaged: write it again",
+                )
             p.copy_(t.to(p.dtype))
     for p in params.values():
         p.requires_grad_(True)
