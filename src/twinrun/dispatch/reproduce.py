@@ -22,6 +22,7 @@ it ran in (`determinism`, `runtime`). Reproducing is:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,9 @@ def _missing_input(cfg: RunConfig) -> str | None:
 
 def _moved_input(cfg: RunConfig, sidecar: dict[str, Any]) -> str | None:
     """The model directory's or examples file's digest against the sidecar's."""
-    checks = [("model directory", cfg.model, "model", model_sha256)]
+    checks: list[tuple[str, str | None, str, Callable[[str], str]]] = [
+        ("model directory", cfg.model, "model", model_sha256)
+    ]
     if cfg.examples is not None:
         checks.append(("examples file", cfg.examples, "data", sha256_file))
     for what, path, section, digest in checks:
