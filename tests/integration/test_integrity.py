@@ -390,3 +390,38 @@ def test_adapter_with_bad_values_is_one_line(
     assert run_cli(eval_args(toy_model_dir, sft_examples, out, 4, "--adapter", str(adapter))) == 2
     assert expected in one_line(capsys)
     assert not out.exists() and snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("head", "expected"),
+    [("truncated", "reward_head.safetensors is not a readable safetensors file (reward head"),
+     ("two rows", "not a reward head (no finite [1, hidden] score.weight)"),
+     ("nan", "not a reward head (no finite [1, hidden] score.weight)")],
+)  # fmt: skip
+def test_damaged_reward_head_is_one_line(
+    tmp_path: Path,
+    adapter_run: Path,
+    toy_model_dir: Path,
+    sft_examples: Path,
+    capsys: pytest.CaptureFixture[str],
+    head: str,
+    expected: str,
+) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from tests.integration.test_evaluate_generate_cli import eval_args
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(adapter_run, adapter)
+    weight = torch.zeros(2 if head == "two rows" else 1, 64)
+    weight[0, 0] = float("nan") if head == "nan" else 0.0
+    path = adapter / "reward_head.safetensors"
+    save_file({"score.weight": weight}, str(path))
+    if head == "truncated":
+        truncate(path)
+    before = snapshot(tmp_path)
+    out = tmp_path / "report.json"
+    assert run_cli(eval_args(toy_model_dir, sft_examples, out, 4, "--adapter", str(adapter))) == 2
+    assert expected in one_line(capsys)
+    assert not out.exists() and snapshot(tmp_path) == before
