@@ -64,6 +64,14 @@ CASES = [
          ("LoRA target modules not found in the model: ['nope_proj']",)),
     Case("row without completion", sft(examples="bad.jsonl"),
          ("a row needs 'prompt' and 'completion', or 'messages' — found fields: prompt",)),
+    Case("shard outside the model", sft(model="sharded"),
+         ("model.safetensors.index.json names a shard outside",)),
+    Case("damaged weights", sft(model="damaged"),
+         ("model.safetensors is not a readable safetensors file (model weights",
+          "re-download or re-save the checkpoint")),
+    Case("lock without a pid", sft(output="locked"),
+         ("holds '99999999999\\n', not a process id",
+          "it was not written by twinrun: remove it if no twinrun process is writing that output")),
     Case("no adapter", sft("--init-adapter", "nope"), ("adapter directory nope does not exist",)),
     Case("cuBLAS setting", sft(),
          ("CUBLAS_WORKSPACE_CONFIG=':1:1' is not a deterministic cuBLAS workspace setting — set "
@@ -94,7 +102,7 @@ def bad_inputs(repo_like: Path, toy_model_dir: Path) -> Path:
             '"runs/examples/source"', '"out"'
         )
     )
-    for name in ("noconfig", "noweights", "pickled", "vit"):
+    for name in ("noconfig", "noweights", "pickled", "vit", "sharded", "damaged"):
         shutil.copytree(toy_model_dir, name)
     Path("noconfig/config.json").unlink()
     Path("noweights/model.safetensors").unlink()
@@ -102,6 +110,12 @@ def bad_inputs(repo_like: Path, toy_model_dir: Path) -> Path:
     Path("pickled/pytorch_model.bin").write_bytes(b"not unpickled\n")
     config = json.loads(Path("vit/config.json").read_text())
     Path("vit/config.json").write_text(json.dumps(config | {"model_type": "vit"}))
+    Path("sharded/model.safetensors").rename("outside.safetensors")
+    index = {"weight_map": {"model.embed_tokens.weight": "../outside.safetensors"}}
+    Path("sharded/model.safetensors.index.json").write_text(json.dumps(index))
+    weights = Path("damaged/model.safetensors")
+    weights.write_bytes(weights.read_bytes()[:100])
+    Path(".locked.twinrun-lock").write_text("99999999999\n")
     Path("mine").mkdir()  # someone's directory with a name twinrun writes in it
     Path("mine/metrics.jsonl").write_text('{"step": 0}\n')
     Path("mine/notes.txt").write_text("mine\n")

@@ -53,10 +53,10 @@ def snapshot(root: Path) -> dict[str, bytes | str]:
 
 def same_as_fresh(run: Path, fresh: Path) -> None:
     """The same entries, and the same bytes wherever a run's bytes are pinned (the sidecar,
-    metrics and checkpoint state.json hold wall-clock times; the metrics' other fields are
-    compared)."""
+    metrics and checkpoint state.json hold wall-clock times — and so does checksums.json, the
+    SHA256 of state.json; the metrics' other fields are compared)."""
     assert sorted(snapshot(run)) == sorted(snapshot(fresh))
-    timed = ("twinrun.json", "metrics.jsonl", "state.json")
+    timed = ("twinrun.json", "metrics.jsonl", "state.json", "checksums.json")
     for rel, data in snapshot(fresh).items():
         if Path(rel).name not in timed and data != "dir":
             assert (run / rel).read_bytes() == data, rel

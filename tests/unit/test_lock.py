@@ -109,3 +109,28 @@ def test_two_training_runs_on_one_output(tmp_path: Path, toy_model_dir: Path) ->
     rows = (out / "diag.jsonl").read_text().splitlines()
     assert [json.loads(r)["step"] for r in rows] == [0, 1]
     assert not lock_path(out).exists()
+
+
+@pytest.mark.parametrize(
+    "content", [b"99999999999\n", b"4194305\n", b"0\n", b"-5\n", b"abc\n", b"12\x00\n", b""]
+)
+def test_a_lock_that_does_not_hold_a_pid_is_one_line_and_left_alone(
+    tmp_path: Path, content: bytes
+) -> None:
+    out = tmp_path / "run"
+    lock = lock_path(out)
+    lock.write_bytes(content)
+    with pytest.raises(OutputError, match="not a process id") as info:
+        with output_lock(out):
+            pass
+    assert "\n" not in info.value.one_line()
+    assert lock.read_bytes() == content and not out.exists()
+
+
+def test_a_stale_lock_with_a_valid_pid_is_taken_over(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    lock_path(out).write_text(proc.stdout)  # that process has exited
+    with output_lock(out) as lock:
+        assert lock.read_text() == f"{os.getpid()}\n"

@@ -24,8 +24,9 @@ from pathlib import Path
 
 from twinrun.capture.digests import logical_sha256
 from twinrun.capture.payload import Decoded, decode
-from twinrun.core.digest import sha256_dir, sha256_file
+from twinrun.core.digest import sha256_file
 from twinrun.core.errors import DataError
+from twinrun.model.loading import model_sha256
 
 READ_CHUNK = 64 << 20  # bytes per read call (a bound on one syscall, not a buffer size)
 
@@ -104,7 +105,7 @@ class Hashes:
     def __init__(self, files: list[Path], dirs: list[Path]) -> None:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinrun-hash")
         self.jobs = {p: self.pool.submit(sha256_file, p) for p in files if p.is_file()}
-        self.jobs |= {d: self.pool.submit(sha256_dir, d) for d in dirs if d.is_dir()}
+        self.jobs |= {d: self.pool.submit(model_sha256, d) for d in dirs if d.is_dir()}
 
     def file(self, path: Path) -> str:
         job = self.jobs.get(path)
@@ -112,7 +113,7 @@ class Hashes:
 
     def dir(self, path: Path) -> str:
         job = self.jobs.get(path)
-        return job.result() if job is not None else sha256_dir(path)
+        return job.result() if job is not None else model_sha256(path)
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -70,15 +70,14 @@ def load_optimizer_state(
     where: str,
 ) -> None:
     """Put a saved AdamW state into a fresh optimizer over the same parameters."""
-    from safetensors.torch import load
-
     from twinrun.capture.payload import unpack_meta
+    from twinrun.core.safetensors_io import read_tensors_bytes
 
     meta: dict[str, Any] = unpack_meta(data)
     names = [name for name, _ in params]
     if meta.get("format") != OPTIMIZER_FORMAT or meta.get("params") != names:
         raise DataError(f"{where}: not an AdamW state for these parameters", "re-capture")
-    tensors = load(data)
+    tensors = read_tensors_bytes(data, where, "AdamW state", "re-capture")
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         index, _, name = key.partition(".")

@@ -87,11 +87,12 @@ def os_error_line(exc: OSError) -> str:
     """An OS error that escaped a command: what failed, on which path."""
     where = exc.filename if exc.filename is not None else "an output or input path"
     reason = exc.strerror or type(exc).__name__
-    hint = (
-        "free some space and rerun"
-        if exc.errno == errno.ENOSPC
-        else "check that the path exists, is the right kind and is readable/writable"
-    )
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = "free some space and rerun"
+    elif exc.errno == errno.EROFS:
+        hint = "the file system is read-only: write to a writable one"
+    else:
+        hint = "check that the path exists, is the right kind and is readable/writable"
     return f"twinrun: error: {where}: {reason} — {hint}"
 
 
@@ -131,6 +132,12 @@ def run_cli(args: list[str] | None = None) -> int:
     except Exception as exc:  # a bug, not a user error: still one line unless debugging
         if debug_enabled():
             raise
+        from twinrun.core.safetensors_io import disk_error
+
+        disk = disk_error(exc, "an output path")  # e.g. safetensors' own "No space left"
+        if disk is not None and not isinstance(exc, OSError):
+            say(os_error_line(disk))
+            return 2
         say(
             f"twinrun: internal error: {type(exc).__name__}: {exc} — "
             "rerun with TWINRUN_DEBUG=1 for the traceback and report it"

@@ -5,12 +5,18 @@ non-empty and survives `--overwrite` emptying it), created atomically with O_CRE
 holding the owner's PID. It is removed on release and at interpreter exit. A lock whose PID is no
 longer alive (a killed run) is stale and is taken over; so is one this process left behind (a
 command that failed mid-run inside a longer-lived process, such as a test or a notebook).
+
+A lock must hold a process id as twinrun writes it (decimal digits, 1 to PID_MAX, a newline). An
+empty lock is one being written this instant: it is read again for a moment before anything is
+decided. Anything else (text, a number no process can have) was not written by twinrun, and the
+lock is left alone with a one-line error rather than guessed about.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +24,7 @@ from pathlib import Path
 from twinrun.core.errors import OutputError
 from twinrun.core.paths import output_path
 
+PID_MAX = 1 << 22  # the largest pid_max Linux allows
 _HELD: dict[Path, list[Path]] = {}  # lock file -> directories made for it, deepest first
 
 
@@ -38,12 +45,26 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _owner(lock: Path) -> int | None:
-    try:
-        text = lock.read_text(encoding="ascii", errors="replace").strip()
-    except FileNotFoundError:
-        return None
-    return int(text) if text.isdigit() and len(text) < 12 else 0
+def _owner(lock: Path, wait_s: float = 1.0) -> int | None:
+    """The PID a lock holds; None when it is gone. OutputError when it holds anything but a PID
+    (after waiting up to `wait_s` for an empty one — its creator writes it right after)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            raw = lock.read_bytes()[:64]
+        except FileNotFoundError:
+            return None
+        if raw or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    text = raw.decode("ascii", errors="replace")
+    digits = text.removesuffix("\n")
+    if digits.isascii() and digits.isdigit() and len(digits) <= 8 and 1 <= int(digits) <= PID_MAX:
+        return int(digits)
+    raise OutputError(
+        f"the lock {lock} holds {text[:20]!r}, not a process id",
+        "it was not written by twinrun: remove it if no twinrun process is writing that output",
+    )
 
 
 def _try_create(lock: Path) -> bool:
@@ -106,7 +127,11 @@ def release(lock: Path) -> None:
     if lock not in _HELD:
         return
     made = _HELD.pop(lock)
-    if _owner(lock) == os.getpid():
+    try:
+        mine = _owner(lock, wait_s=0) == os.getpid()
+    except OutputError:
+        mine = False  # replaced by something that is not ours: leave it
+    if mine:
         try:
             lock.unlink()
         except FileNotFoundError:

@@ -22,12 +22,13 @@ it ran in (`determinism`, `runtime`). Reproducing is:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import RunConfig
-from twinrun.core.digest import sha256_dir, sha256_file
+from twinrun.core.digest import sha256_file
 from twinrun.core.errors import DataError, TwinrunError
 from twinrun.core.redact import REDACTED
 from twinrun.diag.recorded import (
@@ -37,6 +38,7 @@ from twinrun.diag.recorded import (
     recorded_differences,
     sidecars_differ_in,
 )
+from twinrun.model.loading import model_sha256
 
 REPRODUCED, DIVERGED, COULD_NOT_RUN = 0, 1, 2
 INPUTS_RECORD = "twinrun.inputs.json"
@@ -94,7 +96,9 @@ def _missing_input(cfg: RunConfig) -> str | None:
 
 def _moved_input(cfg: RunConfig, sidecar: dict[str, Any]) -> str | None:
     """The model directory's or examples file's digest against the sidecar's."""
-    checks = [("model directory", cfg.model, "model", sha256_dir)]
+    checks: list[tuple[str, str | None, str, Callable[[str], str]]] = [
+        ("model directory", cfg.model, "model", model_sha256)
+    ]
     if cfg.examples is not None:
         checks.append(("examples file", cfg.examples, "data", sha256_file))
     for what, path, section, digest in checks:

@@ -157,8 +157,7 @@ def inference_items(
     root: Path, model: Path, adapter: Path, examples: Path, device: str
 ) -> dict[str, Any]:
     """evaluate and extraction with the sft adapter."""
-    from safetensors.torch import load_file
-
+    from twinrun.core.safetensors_io import read_tensors
     from twinrun.infer.evaluate import EvalConfig, run_evaluate
     from twinrun.infer.extract import ExtractConfig, run_extract
 
@@ -185,7 +184,12 @@ def inference_items(
             quiet=True,
         )  # fmt: skip
     )
-    floats = [float(x) for x in load_file(str(hidden))["hidden"].reshape(-1).tolist()]
+    floats = [
+        float(x)
+        for x in read_tensors(hidden, "hidden states", "rerun the suite")["hidden"]
+        .reshape(-1)
+        .tolist()
+    ]
     return {
         "evaluate.loss": report["loss"],
         "evaluate.tokens": report["tokens"],

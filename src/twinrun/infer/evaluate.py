@@ -199,15 +199,16 @@ def write_report(
     cfg: EvalConfig, report: dict[str, Any], model_dir: Path, provenance: dict[str, Any]
 ) -> dict[str, Any]:
     from twinrun.core.determinism import runtime_versions
-    from twinrun.core.digest import sha256_dir, sha256_file
+    from twinrun.core.digest import sha256_file
     from twinrun.core.fileio import atomic_write_json
+    from twinrun.model.loading import model_sha256
 
     report = report | {
         "precision": cfg.precision,
         "chat_template": cfg.chat_template,
         "batch_size": cfg.batch_size,
         "batch_invariant": cfg.batch_invariant,
-        "model_sha256": sha256_dir(model_dir),
+        "model_sha256": model_sha256(model_dir),
         "adapter_sha256": (
             sha256_file(Path(cfg.adapter) / "adapter_model.safetensors") if cfg.adapter else None
         ),

@@ -228,9 +228,10 @@ def write_outputs(
     """OUT.safetensors (metadata at its top level, keys sorted: the same bytes every run) and the
     OUT.json sidecar, atomically."""
     from twinrun.core.determinism import runtime_versions
-    from twinrun.core.digest import sha256_dir, sha256_file
+    from twinrun.core.digest import sha256_file
     from twinrun.core.fileio import atomic_write_json, atomic_write_with
     from twinrun.core.safetensors_bytes import stable_save_file
+    from twinrun.model.loading import model_sha256
 
     adapter_sha = (
         sha256_file(Path(cfg.adapter) / "adapter_model.safetensors") if cfg.adapter else None
@@ -246,7 +247,7 @@ def write_outputs(
         "examples": count,
         "hidden_size": model.hidden_size,
         "num_layers": model.num_layers,
-        "model_sha256": sha256_dir(model_dir),
+        "model_sha256": model_sha256(model_dir),
         "data_sha256": sha256_file(str(cfg.examples)),
         "adapter_sha256": adapter_sha,
     }

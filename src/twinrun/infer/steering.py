@@ -46,7 +46,12 @@ def read_steering(path: str | Path) -> SteeringArtifact:
             keys = list(fh.keys())
             vector = fh.get_tensor(STEERING_KEY) if STEERING_KEY in keys else None
     except Exception as exc:  # safetensors raises its own error types
-        raise DataError(f"{p}: not a safetensors file ({exc})", "re-create it") from exc
+        from twinrun.core.safetensors_io import reason
+
+        raise DataError(
+            f"{p} is not a readable safetensors file (steering vector: {reason(exc)})",
+            "write it again with twinrun extract --steering",
+        ) from exc
     if metadata.get("format") != STEERING_FORMAT or vector is None:
         raise DataError(
             f"{p}: not a twinrun steering artifact (format {metadata.get('format')!r}, "

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from twinrun.core.errors import ModelError
-from twinrun.model.loading import read_model_config, weight_files
+from twinrun.model.loading import read_model_config, shard_files
 from twinrun.model.output import ModelOutput
 
 PRECISIONS = {"f32": torch.float32, "bf16": torch.bfloat16}
@@ -334,8 +334,15 @@ def load_causal_lm(
         raise ModelError(f"unknown attention {attention!r}", "use eager or sdpa")
     root = Path(model_dir)
     config = read_model_config(root)
-    weight_files(root)  # refuses pickle-only and weightless directories with a hint
+    from twinrun.core.safetensors_io import check_header
+
+    for shard in shard_files(root):  # refuses pickle-only, weightless, out-of-directory shards
+        if shard.suffix == ".safetensors":  # a truncated or damaged file: one line naming it
+            check_header(
+                shard, "model weights", "re-download or re-save the checkpoint", ModelError
+            )
     causal_lm_class(config, str(root / "config.json"))
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -351,7 +358,7 @@ def load_causal_lm(
                 output_loading_info=True,
             )
         hf, info = loaded
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(
             f"cannot load {root} with transformers: {first}",

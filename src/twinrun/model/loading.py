@@ -4,6 +4,13 @@
 unreadable, or has no `model_type`); `weight_files(dir)` lists its *.safetensors (ModelError when
 there are none, with a conversion hint when only pickle files are there). Whether transformers
 knows the architecture as a causal LM is checked when the model is built (`model.build`).
+
+`model_files(dir)` is exactly what building the model and its tokenizer reads — config.json,
+generation_config.json, the tokenizer files, and the weights: `model.safetensors`, or the index
+and every shard it names (an index naming a file outside the directory is refused). Hidden files,
+READMEs and anything else the loader never opens are not in it. `model_sha256(dir)` hashes those
+files framed by their path relative to the directory, so a byte-identical copy elsewhere has the
+same digest, and swapping any file the loader reads changes it.
 """
 
 from __future__ import annotations
@@ -74,3 +81,71 @@ def weight_files(model_dir: str | os.PathLike[str]) -> list[Path]:
             f"no safetensors weights in {root}", "save the checkpoint with save_pretrained"
         )
     return files
+
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+# what transformers reads besides the weights (AutoConfig, GenerationConfig, AutoTokenizer)
+CONFIG_FILES = ("config.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab*", "merges.txt",
+    "*.model", "chat_template*", "preprocessor_config.json",
+)  # fmt: skip
+
+
+def tokenizer_files(model_dir: str | os.PathLike[str]) -> list[Path]:
+    """The tokenizer files AutoTokenizer may read from the directory (sorted, no hidden files)."""
+    root = Path(model_dir)
+    found = {p for pat in TOKENIZER_FILES for p in root.glob(pat)}
+    return sorted(p for p in found if p.is_file() and not p.name.startswith("."))
+
+
+def shard_files(model_dir: str | os.PathLike[str]) -> list[Path]:
+    """The weight files from_pretrained loads: the index and every shard it names, or
+    model.safetensors. ModelError for an index that is unreadable or names a file outside the
+    directory (or one that is missing)."""
+    root = Path(model_dir)
+    index = root / INDEX
+    if not index.is_file():
+        single = root / SINGLE
+        return [single] if single.is_file() else weight_files(root)
+    from twinrun.core.errors import DataError
+    from twinrun.core.jsonlimits import load_json_file
+
+    hint = "re-save the checkpoint with save_pretrained so its shards sit in the directory"
+    try:
+        body = load_json_file(index, "weights index")
+    except DataError as exc:
+        raise ModelError(f"cannot read {exc.message}", hint) from None
+    weight_map = body.get("weight_map") if isinstance(body, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ModelError(f"{index}: no weight_map", hint)
+    shards: set[Path] = set()
+    for name in sorted({str(v) for v in weight_map.values()}):
+        rel = Path(name)
+        if rel.is_absolute() or ".." in rel.parts or rel.name.startswith(".") or not rel.parts:
+            raise ModelError(f"{index} names a shard outside {root}: {name!r}", hint)
+        if not (root / rel).is_file():
+            raise ModelError(f"{index} names a shard that is missing: {root / rel}", hint)
+        shards.add(root / rel)
+    return [index, *sorted(shards)]
+
+
+def model_files(model_dir: str | os.PathLike[str]) -> list[Path]:
+    """Every file loading the model and its tokenizer reads (sorted)."""
+    root = Path(model_dir)
+    configs = [root / n for n in CONFIG_FILES if (root / n).is_file()]
+    return sorted({*configs, *tokenizer_files(root), *shard_files(root)})
+
+
+def model_sha256(model_dir: str | os.PathLike[str]) -> str:
+    """One digest over exactly the files the loader reads (see `model_files`)."""
+    from twinrun.core.digest import sha256_files
+
+    root = Path(model_dir)
+    if not root.is_dir():
+        raise ModelError(
+            f"model directory {root} does not exist",
+            "point --model at a local Hugging Face checkpoint (or run `twinrun toy-model`)",
+        )
+    return sha256_files(model_files(root), root)

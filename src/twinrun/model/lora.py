@@ -329,16 +329,15 @@ def read_adapter_config(adapter_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 def load_adapter(model: ModuleTree, adapter_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Wrap the model's target modules and load the saved LoRA weights; returns the config."""
-    from safetensors.torch import load_file
+    from twinrun.core.safetensors_io import read_tensors
 
     cfg = read_adapter_config(adapter_dir)
     path = Path(adapter_dir) / ADAPTER_WEIGHTS
     if not path.is_file():
         raise ModelError(f"no {ADAPTER_WEIGHTS} in {adapter_dir}", "the adapter is incomplete")
-    try:
-        saved = load_file(str(path), device="cpu")
-    except Exception as exc:  # safetensors raises its own error types
-        raise ModelError(f"cannot read {path}: {exc}", "the adapter file may be corrupt") from exc
+    saved = read_tensors(
+        path, "adapter weights", "the adapter file is damaged: write it again", ModelError
+    )
     wrapped = _wrap(
         model,
         cfg["r"],
@@ -363,6 +362,12 @@ def load_adapter(model: ModuleTree, adapter_dir: str | os.PathLike[str]) -> dict
                 raise ModelError(
                     f"{path}: {name} has shape {tuple(t.shape)}, expected {tuple(p.shape)}",
                     "was the adapter trained on this base model?",
+                )
+            if not t.is_floating_point() or not bool(torch.isfinite(t).all()):
+                _unwrap(model, wrapped)
+                raise ModelError(
+                    f"{path}: {name} is not finite floating point ({t.dtype})",
+                    "the adapter file is damaged: write it again",
                 )
             p.copy_(t.to(p.dtype))
     for p in params.values():

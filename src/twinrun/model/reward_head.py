@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from twinrun.core.errors import ModelError
 from twinrun.core.fileio import atomic_write_with
 from twinrun.core.rng import stream, torch_tensor
+from twinrun.core.safetensors_io import read_tensors, save_tensors_file
 from twinrun.objectives.reward import pool_last
 
 HEAD_FILE = "reward_head.safetensors"
@@ -47,7 +47,8 @@ def scores(
 def save_reward_head(head: torch.nn.Linear, out_dir: str | Path) -> None:
     weight = {HEAD_KEY: head.weight.detach().float().cpu().contiguous()}
     atomic_write_with(
-        Path(out_dir) / HEAD_FILE, lambda tmp: save_file(weight, tmp, metadata={"format": "pt"})
+        Path(out_dir) / HEAD_FILE,
+        lambda tmp: save_tensors_file(weight, tmp, metadata={"format": "pt"}),
     )
 
 
@@ -56,12 +57,17 @@ def load_reward_head(adapter_dir: str | Path) -> torch.nn.Linear | None:
     path = Path(adapter_dir) / HEAD_FILE
     if not path.is_file():
         return None
-    try:
-        weight = load_file(str(path))[HEAD_KEY]
-    except Exception as exc:
-        raise ModelError(
-            f"{path}: not a reward head ({exc})", "re-create it with twinrun tune reward"
-        ) from exc
+    hint = "re-create it with twinrun tune reward"
+    tensors = read_tensors(path, "reward head", hint, ModelError)
+    weight = tensors.get(HEAD_KEY)
+    if (
+        weight is None
+        or weight.ndim != 2
+        or weight.shape[0] != 1
+        or not weight.is_floating_point()
+        or not bool(torch.isfinite(weight).all())
+    ):
+        raise ModelError(f"{path}: not a reward head (no finite [1, hidden] {HEAD_KEY})", hint)
     head = torch.nn.Linear(weight.shape[1], 1, bias=False)
     with torch.no_grad():
         head.weight.copy_(weight)

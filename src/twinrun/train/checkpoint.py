@@ -3,7 +3,9 @@
 `--checkpoint-every N` writes `checkpoints/step-<K:06d>/` after every N-th optimizer step (K = steps
 done): `state.safetensors` (every trainable parameter and the AdamW moments and step counts) and
 `state.json` (steps done, metrics rows so far, the shaping numbers the run was started with, the
-torch generator state, objective state such as the prioritized-replay buffer). The directory is
+torch generator state, objective state such as the prioritized-replay buffer), and
+`checksums.json` (the SHA256 of both, checked with everything else a resume trusts before it
+trusts it: `train.checkpoint_check`). The directory is
 built under a temporary name, every file fsynced, then renamed into place and the parent
 fsynced: a checkpoint appears whole or not at all, and a kill mid-write leaves only a `.tmp-`
 directory that resume ignores (and removes).
@@ -25,12 +27,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from twinrun.core.determinism import runtime_versions
-from twinrun.core.errors import ConfigError, DataError
+from twinrun.core.errors import ConfigError
 from twinrun.core.fileio import fsync_dir
+from twinrun.core.safetensors_io import save_tensors_file
 from twinrun.train.adamw import AdamW
+from twinrun.train.checkpoint_check import (
+    CHECKSUMS,
+    check_restorable,
+    read_verified,
+    write_checksums,
+)
 from twinrun.train.distributed import is_root
 
 CHECKPOINTS = "checkpoints"
@@ -77,18 +85,20 @@ def write_checkpoint(
             for key, value in s.items():
                 tensors[f"optim.{i}.{key}"] = value.detach().cpu().contiguous().reshape(-1)
         tensors["rng.torch_cpu"] = torch.get_rng_state() if rng_state is None else rng_state
-        save_file(tensors, str(tmp / STATE_TENSORS), metadata={"format": FORMAT})
+        save_tensors_file(tensors, tmp / STATE_TENSORS, metadata={"format": FORMAT})
         _crash_point("checkpoint-mid-write", steps_done)
         body = {
             "format": FORMAT,
             "steps_done": steps_done,
             "param_groups": opt["param_groups"],
             "optim_keys": {str(i): sorted(s) for i, s in opt["state"].items()},
+            "param_names": [name for name, _ in params],
             "runtime": runtime_versions(),
             **state,
         }
         (tmp / STATE_JSON).write_text(json.dumps(body) + "\n")
-        for name in (STATE_TENSORS, STATE_JSON):
+        write_checksums(tmp)
+        for name in (STATE_TENSORS, STATE_JSON, CHECKSUMS):
             with open(tmp / name, "rb") as fh:
                 os.fsync(fh.fileno())
         fsync_dir(tmp)
@@ -110,7 +120,8 @@ def _crash_point(name: str, steps_done: int) -> None:
 
 
 def newest_checkpoint(out: Path) -> Checkpoint | None:
-    """The newest complete checkpoint; temporary leftovers of a killed write are removed."""
+    """The newest complete checkpoint, verified (`checkpoint_check`: DataError "checkpoint
+    step-N is corrupt" otherwise); temporary leftovers of a killed write are removed."""
     root = out / CHECKPOINTS
     if not root.is_dir():
         return None
@@ -119,16 +130,13 @@ def newest_checkpoint(out: Path) -> Checkpoint | None:
     done = sorted(p for p in root.glob("step-*") if (p / STATE_JSON).is_file())
     if not done:
         return None
-    path = done[-1]
-    try:
-        state = json.loads((path / STATE_JSON).read_text())
-        tensors = load_file(str(path / STATE_TENSORS))
-    except (OSError, ValueError) as exc:
-        raise DataError(
-            f"checkpoint {path} is unreadable ({exc})", "delete it to resume from the one before"
-        ) from exc
-    if state.get("format") != FORMAT:
-        raise DataError(f"checkpoint {path} has format {state.get('format')!r}, not {FORMAT}")
+    return read_checkpoint(done[-1])
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    """Checkpoint `path`, every file checked against its checksums and the state validated;
+    touches nothing."""
+    state, tensors = read_verified(path, FORMAT, STATE_TENSORS, STATE_JSON)
     return Checkpoint(path, int(state["steps_done"]), state, tensors)
 
 
@@ -160,7 +168,9 @@ def restore(
     params: list[tuple[str, torch.nn.Parameter]],
     optimizer: AdamW,
 ) -> None:
-    """Put parameters, AdamW state and the torch generator back exactly as they were."""
+    """Put parameters, AdamW state and the torch generator back exactly as they were (checked
+    against the model's parameters before anything is changed)."""
+    check_restorable(ckpt.path, ckpt.state, ckpt.tensors, params)
     with torch.no_grad():
         for name, p in params:
             p.copy_(ckpt.tensors[f"param.{name}"])

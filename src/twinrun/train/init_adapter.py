@@ -61,7 +61,8 @@ def init_adapter(
 
 
 def _write(path: Path, base: Any, model: str, seed: int, rank: int, alpha: float) -> None:
-    from twinrun.core.digest import sha256_dir, sha256_file
+    from twinrun.core.digest import sha256_file
+    from twinrun.model.loading import model_sha256
     from twinrun.model.lora import save_adapter
 
     save_adapter(base, path, base_model_path=str(model), rank=rank, alpha=alpha)
@@ -73,7 +74,7 @@ def _write(path: Path, base: Any, model: str, seed: int, rank: int, alpha: float
             "seed": seed,
             "lora_rank": rank,
             "lora_alpha": alpha,
-            "model_sha256": sha256_dir(model),
+            "model_sha256": model_sha256(model),
             "adapter_sha256": sha256_file(path / "adapter_model.safetensors"),
         },
     )

@@ -41,9 +41,10 @@ def run_layout() -> Layout:
     from twinrun.capture import manifest as mf
     from twinrun.capture.source import FINAL, FINAL_FILES, RESOLVED
     from twinrun.train.checkpoint import CHECKPOINTS, STATE_JSON, STATE_TENSORS
+    from twinrun.train.checkpoint_check import CHECKSUMS
 
     adapter = _files(*FINAL_FILES)  # adapter weights and config, the reward head
-    checkpoint = _files(STATE_TENSORS, STATE_JSON)
+    checkpoint = _files(STATE_TENSORS, STATE_JSON, CHECKSUMS)
     step = r"\d{6,}"
     capture = re.escape(mf.stem(0).removesuffix("000000")) + step  # optimizer_batch_step_K
     return {

@@ -2,7 +2,8 @@
 
 A run writes `twinrun.inputs.json` into its output directory as soon as the directory exists:
 every shaping number (the sidecar's `train` section) and the SHA256 of everything else that
-shapes the bytes — the model directory, its tokenizer files, the examples file and the initial
+shapes the bytes — the files the model loader reads (`model.loading.model_files`), its tokenizer
+files, the examples file and the initial
 adapter. `--resume` recomputes all of them and refuses, before any file is touched, when one
 differs. A run that was killed before its first checkpoint has nothing to continue from: resume
 starts it again from step 0 in the same directory (its partial logs are cleared).
@@ -16,14 +17,12 @@ from typing import Any
 from twinrun.config.run import RunConfig, shaping_numbers, valid
 from twinrun.core.digest import sha256_dir, sha256_files
 from twinrun.core.errors import ConfigError, DataError
+from twinrun.model.loading import model_sha256, tokenizer_files
 from twinrun.train.outputs import INPUTS, INPUTS_FORMAT
 from twinrun.train.outputs import SIDECAR as FINISHED
 
 # flags that may differ on resume: they cannot change a byte of the result
 MAY_DIFFER = frozenset({"resume", "quiet", "overwrite", "prefetch", "checkpoint_every"})
-TOKENIZER_FILES = (
-    "tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "*.model", "chat_template*",
-)  # fmt: skip
 RESOLVED_FROM_MODEL = frozenset({"lora_targets", "max_length"})
 DIGESTS = (
     "model_sha256", "tokenizer_sha256", "data_sha256", "eval_sha256", "init_adapter_sha256",
@@ -36,11 +35,11 @@ def run_inputs(
     """What shapes the run's bytes, as recorded and as compared on resume (`data_sha256`: the
     examples file's or the text corpus's; `eval_sha256`: the evaluation examples')."""
     model = Path(valid(cfg).model)
-    tok_files = sorted({p for pat in TOKENIZER_FILES for p in model.glob(pat) if p.is_file()})
+    tok_files = tokenizer_files(model)
     return {
         "format": INPUTS_FORMAT,
         "train": shaping_numbers(cfg),
-        "model_sha256": sha256_dir(model),
+        "model_sha256": model_sha256(model),
         "tokenizer_sha256": sha256_files(tok_files, model) if tok_files else None,
         "data_sha256": data_sha256,
         "eval_sha256": eval_sha256,
@@ -120,18 +119,12 @@ def check_resume(out: Path, inputs: dict[str, Any]) -> int:
 
 
 def newest_checkpoint_state(out: Path) -> dict[str, Any] | None:
-    """`state.json` of the newest complete checkpoint, read without touching anything (the
-    loader, unlike this, also clears the leftovers of a killed checkpoint write)."""
-    from twinrun.core.jsonlimits import RECORDS, load_json_file
-    from twinrun.train.checkpoint import CHECKPOINTS, STATE_JSON
+    """`state.json` of the newest complete checkpoint, verified and read without touching anything
+    (the loader, unlike this, also clears the leftovers of a killed checkpoint write)."""
+    from twinrun.train.checkpoint import CHECKPOINTS, STATE_JSON, read_checkpoint
 
     root = out / CHECKPOINTS
     done = sorted(p for p in root.glob("step-*") if (p / STATE_JSON).is_file())
     if not done:
         return None
-    state = load_json_file(done[-1] / STATE_JSON, "checkpoint state", RECORDS)
-    if not isinstance(state, dict) or not isinstance(state.get("steps_done"), int):
-        raise DataError(
-            f"checkpoint {done[-1]} has no steps_done", "delete it to resume from the one before"
-        )
-    return state
+    return read_checkpoint(done[-1]).state  # verified: "checkpoint step-N is corrupt" otherwise
