@@ -10,8 +10,10 @@ these are removed (from a parsed copy, whose key order is kept) before comparing
 - each `metrics.jsonl` row, and the copy of those rows in a checkpoint's `state.json`
   (`metrics`): the wall times in WALL_TIMES and `peak_memory_bytes`, the process's peak memory
   (docs/determinism.md, docs/capture.md);
-- `twinrun.json`: `metrics.wall_s`.
-Every other file, and every other field of those three, must be equal exactly.
+- `twinrun.json`: `metrics.wall_s`;
+- a checkpoint's `checksums.json`: the SHA256 of its `state.json` (which holds those times; the
+  other files' digests stay).
+Every other file, and every other field of those four, must be equal exactly.
 
 Reruns in one process share its string hash seed (set order), so the last test runs extract,
 steering, init-adapter and tune in two fresh processes with different PYTHONHASHSEED values.
@@ -60,6 +62,10 @@ def comparable(name: str, data: bytes) -> bytes:
         body = json.loads(data)
         body["metrics"] = _measured_removed(body["metrics"])
         return json.dumps(body).encode()
+    if base == "checksums.json" and "/checkpoints/" in f"/{name}":
+        listing = json.loads(data)
+        listing["sha256"].pop("state.json")
+        return json.dumps(listing).encode()
     return data
 
 
@@ -130,7 +136,8 @@ def test_tune_sft_with_diag_trace_and_checkpoints(tmp_path: Path, toy_model_dir:
     examples = write_examples(tmp_path / "data")["sft"]
     extra = ("--diag", "--trace-step", "1", "--checkpoint-every", "1")
     files = rerun(tmp_path, lambda run: run_args("sft", toy_model_dir, examples, run / "a", *extra))
-    ckpt = {f"checkpoints/step-000001/state.{e}" for e in ("json", "safetensors")}
+    ckpt = {f"checkpoints/step-000001/{n}" for n in ("state.json", "state.safetensors",
+                                                      "checksums.json")}  # fmt: skip
     assert set(files) == {f"a/{n}" for n in (*ADAPTER, *RUN, "diag.jsonl", "trace.jsonl", *ckpt)}
 
 
@@ -212,4 +219,4 @@ def test_fresh_processes_with_other_hash_seeds(tmp_path: Path, toy_model_dir: Pa
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
     first = assert_same(written(tmp_path / "first"), written(tmp_path / "second"))
-    assert len(first) == 15, sorted(first)  # 2 + 2 extract, 3 init-adapter, 8 tune
+    assert len(first) == 16, sorted(first)  # 2 + 2 extract, 3 init-adapter, 9 tune

@@ -20,13 +20,13 @@ METADATA = "__metadata__"
 
 
 def stable_save_file(
-    tensors: Mapping[str, Any], filename: str, metadata: Mapping[str, str]
+    tensors: Mapping[str, Any], filename: str, metadata: Mapping[str, str] | None
 ) -> None:
     """`safetensors.torch.save_file(tensors, filename, metadata)` with the metadata keys in
     sorted order."""
     from safetensors.torch import save
 
-    data = memoryview(save(dict(tensors), metadata=dict(metadata)))
+    data = memoryview(save(dict(tensors), metadata=dict(metadata) if metadata else None))
     header, start = sorted_header(data)
     with open(filename, "wb") as fh:
         fh.write(header)

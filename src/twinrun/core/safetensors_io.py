@@ -99,11 +99,12 @@ def disk_error(exc: BaseException, path: str | os.PathLike[str]) -> OSError | No
 def save_tensors_file(
     tensors: Mapping[str, Any], path: str | os.PathLike[str], metadata: Mapping[str, str] | None
 ) -> None:
-    """`safetensors.torch.save_file`, with a full or read-only disk raised as that OSError."""
-    from safetensors.torch import save_file
+    """`safetensors.torch.save_file` with the metadata keys in sorted order (the same bytes on a
+    rerun: `core/safetensors_bytes.py`), a full or read-only disk raised as that OSError."""
+    from twinrun.core.safetensors_bytes import stable_save_file
 
     try:
-        save_file(dict(tensors), str(Path(path)), metadata=dict(metadata) if metadata else None)
+        stable_save_file(tensors, str(Path(path)), metadata)
     except Exception as exc:
         mapped = disk_error(exc, path)
         if mapped is None or mapped is exc:

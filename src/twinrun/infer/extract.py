@@ -230,7 +230,7 @@ def write_outputs(
     from twinrun.core.determinism import runtime_versions
     from twinrun.core.digest import sha256_file
     from twinrun.core.fileio import atomic_write_json, atomic_write_with
-    from twinrun.core.safetensors_bytes import stable_save_file
+    from twinrun.core.safetensors_io import save_tensors_file
     from twinrun.model.loading import model_sha256
 
     adapter_sha = (
@@ -254,7 +254,7 @@ def write_outputs(
     strings = {k: "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
                for k, v in meta.items()}  # fmt: skip
     contiguous = {k: v.contiguous() for k, v in tensors.items()}
-    atomic_write_with(cfg.out_path, lambda tmp: stable_save_file(contiguous, tmp, strings))
+    atomic_write_with(cfg.out_path, lambda tmp: save_tensors_file(contiguous, tmp, strings))
     record = meta | {
         "tensors": {k: list(v.shape) for k, v in tensors.items()},
         "output": cfg.out_path.name,
