@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from twinrun.core import reading
 from twinrun.core.errors import ModelError
 from twinrun.model.output import ModuleTree
 from twinrun.model.targets import ALL_LINEAR, DEFAULT_TARGETS, default_targets
@@ -294,8 +295,10 @@ def read_adapter_config(adapter_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if not path.is_file():
         raise ModelError(f"no {ADAPTER_CONFIG} in {root}", hint)
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        cfg = json.loads(reading.read_text(path, "adapter config", 16 << 20, ModelError, hint))
+    except ModelError:
+        raise
+    except (OSError, ValueError, RecursionError) as exc:
         raise ModelError(f"cannot read {path}: {exc}", hint) from exc
     if not isinstance(cfg, dict) or cfg.get("peft_type") != "LORA":
         raise ModelError(f"{path}: not a LoRA adapter config (peft_type != LORA)", hint)
