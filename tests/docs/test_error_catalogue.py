@@ -79,6 +79,9 @@ CASES = [
          ("--overwrite refused:", ", which twinrun did not write")),
     Case("output is a symlink", sft("--overwrite", output="linked"),
          ("is a symbolic link",)),
+    Case("hostile chat template", sft(model="badtemplate"),
+         ("built a value of more than 4194304 characters — fix the chat template, or use "
+          "--chat-template off",)),
     Case("config is a FIFO", ["run", "fifo.toml"],
          ("config file fifo.toml is a FIFO, not a file — check the path",)),
     Case("examples from a device", sft(examples="/dev/zero"),
@@ -105,8 +108,9 @@ def bad_inputs(repo_like: Path, toy_model_dir: Path) -> Path:
             '"runs/examples/source"', '"out"'
         )
     )
-    for name in ("noconfig", "noweights", "pickled", "vit"):
+    for name in ("noconfig", "noweights", "pickled", "vit", "badtemplate"):
         shutil.copytree(toy_model_dir, name)
+    Path("badtemplate/chat_template.jinja").write_text("{{ 'x' * 3000000000 }}")
     Path("noconfig/config.json").unlink()
     Path("noweights/model.safetensors").unlink()
     Path("pickled/model.safetensors").unlink()

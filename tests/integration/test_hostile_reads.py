@@ -284,3 +284,34 @@ def test_a_config_of_100k_unknown_keys_is_linear(tmp_path: Path) -> None:
                 assert "more unknown keys" in exc.message or len(text) < 5000
     """, big=1_200_000)  # fmt: skip
     assert r < MAX_PER_BYTE_RATIO, r
+
+
+# -- chat templates ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("template", "says"),
+    [
+        ("{{ 'x' * 3000000000 }}", "built a value of more than 4194304 characters"),
+        ("{% include 'secret.txt' %}", "includes another template (secret.txt)"),
+    ],
+)
+def test_a_hostile_chat_template_is_one_line_and_writes_nothing(
+    tmp_path: Path, toy_model_dir: Path, sft_examples: Path, template: str, says: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    import shutil
+
+    from tests.integration.conftest import sft_args
+
+    model = tmp_path / "model"
+    shutil.copytree(toy_model_dir, model)
+    (model / "chat_template.jinja").write_text(template)
+    before = tree(tmp_path)
+    code, line = in_process(sft_args(model, sft_examples, tmp_path / "out", 1), capsys)
+    assert code == 2
+    assert line == (
+        f"twinrun: error: the chat template of {model} {says} — fix the chat template, or use "
+        "--chat-template off"
+    )
+    assert tree(tmp_path) == before

@@ -30,6 +30,7 @@ from typing import Any
 
 from twinrun.core import reading
 from twinrun.core.errors import ModelError
+from twinrun.model.chat_template import check_render
 
 # Any one of these makes a directory a tokenizer AutoTokenizer can load.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
@@ -96,9 +97,21 @@ class CheckpointTokenizer:
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return str(self.hf.decode(list(ids), skip_special_tokens=skip_special))
 
+    def _check_template(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> None:
+        """The template rendered once within bounds of time and size (model/chat_template.py)."""
+        self.require_chat_template()
+        variables = {
+            **self.hf.special_tokens_map,
+            "messages": [dict(m) for m in messages],
+            "tools": None,
+            "documents": None,
+            "add_generation_prompt": add_generation_prompt,
+        }
+        check_render(str(self.chat_template), variables, self.source)
+
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         """The chat template rendered to text (what `apply_chat_template(tokenize=False)` gives)."""
-        self.require_chat_template()
+        self._check_template(messages, add_generation_prompt)
         return str(
             self.hf.apply_chat_template(
                 messages, add_generation_prompt=add_generation_prompt, tokenize=False
@@ -106,7 +119,7 @@ class CheckpointTokenizer:
         )
 
     def _chat_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
-        self.require_chat_template()
+        self._check_template(messages, add_generation_prompt)
         ids = self.hf.apply_chat_template(
             messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
         )
