@@ -13,10 +13,10 @@ config, DataError for data, ModelError for a model's files).
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 from collections.abc import Iterator
-from typing import BinaryIO
 
 from twinrun.core.errors import DataError, TwinrunError
 
@@ -54,7 +54,7 @@ def open_regular(
     error: type[TwinrunError] = DataError,
     hint: str = "check the path",
     missing: str | None = None,
-) -> BinaryIO:
+) -> io.BufferedReader:
     """`path` opened for binary reading, refused unless it is an existing regular file.
 
     `missing` is the message for a path that does not exist ("{what} not found: {path}")."""
