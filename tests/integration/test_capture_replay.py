@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from tests.capture_helpers import (
     write_toml,
 )
 from twinrun.cli.main import run_cli
+from twinrun.replay.identity import RUN_IDENTITY
 
 SKIPPED = ("dataset", "environment", "rollout", "sampling")
 
@@ -197,11 +199,17 @@ def test_capture_steps_inside_a_longer_run(
     capsys.readouterr()
     assert run_cli(["evidence", str(cap.out), str(tmp_path / "rep"), "--require", "B"]) == 0
     capsys.readouterr()
-    # gate A refuses a single replay (no spread), and the same replay given twice
+    # gate A refuses a single replay (no spread), the same replay given twice, a replay copied
+    # under another name (its run id is the original's) and one without a run id
     rep = str(tmp_path / "rep")
+    shutil.copytree(rep, tmp_path / "rep-copy")
+    shutil.copytree(rep, tmp_path / "rep-no-id")
+    (tmp_path / "rep-no-id" / RUN_IDENTITY).unlink()
     for given, detail in (
         ([rep], "same: 1 replay (at least 2 fresh replays needed: twinrun evidence --repeat"),
         ([rep, rep], f"a replay directory is given more than once: {tmp_path.resolve() / 'rep'}"),
+        ([rep, str(tmp_path / "rep-copy")], f"{tmp_path / 'rep-copy'} is a copy of {rep} "),
+        ([rep, str(tmp_path / "rep-no-id")], f"{tmp_path / 'rep-no-id'} has no run identity"),
     ):
         rc = run_cli(["evidence", str(cap.out), *given, "--require", "A", "--json"])
         report = json.loads(capsys.readouterr().out)

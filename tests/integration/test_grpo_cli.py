@@ -286,3 +286,56 @@ def test_completion_depends_on_its_block_only(toy_model_dir: Path, arith: Path) 
     alone = by_example(sampled_rollouts(one, state, 2, [5]))  # type: ignore[arg-type]
     among = by_example(sampled_rollouts(one, state, 2, [1, 5, 0, 7]))  # type: ignore[arg-type]
     assert alone[5] == among[5]
+
+
+@pytest.mark.parametrize("env", ["os:system", "subprocess:getoutput"])
+def test_a_shell_command_as_environment_never_runs(
+    tmp_path: Path,
+    toy_model_dir: Path,
+    arith: Path,
+    capsys: pytest.CaptureFixture[str],
+    env: str,
+) -> None:
+    """`--env os:system --env-arg 'command=touch F'`: refused (standard library) by tune and by
+    explain (which never imports a plugin) — F is never made, nothing is written."""
+    from tests.capture_helpers import grpo_source, write_toml
+
+    marker = tmp_path / "F"
+    command = f"command=touch {marker}"
+    args = grpo_args(toy_model_dir, arith, tmp_path / "o", 1, "--env", env, "--env-arg", command)
+    assert run_cli(args) == 2
+    err = capsys.readouterr().err
+    assert "standard library" in err and len(err.strip().splitlines()) == 1
+    assert str(marker) not in err
+    doc = grpo_source(toy_model_dir, arith, env, None, tmp_path / "toml-out")
+    doc["environment"]["args"] = {"command": f"touch {marker}"}
+    cfg = write_toml(tmp_path / "grpo.toml", doc)
+    assert run_cli(["explain", str(cfg)]) == 1
+    assert "standard library" in capsys.readouterr().out
+    assert run_cli(["run", str(cfg)]) == 2
+    assert not marker.exists()
+    assert not (tmp_path / "o").exists() and not (tmp_path / "toml-out").exists()
+
+
+def test_explain_locates_a_plugin_without_importing_it(
+    tmp_path: Path, toy_model_dir: Path, arith: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    from tests.capture_helpers import grpo_source, write_toml
+
+    marker = tmp_path / "imported"
+    (tmp_path / "twinrun_test_loud_env.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n" + PLUGIN
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        doc = grpo_source(toy_model_dir, arith, "twinrun_test_loud_env:make", None, tmp_path / "o")
+        cfg = write_toml(tmp_path / "grpo.toml", doc)
+        run_cli(["explain", str(cfg), "--json"])
+        report = json.loads(capsys.readouterr().out)
+        inputs = next(c for c in report["checks"] if c["name"] == "inputs")
+        assert inputs["status"] == "pass", inputs
+        assert not marker.exists()
+    finally:
+        sys.path.remove(str(tmp_path))

@@ -3,6 +3,7 @@ the gradient byte packing, the timeout setting and the device of a process."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,30 @@ def test_shard_base_is_a_clear_error_and_writes_nothing(
         "--shard-base out; the base is replicated on each process (docs/distributed.md)"
     ]
     assert not out.exists()
+
+
+def test_disagreement_names_the_first_rank_and_its_settings() -> None:
+    same = {"seed": 1, "diag": True, "model sha256": "ab" * 32}
+    assert distributed.disagreement([same, dict(same), dict(same)]) is None
+    line = distributed.disagreement([same, same, same | {"seed": 2}, same | {"diag": False}])
+    assert line == (
+        "rank 2 of 4 was started with other settings or inputs than rank 0: "
+        "seed (rank 2: 2, rank 0: 1)"
+    )
+    only_there = distributed.disagreement([same, same | {"eval sha256": "cd" * 32}])
+    assert only_there is not None
+    assert "eval sha256 (rank 1: cdcdcdcdcdcdcdcdcdcdc..., rank 0: (not set))" in only_there
+    distributed.agree("no group", {"seed": 1})  # one process: nothing to agree with
+
+
+def test_agreement_record_leaves_paths_out_and_hides_env_arg_values() -> None:
+    from twinrun.config.run import RunConfig, shaping_numbers
+    from twinrun.train.agreement import agreement_record
+
+    def record(**kw: object) -> dict:
+        cfg = RunConfig(objective="grpo", seed=1, env="m:f", device="cuda:1", **kw)  # type: ignore[arg-type]
+        return agreement_record(cfg, {"train": shaping_numbers(cfg), "model_sha256": "x"})
+
+    a, b = record(env_args={"key": "SECRET"}), record(env_args={"key": "OTHER"})
+    assert a["device"] == "cuda" and a["model sha256"] == "x" and "model" not in a
+    assert a["env_args"] != b["env_args"] and "SECRET" not in json.dumps(a)

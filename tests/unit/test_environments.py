@@ -136,6 +136,13 @@ def nan_reward(**kwargs):
     return E()
 
 
+def echoes(api_key, label="x"):
+    raise ValueError(f"bad key {api_key!r} for {label}")
+
+
+from os import getcwd as imported_elsewhere  # a callable the module did not define
+from functools import partial
+partial_factory = partial(make, "42")
 NOT_CALLABLE = 3
 """
 
@@ -147,6 +154,10 @@ def plugin_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (pkg / "__init__.py").write_text("")
     (pkg / "envs.py").write_text(textwrap.dedent(PLUGIN))
     (pkg / "broken.py").write_text("import definitely_not_a_module_xyz\n")
+    (pkg / "loud").mkdir()  # a package whose __init__ leaves a mark when it runs
+    (pkg / "loud" / "__init__.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    (pkg / "loud" / "envs.py").write_text("")
+    (pkg / "reexport.py").write_text("from os import system\nfrom subprocess import Popen\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     return "twinrun_test_plugins"
 
@@ -165,13 +176,16 @@ def test_plugin_end_to_end(plugin_module: str) -> None:
 @pytest.mark.parametrize(
     ("target", "args", "pattern"),
     [
-        ("envs_missing:make", {}, "cannot import module"),
+        ("envs_missing:make", {}, "cannot find module"),
         ("broken:make", {}, "cannot import module .*ModuleNotFoundError"),
         ("envs:nope", {}, "has no attribute 'nope'"),
         ("envs:NOT_CALLABLE", {}, "not callable"),
         ("envs:raises", {}, "factory raised RuntimeError: factory exploded second line"),
         ("envs:make", {}, "factory raised TypeError"),  # missing required `target`
         ("envs:no_methods", {}, "no callable prompt or reward"),
+        ("envs:imported_elsewhere", {}, "not a Python function or class"),
+        ("envs:partial_factory", {}, "is a partial, not a Python function or class"),
+        ("envs:Env.prompt", {}, "module.path:factory"),
     ],
 )
 def test_plugin_errors(plugin_module: str, target: str, args: dict, pattern: str) -> None:
@@ -187,6 +201,50 @@ def test_plugin_args_not_echoed(plugin_module: str) -> None:
     with pytest.raises(EnvironmentPluginError) as info:
         make_environment(f"{plugin_module}.envs:raises", {"api_key": "sk-SECRET"})
     assert "sk-SECRET" not in info.value.one_line()
+
+
+def test_plugin_error_line_hides_argument_values(plugin_module: str) -> None:
+    """A factory whose exception repeats an argument's value: the line keeps the key names'
+    places but not the value (nor a URL's credentials)."""
+    name = f"{plugin_module}.envs:echoes"
+    args = {"api_key": "sk-SECRET-123", "label": "https://u:PW@h/m"}
+    with pytest.raises(EnvironmentPluginError, match="factory raised ValueError") as info:
+        make_environment(name, args)
+    line = info.value.one_line()
+    assert "sk-SECRET-123" not in line and "PW" not in line and "<redacted>" in line
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["os:system", "subprocess:getoutput", "os.path:join", "builtins:exec", "sys:exit"],
+)
+def test_standard_library_is_refused_before_import(target: str) -> None:
+    with pytest.raises(EnvironmentPluginError, match="standard library") as info:
+        make_environment(target, {"command": "touch F"})
+    assert "touch F" not in info.value.one_line()
+
+
+def test_a_callable_imported_into_the_module_is_refused(plugin_module: str) -> None:
+    for factory, pattern in (("system", "not a Python function"), ("Popen", "is defined in")):
+        with pytest.raises(EnvironmentPluginError, match=pattern):
+            make_environment(f"{plugin_module}.reexport:{factory}", {"args": "touch F"})
+    assert not (Path.cwd() / "F").exists()
+
+
+def test_plugin_spec_locates_without_importing(plugin_module: str, tmp_path: Path) -> None:
+    """explain's check: the module is found, its package's __init__ never runs."""
+    from twinrun.rl.environments import check_plugin_name, plugin_spec
+
+    assert plugin_spec(f"{plugin_module}.loud.envs") is not None
+    assert check_plugin_name(f"{plugin_module}.loud.envs:make", {}) == (
+        f"{plugin_module}.loud.envs",
+        "make",
+    )
+    assert plugin_spec(f"{plugin_module}.loud.missing") is None
+    assert plugin_spec(f"{plugin_module}.envs.sub") is None  # a module has no submodules
+    with pytest.raises(EnvironmentPluginError, match="cannot find module"):
+        check_plugin_name(f"{plugin_module}.nowhere:make", {})
+    assert not (tmp_path / "ran").exists()
 
 
 @pytest.mark.parametrize(

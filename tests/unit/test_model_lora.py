@@ -15,6 +15,7 @@ from twinrun.core.rng import stream
 from twinrun.model.build import CausalLM, load_causal_lm
 from twinrun.model.lora import (
     LoRALinear,
+    adapter_config,
     apply_lora,
     load_adapter,
     lora_disabled,
@@ -98,6 +99,16 @@ def test_save_format_and_bytes(base: CausalLM, tmp_path: Path, toy_model_dir: Pa
     assert cfg["peft_type"] == "LORA" and cfg["task_type"] == "CAUSAL_LM"
     assert (cfg["r"], cfg["lora_alpha"], cfg["target_modules"]) == (4, 16, ["q_proj", "v_proj"])
     assert cfg["base_model_name_or_path"] == str(toy_model_dir)
+
+
+def test_adapter_config_keeps_no_credentials(base: CausalLM, tmp_path: Path) -> None:
+    """The base model's path is redacted as the sidecar's is: no userinfo, no secret query."""
+    cfg = adapter_config("https://u:SECRET@h/m?token=SECRET2&rev=main", 4, 8.0, ["q_proj"])
+    assert cfg["base_model_name_or_path"] == "https://<redacted>@h/m?token=<redacted>&rev=main"
+    apply_lora(base, 4, 8.0, seed=0, targets=("q_proj",))
+    save_adapter(base, tmp_path / "a", "https://u:SECRET@h/m")
+    text = (tmp_path / "a/adapter_config.json").read_text()
+    assert "SECRET" not in text and "https://<redacted>@h/m" in text
     with pytest.raises(ModelError, match="differ"):
         save_adapter(base, tmp_path / "c", "x", rank=8)
 

@@ -9,6 +9,8 @@ import errno
 import importlib
 import os
 import sys
+import warnings
+from typing import Any
 
 import click
 
@@ -68,6 +70,19 @@ def say(line: str) -> None:
     click.echo(one, err=True)
 
 
+def show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    """A warning a command raises, as one redacted line (not Python's two: where, and the
+    source line)."""
+    say(f"twinrun: warning: {message} ({category.__name__})")
+
+
 def os_error_line(exc: OSError) -> str:
     """An OS error that escaped a command: what failed, on which path."""
     where = exc.filename if exc.filename is not None else "an output or input path"
@@ -88,7 +103,9 @@ def run_cli(args: list[str] | None = None) -> int:
         nul = next((i for i, a in enumerate(args or []) if "\0" in a), None)
         if nul is not None:  # only in-process: an OS command line cannot hold one
             raise ConfigError(f"argument {nul + 1} contains a NUL byte", "remove it")
-        rv = cli.main(args=args, prog_name="twinrun", standalone_mode=False)
+        with warnings.catch_warnings():
+            warnings.showwarning = show_warning
+            rv = cli.main(args=args, prog_name="twinrun", standalone_mode=False)
     except TwinrunError as exc:
         if debug_enabled():
             raise

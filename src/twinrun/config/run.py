@@ -163,7 +163,9 @@ class RunConfig:
         objectives=GRPO, default=4, low=1,
     )  # fmt: skip
     env: str | None = _s(
-        "str", "--env", "environment.name", "arithmetic | clock | module.path:factory.",
+        "str", "--env", "environment.name",
+        "arithmetic | clock | module.path:factory — a plugin is code of your own module, run "
+        "with your rights (not the standard library; explain never imports it).",
         required=True, objectives=GRPO,
     )  # fmt: skip
     env_args: dict[str, Any] | None = _s(

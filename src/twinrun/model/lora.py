@@ -27,6 +27,7 @@ from torch import nn
 
 from twinrun.core import reading
 from twinrun.core.errors import ModelError
+from twinrun.core.redact import redact_string
 from twinrun.model.output import ModuleTree
 from twinrun.model.targets import ALL_LINEAR, DEFAULT_TARGETS, default_targets
 
@@ -205,11 +206,12 @@ def _int_if_integral(x: float) -> int | float:
 def adapter_config(
     base_model_path: str, rank: int, alpha: float, targets: Iterable[str]
 ) -> dict[str, Any]:
-    """A PEFT LoraConfig dict (inference mode) for these LoRA settings."""
+    """A PEFT LoraConfig dict (inference mode) for these LoRA settings. The base model's path is
+    redacted as the sidecar's is (`https://user:pass@host/m` keeps no credentials)."""
     return {
         "alpha_pattern": {},
         "auto_mapping": None,
-        "base_model_name_or_path": base_model_path,
+        "base_model_name_or_path": redact_string(base_model_path),
         "bias": "none",
         "exclude_modules": None,
         "fan_in_fan_out": False,

@@ -7,7 +7,10 @@
   environment, rollout and sampling; each replay's loss is the source's, bit for bit; every final
   adapter differs from the initial one; and every condition was replayed at least twice, each
   replay a fresh run in its own directory (`MIN_REPLAYS`), so a timing is a spread, never one
-  run. Timings are reported as min/median/max per condition with their spread (max - min, and
+  run. A replay is fresh when its run identity (`twinrun.run-id.json`: a random run id written
+  when it started, `replay/identity.py`) differs from every other replay's: a directory copied
+  under a new name has its original's id and is refused by name, as is one without an id.
+  Timings are reported as min/median/max per condition with their spread (max - min, and
   relative to the median), and the source's captured row carries the same timing and memory
   fields, reported beside them.
 - **Gate B — bitwise update claim**: the source and every same-condition replay (no declared
@@ -32,6 +35,7 @@ from typing import Any
 from twinrun.capture import manifest as mf
 from twinrun.core.digest import sha256_file
 from twinrun.core.errors import DataError
+from twinrun.replay.identity import RUN_IDENTITY, read_identity
 from twinrun.train.hooks.capture import SKIPPED
 
 TIMINGS = (
@@ -57,6 +61,7 @@ class RunRecord:
     row: dict[str, Any]
     resolved: dict[str, Any]
     final_dir: Path
+    identity: dict[str, Any] | None = None
 
     def get(self, key: str) -> Any:
         return self.row.get(key)
@@ -123,7 +128,16 @@ def load_runs(source: Path, replays: list[Path]) -> tuple[RunRecord, list[RunRec
         rows = _rows(path)
         if len(rows) != 1 or not rows[0].get("optimizer_batch/dataset_skipped"):
             raise EvidenceInputError(f"{path} is not a replay run (one metrics row expected)")
-        recs.append(RunRecord(f"replay{i + 1}", path, rows[0], _resolved(path), path / "final"))
+        recs.append(
+            RunRecord(
+                f"replay{i + 1}",
+                path,
+                rows[0],
+                _resolved(path),
+                path / "final",
+                read_identity(path),
+            )
+        )
     manifests = {r.get("optimizer_batch/manifest_sha256") for r in recs}
     if len(manifests) != 1:
         raise EvidenceInputError(
@@ -173,8 +187,11 @@ def fresh_replays(reps: list[RunRecord]) -> dict[str, Any]:
             med = statistics.median(walls)
             rel = f" ({(max(walls) - min(walls)) / med:.1%} of the median)" if med else ""
             spread.append(f"{cond}: wall spread {max(walls) - min(walls):.6g} s{rel}")
+    copies = not_fresh(reps) if not repeated else []
     if repeated:
         detail = f"a replay directory is given more than once: {', '.join(repeated)}"
+    elif copies:
+        detail = "; ".join(copies)
     elif few:
         detail = "; ".join(
             f"{c}: {n} replay (at least {MIN_REPLAYS} fresh replays needed: "
@@ -183,7 +200,26 @@ def fresh_replays(reps: list[RunRecord]) -> dict[str, Any]:
         )
     else:
         detail = "; ".join([", ".join(f"{c}: {n} replays" for c, n in counts.items()), *spread])
-    return _criterion("repeated fresh replays", not repeated and not few, detail)
+    return _criterion("repeated fresh replays", not repeated and not copies and not few, detail)
+
+
+def not_fresh(reps: list[RunRecord]) -> list[str]:
+    """Each replay that is not a fresh run of its own: no run identity, or the run id of a replay
+    before it (a copied directory)."""
+    problems: list[str] = []
+    first: dict[str, RunRecord] = {}
+    for r in reps:
+        run_id = r.identity["run_id"] if r.identity else None
+        if run_id is None:
+            problems.append(f"{r.path} has no run identity ({RUN_IDENTITY}): not a fresh replay")
+        elif run_id in first:
+            problems.append(
+                f"{r.path} is a copy of {first[run_id].path} (the same run id {run_id[:12]}), "
+                "not a fresh replay"
+            )
+        else:
+            first[run_id] = r
+    return problems
 
 
 def gate_a(src: RunRecord, reps: list[RunRecord]) -> list[dict[str, Any]]:

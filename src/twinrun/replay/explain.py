@@ -4,6 +4,9 @@ For a replay config these are the seven ordered checks of `capture/checks.py`, e
 result and, for a digest, `Expected sha256 … Got …`; a check whose inputs are not trusted
 (after an earlier failure) is shown as skipped. For a source config: the config itself and the
 capture preconditions (initialization state, one step, no checkpoints, one device).
+
+explain builds nothing and runs no user code: a GRPO plugin environment is located, never
+imported (`rl/environments.py`, rules 1 and 2).
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def explain_config(path: str | Path) -> dict[str, Any]:
 def run_preflight(run: Any) -> Check:
     """What `twinrun run` checks before it builds a model, by the same functions: the config's
     numbers, the output location, the model's config.json and tokenizer, every examples row
-    (and, for GRPO, against its environment), the initial adapter."""
+    (and, for GRPO, against a built-in environment), the initial adapter."""
     from twinrun.config.run import validate
     from twinrun.data.examples import load_rows
     from twinrun.model.loading import read_model_config
@@ -81,10 +84,7 @@ def run_preflight(run: Any) -> Check:
         read_model_config(cfg.model)
         rows = load_rows(cfg.examples)
         if run.trainer == "grpo":
-            from twinrun.rl.environments import make_environment, validated_rows
-
-            env = make_environment(cfg.env or "", cfg.env_args or {})
-            validated_rows(env, cfg.env or "", rows, cfg.seed)
+            check_environment(cfg.env or "", cfg.env_args or {}, rows, cfg.seed)
         if cfg.init_adapter is not None:
             from twinrun.capture.state import read_trainer_state
 
@@ -92,6 +92,23 @@ def run_preflight(run: Any) -> Check:
     except TwinrunError as exc:
         return Check("inputs", "fail", exc.one_line())
     return Check("inputs", "pass", f"model, {len(rows)} examples rows, output")
+
+
+def check_environment(name: str, args: dict[str, Any], rows: list[Any], seed: int) -> None:
+    """A built-in environment scores every row; a plugin is only located (`check_plugin_name`:
+    its form, not the standard library, its module found) — explain never imports a plugin, so
+    none of its code runs."""
+    from twinrun.rl.environments import (
+        BUILTIN_ENVIRONMENTS,
+        check_plugin_name,
+        make_environment,
+        validated_rows,
+    )
+
+    if name in BUILTIN_ENVIRONMENTS or ":" not in name:
+        validated_rows(make_environment(name, args), name, rows, seed)
+    else:
+        check_plugin_name(name, args)
 
 
 def render(report: dict[str, Any]) -> str:

@@ -9,9 +9,10 @@ never opens the examples file, never builds the environment and never samples. I
 digests come from hooks (nothing is patched).
 
 It writes `twinrun.inputs.json` (first: the manifest and batch it verified, which mark the
-directory as twinrun's), `final/` (the adapter after the update), `metrics.jsonl` (one row, in
-the replay vocabulary of docs/capture.md), `resolved_config.json` (redacted) and `twinrun.json`
-(last).
+directory as twinrun's), `twinrun.run-id.json` (this replay's own random run id, start time
+and PID: `replay/identity.py`), `final/` (the adapter after the update), `metrics.jsonl` (one
+row, in the replay vocabulary of docs/capture.md), `resolved_config.json` (redacted) and
+`twinrun.json` (last).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from twinrun.core.digest import sha256_file
 from twinrun.core.errors import ContractError
 from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.core.rng import float_bits, restore_torch_rng
+from twinrun.replay.identity import write_identity
 from twinrun.train.hooks.capture import SKIPPED
 from twinrun.train.hooks.timing import TimingHook, peak_memory
 from twinrun.train.loop import Hook, Loop, StepContext, StepForwards, make_optimizer
@@ -128,6 +130,7 @@ def replay(run: TomlRun) -> dict[str, Any]:
     check_schedule(v)
     out = Path(valid(cfg).output)
     begin_output_dir(out, False, replay_inputs(v))
+    write_identity(out)  # this replay's own run id: what tells it from a copy
     row = replay_step(v, built, optimizer, out)
     final_sha = save_final(out / FINAL, built.model, built.head, cfg)
     row |= replay_metrics(v, row, final_sha, built.model)

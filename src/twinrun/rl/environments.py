@@ -13,10 +13,24 @@ Built in:
 - `clock`: `arithmetic` with a wall-clock timestamp (`time.time_ns`) prefixed to the prompt — the
   model-visible nondeterminism that fixed seeds cannot remove and capture/replay can.
 
-Plugins: `--env module.path:factory` imports the module and calls `factory(**args)`. Every way a
-plugin can fail (import, missing attribute, factory raising, object without prompt/reward, a
-reward that is not a finite float) is an `EnvironmentPluginError` (a `ConfigError`) whose one line
-names the plugin. Argument values are never echoed (they may hold secrets).
+Plugins: `--env module.path:factory` imports the module and calls `factory(**args)`. A plugin is
+code that runs with the user's rights, so it runs only where the user named it, and only code of
+the user's own choosing runs. The rule, checked in this order:
+
+1. the module is not in the standard library (`sys.stdlib_module_names`, e.g. `os`, `subprocess`,
+   `builtins`) — refused before anything is imported, so `os:system` never runs;
+2. the module resolves (`plugin_spec`: found by the import system's finders without executing
+   any module; all `twinrun explain` checks, it never imports a plugin);
+3. (`twinrun run` / `tune grpo` only) the module is imported, and `factory` must be a Python
+   function or class *defined in that module* (`factory.__module__` is the module): a builtin or C
+   function, a partial, or a callable imported from elsewhere (`from os import system`) is
+   refused before it is called with any user argument;
+4. `factory(**args)` must return an object with callable `prompt` and `reward`.
+
+Every way a plugin can fail (import, missing attribute, factory raising, object without
+prompt/reward, a reward that is not a finite float) is an `EnvironmentPluginError` (a
+`ConfigError`) whose one line names the plugin. Argument values are never echoed (they may hold
+secrets): an exception's text has every argument value replaced by `<redacted>`.
 
 `observation_fault(prompt)` is the `--inject observation@STEP` hook: it prepends the same kind of
 timestamp to any observation. This module does not import torch.
@@ -25,15 +39,19 @@ timestamp to any observation. This module does not import torch.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import inspect
 import math
 import numbers
 import re
+import sys
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
 from twinrun.core.errors import ConfigError, DataError
+from twinrun.core.redact import REDACTED, redact_string
 from twinrun.core.rng import Stream
 
 BUILTIN_ENVIRONMENTS = ("arithmetic", "clock")
@@ -55,8 +73,43 @@ class Environment(Protocol):
     def reward(self, row: dict[str, Any], completion: str) -> float: ...
 
 
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
+def _one_line(text: object, hide: tuple[str, ...] = ()) -> str:
+    """`text` on one line, every string in `hide` (argument values) replaced and URLs redacted."""
+    line = " ".join(str(text).split())
+    for value in sorted(hide, key=len, reverse=True):
+        line = line.replace(value, REDACTED)
+    return redact_string(line)
+
+
+def _argument_strings(value: Any) -> list[str]:
+    """The texts an argument value can appear as in an exception message (str and repr of it and
+    of every leaf of a list/dict); shorter than 3 characters they are left (`1`, `on`)."""
+    if isinstance(value, Mapping):
+        leaves = [s for v in value.values() for s in _argument_strings(v)]
+    elif isinstance(value, list | tuple):
+        leaves = [s for v in value for s in _argument_strings(v)]
+    else:
+        leaves = []
+    texts = {str(value), repr(value), " ".join(str(value).split())} | set(leaves)
+    return [t for t in texts if len(t) >= 3]
+
+
+def _hidden(env: object) -> tuple[str, ...]:
+    return getattr(env, "hidden_arguments", ())
+
+
+class PluginEnvironment:
+    """A plugin's environment object with the texts of its arguments (never echoed in errors)."""
+
+    def __init__(self, inner: Any, hidden_arguments: tuple[str, ...]) -> None:
+        self.inner = inner
+        self.hidden_arguments = hidden_arguments
+
+    def prompt(self, row: dict[str, Any], rng: Stream) -> str:
+        return self.inner.prompt(row, rng)
+
+    def reward(self, row: dict[str, Any], completion: str) -> float:
+        return self.inner.reward(row, completion)
 
 
 def wall_clock_stamp() -> str:
@@ -134,8 +187,86 @@ def _check_methods(obj: object, name: str) -> None:
         )
 
 
+def check_plugin_name(name: str, args: Mapping[str, Any] | None = None) -> tuple[str, str]:
+    """Rules 1 and 2 for a plugin `module.path:factory`: the form, the argument names, not the
+    standard library, and the module resolves — without importing or running anything. Returns
+    (module, factory)."""
+    if not _PLUGIN.match(name):
+        raise EnvironmentPluginError(
+            f"environment plugin {name!r} is not of the form module.path:factory",
+            "e.g. --env mypkg.envs:make_env",
+        )
+    bad_keys = [k for k in args or {} if not isinstance(k, str) or not k.isidentifier()]
+    if bad_keys:
+        raise EnvironmentPluginError(
+            f"environment plugin {name!r}: argument names must be identifiers, got {bad_keys}"
+        )
+    module_name, factory_name = name.split(":")
+    top = module_name.split(".")[0]
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        raise EnvironmentPluginError(
+            f"environment plugin {name!r}: {top!r} is part of Python's standard library, not an "
+            "environment plugin (a plugin is code that runs with your rights)",
+            "name a factory defined in your own module, e.g. --env mypkg.envs:make_env",
+        )
+    if plugin_spec(module_name) is None:
+        raise EnvironmentPluginError(
+            f"environment plugin {name!r}: cannot find module {module_name!r}",
+            "check that the module is importable (installed or on PYTHONPATH)",
+        )
+    return module_name, factory_name
+
+
+def plugin_spec(module_name: str) -> importlib.machinery.ModuleSpec | None:
+    """Where `module_name` would be imported from, or None — found by `sys.meta_path`'s finders
+    one package level at a time, so no package's `__init__` runs (importlib.util.find_spec would
+    import the parent packages of a dotted name)."""
+    spec: importlib.machinery.ModuleSpec | None = None
+    path: Any = None
+    parts = module_name.split(".")
+    for i in range(len(parts)):
+        full = ".".join(parts[: i + 1])
+        loaded = sys.modules.get(full)
+        spec = getattr(loaded, "__spec__", None) if loaded is not None else None
+        if spec is None:
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                spec = find(full, path) if find is not None else None
+                if spec is not None:
+                    break
+        if spec is None:
+            return None
+        path = spec.submodule_search_locations
+        if path is None and i < len(parts) - 1:
+            return None  # a module, not a package: it has no submodules
+    return spec
+
+
+def _check_factory(name: str, module_name: str, factory_name: str, factory: Any) -> None:
+    """Rule 3: a Python function or class defined in the named module."""
+    if not callable(factory):
+        raise EnvironmentPluginError(
+            f"environment plugin {name!r}: {factory_name!r} is a {type(factory).__name__}, "
+            "not callable"
+        )
+    if not (inspect.isfunction(factory) or inspect.isclass(factory)):
+        raise EnvironmentPluginError(
+            f"environment plugin {name!r}: {factory_name!r} is a {type(factory).__name__}, not "
+            "a Python function or class",
+            "define a factory function or class in the plugin module",
+        )
+    if getattr(factory, "__module__", None) != module_name:
+        raise EnvironmentPluginError(
+            f"environment plugin {name!r}: {factory_name!r} is defined in "
+            f"{getattr(factory, '__module__', None)!r}, not in {module_name!r}",
+            "name a factory defined in the plugin module itself, not one it imports",
+        )
+
+
 def make_environment(name: str, args: Mapping[str, Any] | None = None) -> Environment:
-    """A built-in environment by name, or a plugin `module.path:factory` made by factory(**args).
+    """A built-in environment by name, or a plugin `module.path:factory` made by factory(**args)
+    (the module's rules above, checked before the module is imported and before the factory is
+    called).
 
     Raises ConfigError for an unknown name or arguments to a built-in, EnvironmentPluginError
     (a ConfigError) for every plugin failure."""
@@ -152,23 +283,14 @@ def make_environment(name: str, args: Mapping[str, Any] | None = None) -> Enviro
             f"unknown environment {name!r}",
             f"choose from {', '.join(BUILTIN_ENVIRONMENTS)}, or a plugin as module.path:factory",
         )
-    if not _PLUGIN.match(name):
-        raise EnvironmentPluginError(
-            f"environment plugin {name!r} is not of the form module.path:factory",
-            "e.g. --env mypkg.envs:make_env",
-        )
-    bad_keys = [k for k in args if not isinstance(k, str) or not k.isidentifier()]
-    if bad_keys:
-        raise EnvironmentPluginError(
-            f"environment plugin {name!r}: argument names must be identifiers, got {bad_keys}"
-        )
-    module_name, factory_name = name.split(":")
+    module_name, factory_name = check_plugin_name(name, args)
+    hide = tuple(t for v in args.values() for t in _argument_strings(v))
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # an import can fail in any way the module's code can
         raise EnvironmentPluginError(
             f"environment plugin {name!r}: cannot import module {module_name!r}: "
-            f"{type(exc).__name__}: {_one_line(exc)}",
+            f"{type(exc).__name__}: {_one_line(exc, hide)}",
             "check that the module is importable (installed or on PYTHONPATH)",
         ) from exc
     factory = getattr(module, factory_name, None)
@@ -178,20 +300,17 @@ def make_environment(name: str, args: Mapping[str, Any] | None = None) -> Enviro
             f"{factory_name!r}",
             "name a factory function or class defined in that module",
         )
-    if not callable(factory):
-        raise EnvironmentPluginError(
-            f"environment plugin {name!r}: {factory_name!r} is a {type(factory).__name__}, "
-            "not callable"
-        )
+    _check_factory(name, module_name, factory_name, factory)
     try:
         env = factory(**args)
     except Exception as exc:
         raise EnvironmentPluginError(
-            f"environment plugin {name!r}: factory raised {type(exc).__name__}: {_one_line(exc)}",
+            f"environment plugin {name!r}: factory raised {type(exc).__name__}: "
+            f"{_one_line(exc, hide)}",
             "check [environment.args] / --env-arg against the factory's parameters",
         ) from exc
     _check_methods(env, name)
-    return env
+    return PluginEnvironment(env, hide)
 
 
 def checked_prompt(env: Environment, name: str, row: dict[str, Any], rng: Stream) -> str:
@@ -202,7 +321,8 @@ def checked_prompt(env: Environment, name: str, row: dict[str, Any], rng: Stream
         raise
     except Exception as exc:
         raise EnvironmentPluginError(
-            f"environment {name!r}: prompt raised {type(exc).__name__}: {_one_line(exc)}"
+            f"environment {name!r}: prompt raised {type(exc).__name__}: "
+            f"{_one_line(exc, _hidden(env))}"
         ) from exc
     if not isinstance(prompt, str):
         raise EnvironmentPluginError(
@@ -220,12 +340,13 @@ def checked_reward(env: Environment, name: str, row: dict[str, Any], completion:
         raise
     except Exception as exc:
         raise EnvironmentPluginError(
-            f"environment {name!r}: reward raised {type(exc).__name__}: {_one_line(exc)}"
+            f"environment {name!r}: reward raised {type(exc).__name__}: "
+            f"{_one_line(exc, _hidden(env))}"
         ) from exc
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise EnvironmentPluginError(
             f"environment {name!r}: reward returned {type(value).__name__} "
-            f"{_one_line(repr(value))[:60]}, not a float",
+            f"{_one_line(repr(value), _hidden(env))[:60]}, not a float",
             "reward(row, completion) must return a finite float",
         )
     reward = float(value)

@@ -13,6 +13,11 @@ What makes the bytes independent of the process count:
   and put back in global forward order (`in_global_order`), then combined exactly as one
   process combines them: from zero, forward 0 first.
 
+Agreement: before any process trains, `agree` gathers every process's resolved settings and
+input SHA256s and compares them with rank 0's; a process started with another seed, learning
+rate, examples file or model stops every process with one line naming the rank and the setting
+(one torchrun command per node makes such a mix a real mistake).
+
 Faults: every collective runs under the process group's timeout (`TWINRUN_DIST_TIMEOUT_S`,
 default 300 s); a peer that died or stopped answering turns into a `DistributedError` (one
 line), and torchrun ends the other processes as soon as one exits non-zero.
@@ -21,7 +26,7 @@ line), and torchrun ends the other processes as soon as one exits non-zero.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -172,6 +177,48 @@ def barrier(what: str) -> None:
     if active():
         with collective(what):
             _dist().barrier()
+
+
+def agree(what: str, record: Mapping[str, Any]) -> None:
+    """All-gather every process's `record` (settings and input digests, printable values) and
+    compare each with rank 0's: every process raises the same ConfigError, naming the first rank
+    that differs and its settings, so none trains a mixed run. Nothing without a process group;
+    the gather is also a barrier."""
+    if not active():
+        return
+    size = world().size
+    gathered: list[Any] = [None] * size
+    with collective(what):
+        _dist().all_gather_object(gathered, dict(record))
+    problem = disagreement(gathered)
+    if problem is not None:
+        raise ConfigError(problem, "start every process with the same command and the same inputs")
+
+
+def _short(value: Any) -> str:
+    text = " ".join(str(value).split())
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
+def disagreement(records: Sequence[Mapping[str, Any]]) -> str | None:
+    """What the first process whose record differs from rank 0's differs in, or None."""
+    first = records[0]
+    absent = "(not set)"
+    for rank, other in enumerate(records[1:], start=1):
+        keys = [k for k in first if other.get(k, absent) != first[k]]
+        keys += [k for k in other if k not in first]
+        if keys:
+            shown = ", ".join(
+                f"{k} (rank {rank}: {_short(other.get(k, absent))}, "
+                f"rank 0: {_short(first.get(k, absent))})"
+                for k in keys[:3]
+            )
+            more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+            return (
+                f"rank {rank} of {len(records)} was started with other settings or inputs than "
+                f"rank 0: {shown}{more}"
+            )
+    return None
 
 
 def mine(n: int) -> range:

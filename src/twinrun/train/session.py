@@ -136,16 +136,18 @@ def _open_locked(
     model_config = read_config(model_dir)  # ModelError when missing / not a checkpoint
     tok = load_tokenizer(model_dir)
     rows, data_sha256 = read(cfg)
+    eval_sha256 = sha256_file(cfg.eval_examples) if cfg.eval_examples else None
+    inputs = run_inputs(cfg, data_sha256, eval_sha256)
+    # a resume with other inputs is refused before they are tokenized (a changed tokenizer
+    # would warn about rows first) and before any file is touched
+    if cfg.resume and check_resume(out, inputs) == 0:
+        cfg.resume = False  # killed before its first checkpoint: start again from step 0
+        cfg.overwrite = True
+        check_output_dir(out, cfg.overwrite)  # its partial logs go; anything foreign stops it
     max_length = resolve_max_length(cfg.max_length, model_config)
     encoded = encode(tok, rows, max_length)
     check_run_schedule(cfg, encoded)
     eval_rows = read_eval_rows(cfg, tok, max_length)
-    eval_sha256 = sha256_file(cfg.eval_examples) if cfg.eval_examples else None
-    inputs = run_inputs(cfg, data_sha256, eval_sha256)
-    if cfg.resume and check_resume(out, inputs) == 0:  # refuses before any file is touched
-        cfg.resume = False  # killed before its first checkpoint: start again from step 0
-        cfg.overwrite = True
-        check_output_dir(out, cfg.overwrite)  # its partial logs go; anything foreign stops it
 
     from twinrun.core.rng import seed_torch
 
@@ -170,7 +172,12 @@ def _open_locked(
     if cfg.init_adapter is not None:
         check_adapter_shape(model, cfg)
     params = lora_parameters(model)
-    distributed.barrier("waiting for every process to check its inputs")
+    from twinrun.train.agreement import agreement_record
+
+    # every process has the same settings and inputs (or every process stops), then rank 0 writes
+    distributed.agree(
+        "waiting for every process to check its inputs", agreement_record(cfg, inputs)
+    )
     if not cfg.resume and distributed.is_root():
         begin_output_dir(out, cfg.overwrite, inputs)  # the inputs record first: the marker
     session = Session(

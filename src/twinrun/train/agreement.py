@@ -1,0 +1,38 @@
+"""What every process of a data-parallel run must agree on before it trains: the settings that
+shape the run (the sidecar's `train` numbers) and the SHA256 of every input (model, tokenizer,
+examples or corpus, evaluation examples, initial adapter). Paths are left out — each node may
+mount its inputs elsewhere; their digests say whether they are the same bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from twinrun.config.run import RunConfig
+
+# the inputs record's digests, by the name an error line gives them
+DIGESTS = {
+    "model_sha256": "model sha256",
+    "tokenizer_sha256": "tokenizer sha256",
+    "data_sha256": "examples/corpus sha256",
+    "eval_sha256": "eval examples sha256",
+    "init_adapter_sha256": "init adapter sha256",
+}
+PATHS = ("model", "examples", "corpus", "eval_examples", "init_adapter", "output")
+
+
+def agreement_record(cfg: RunConfig, inputs: dict[str, Any]) -> dict[str, Any]:
+    """This process's settings and input digests, every value printable: `--env-arg` values (they
+    may hold secrets, and the sidecar records them redacted) are compared by their SHA256, and a
+    CUDA device by its kind (each process has its own `cuda:LOCAL_RANK`)."""
+    record = {k: v for k, v in inputs["train"].items() if k not in PATHS}
+    if "device" in record and str(record["device"]).startswith("cuda"):
+        record["device"] = "cuda"
+    if cfg.env_args is not None:
+        raw = json.dumps(cfg.env_args, sort_keys=True, default=repr).encode()
+        record["env_args"] = "sha256 " + hashlib.sha256(raw).hexdigest()[:16]
+    record["resume"] = bool(cfg.resume)
+    for key, name in DIGESTS.items():
+        record[name] = inputs.get(key)
+    return record

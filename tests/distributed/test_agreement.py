@@ -1,0 +1,69 @@
+"""Processes agree before they train: a rank started with another seed, another examples file
+or without --diag stops every process, with one line naming the rank and the setting, before
+anything is written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.distributed.launch import torchrun
+from tests.integration.toy_runs import run_args, write_examples
+
+PER_RANK = Path(__file__).with_name("per_rank.py")
+TIMEOUT_S = 60  # TWINRUN_DIST_TIMEOUT_S of the jobs (tests/distributed/launch.py)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("dist_agree")
+    examples = write_examples(folder)
+    rows = examples["sft"].read_text().splitlines()
+    other = folder / "sft-other.jsonl"  # same rows, the last one changed
+    last = json.loads(rows[-1])
+    if "messages" in last:
+        last["messages"][-1]["content"] += " (edited)"
+    else:
+        last["completion"] += " (edited)"
+    other.write_text("\n".join([*rows[:-1], json.dumps(last)]) + "\n")
+    return folder
+
+
+def change(args: list[str], flag: str, value: str | None) -> list[str]:
+    """`args` with `flag`'s value replaced (a boolean flag removed when value is None)."""
+    i = args.index(flag)
+    if value is None:
+        return args[:i] + args[i + 1 :]
+    return [*args[: i + 1], value, *args[i + 2 :]]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "named"),
+    [
+        ("--seed", "2", "seed (rank 1: 2, rank 0: 1)"),
+        ("--examples", "sft-other.jsonl", "examples/corpus sha256"),
+        ("--diag", None, "diag (rank 1: False, rank 0: True)"),
+    ],
+)
+def test_a_rank_with_other_settings_stops_every_process(
+    data: Path, toy_model_dir: Path, flag: str, value: str | None, named: str
+) -> None:
+    out = data / f"out{flag}"
+    args = run_args("sft", toy_model_dir, data / "sft8.jsonl", out, "--diag")
+    if flag == "--examples":
+        value = str(data / "sft-other.jsonl")
+    spec = data / f"ranks{flag}.json"
+    spec.write_text(json.dumps([args, change(args, flag, value)]))
+    job = torchrun(2, [str(PER_RANK), str(spec)], paths=(data,))
+    assert job.returncode != 0
+    assert job.seconds < TIMEOUT_S  # every rank stopped at the check, none waited for a peer
+    ours = [line for line in job.stderr.splitlines() if line.startswith("twinrun: ")]
+    assert ours, job.stderr[-2000:]
+    for line in ours:  # each rank's one line, the same on every rank
+        assert line.startswith("twinrun: error: rank 1 of 2 was started with other settings")
+        assert named in line, line
+    assert "internal error" not in job.stderr
+    written = sorted(p.name for p in out.iterdir()) if out.exists() else []
+    assert written == []
