@@ -315,3 +315,27 @@ def test_a_hostile_chat_template_is_one_line_and_writes_nothing(
         "--chat-template off"
     )
     assert tree(tmp_path) == before
+
+
+def test_a_fifo_steering_file_is_refused_not_waited_on(tmp_path: Path) -> None:
+    from twinrun.core.errors import DataError
+    from twinrun.infer.steering import read_steering
+
+    os.mkfifo(tmp_path / "v.safetensors")
+    with pytest.raises(DataError) as err:
+        read_steering(tmp_path / "v.safetensors")
+    assert err.value.message == f"steering file {tmp_path / 'v.safetensors'} is a FIFO, not a file"
+
+
+def test_a_fifo_in_place_of_adapter_weights_is_refused(tmp_path: Path) -> None:
+    import json
+
+    from twinrun.core.errors import ModelError
+    from twinrun.model.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, load_adapter
+
+    (tmp_path / ADAPTER_CONFIG).write_text(json.dumps({
+        "peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}))  # fmt: skip
+    os.mkfifo(tmp_path / ADAPTER_WEIGHTS)
+    with pytest.raises(ModelError) as err:
+        load_adapter(None, tmp_path)  # type: ignore[arg-type]  # refused before the model is used
+    assert err.value.message.endswith(f"{ADAPTER_WEIGHTS} is a FIFO, not a file")

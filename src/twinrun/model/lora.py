@@ -336,6 +336,8 @@ def load_adapter(model: ModuleTree, adapter_dir: str | os.PathLike[str]) -> dict
 
     cfg = read_adapter_config(adapter_dir)
     path = Path(adapter_dir) / ADAPTER_WEIGHTS
+    if os.path.lexists(path):  # a FIFO or a device in its place: refused by kind, not waited on
+        reading.open_regular(path, "adapter weights", ModelError).close()
     if not path.is_file():
         raise ModelError(f"no {ADAPTER_WEIGHTS} in {adapter_dir}", "the adapter is incomplete")
     try:
