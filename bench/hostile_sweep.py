@@ -9,7 +9,10 @@
    flipped byte at several offsets: `twinrun explain` and `twinrun run` must both refuse;
 3. crashes: SFT runs SIGKILLed at seeded random moments (and mid-checkpoint-write), then
    `--resume`d: the adapter, metrics and diag.jsonl must equal an uninterrupted run's;
-4. canaries: a secret passed as an --env-arg value, URL userinfo, a secret query value and a
+4. reads: every command that reads a user's file handed a FIFO, /dev/zero and a directory
+   (and a chat template that loops or builds gigabytes), each in a process with a timeout: one
+   line and exit 2, never a hang or a read without end;
+5. canaries: a secret passed as an --env-arg value, URL userinfo, a secret query value and a
    secret-named flag, through `check --json` and failing commands: grepped in every line printed
    and every file written.
 
@@ -189,6 +192,49 @@ def sweep_canaries(work: Path, model: Path) -> dict[str, Any]:
             "leaks": leaked_lines[:5] + leaked_files[:5]}  # fmt: skip
 
 
+def sweep_reads(work: Path, model: Path) -> dict[str, Any]:
+    from tests.integration.conftest import sft_args
+    from tests.integration.test_text_cli import text_args
+
+    os.mkfifo(work / "fifo")
+    (work / "dir").mkdir()
+    (work / "empty.jsonl").write_text("")
+    looping = work / "looping"
+    shutil.copytree(model, looping)
+    (looping / "chat_template.jinja").write_text(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    )
+    huge = work / "huge"
+    shutil.copytree(model, huge)
+    (huge / "chat_template.jinja").write_text("{{ 'x' * 3000000000 }}")
+    examples = str(ROOT / "src/twinrun/examples/sft.jsonl")
+    cases: dict[str, list[str]] = {}
+    for kind in ("fifo", "/dev/zero", "dir"):
+        path = kind if kind.startswith("/") else str(work / kind)
+        cases[f"run {kind}"] = ["run", path]
+        cases[f"explain {kind}"] = ["explain", path]
+        cases[f"diff {kind}"] = ["diff", path, str(work / "empty.jsonl")]
+        cases[f"--examples {kind}"] = sft_args(model, Path(path), work / "out", 1)
+        cases[f"--corpus {kind}"] = text_args(model, [Path(path)], work / "out")
+    for name, m in (("looping", looping), ("huge", huge)):
+        cases[f"chat template {name}"] = sft_args(m, Path(examples), work / "out", 1)
+    details, refused = [], 0
+    for name, args in cases.items():
+        t0 = time.perf_counter()
+        try:
+            res = subprocess.run([sys.executable, "-m", "twinrun", *args], capture_output=True,
+                                 text=True, timeout=120)  # fmt: skip
+            lines = res.stderr.strip().splitlines()
+            ok = res.returncode == 2 and len(lines) == 1 and "internal" not in lines[0]
+            outcome = lines[-1][:200] if lines else f"exit {res.returncode}"
+        except subprocess.TimeoutExpired:
+            ok, outcome = False, "still running after 120 s"
+        refused += ok
+        details.append({"case": name, "refused": ok, "seconds": round(time.perf_counter() - t0, 1),
+                        "line": outcome})  # fmt: skip
+    return {"reads_tried": len(cases), "reads_refused": refused, "reads": details}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--per-parser", type=int, default=1500)
@@ -210,6 +256,8 @@ def main() -> None:
         result["flips"] = sweep_flips(work / "flips", model, rng, a.flips_per_file)
         (work / "kills").mkdir()
         result["crashes"] = sweep_kills(work / "kills", model, rng, a.kills)
+        (work / "reads").mkdir()
+        result["reads"] = sweep_reads(work / "reads", model)
         (work / "canaries").mkdir()
         result["canaries"] = sweep_canaries(work / "canaries", model)
     result["wall_s"] = round(time.perf_counter() - t0, 1)
@@ -219,6 +267,8 @@ def main() -> None:
         "flips refused": f"{result['flips']['flips_refused']}/{result['flips']['flips_tried']}",
         "crashes survived (bit-exact resume)":
             f"{result['crashes']['crashes_survived']}/{result['crashes']['crashes_tried']}",
+        "hostile reads refused in one line":
+            f"{result['reads']['reads_refused']}/{result['reads']['reads_tried']}",
         "canaries leaked": result["canaries"]["canaries_leaked"],
     }  # fmt: skip
     result["summary"] = summary

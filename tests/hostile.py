@@ -31,6 +31,11 @@ HOSTILE = [
     b'{"format": "twinrun.diag.v1", "step": 1, "checksums": [], "digests": {}}',
     b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}",
     b'{"prompt": "a", "completion": "b", "chosen": 1}',
+    b'\xef\xbb\xbf[training]\ntrainer = "sft"\n',  # a BOM, which TOML allows
+    b"[" + b".".join([b"a"] * 3000) + b"]\nx = 1\n",  # tables nested 3000 deep
+    b'[model]\npath = "a\\u0000b"\n',  # a NUL byte in a path
+    b"[training]\n" + b"k" * 100_000 + b" = 1\n",  # a long unknown key
+    b"[x]\n" + b"".join(b"k%d = 1\n" % i for i in range(20_000)),  # many unknown keys
 ]
 
 

@@ -5,6 +5,7 @@ status 2 and nothing written."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,16 @@ CASES = [
          ("--overwrite refused:", ", which twinrun did not write")),
     Case("output is a symlink", sft("--overwrite", output="linked"),
          ("is a symbolic link",)),
+    Case("hostile chat template", sft(model="badtemplate"),
+         ("built a value of more than 4194304 characters — fix the chat template, or use "
+          "--chat-template off",)),
+    Case("config is a FIFO", ["run", "fifo.toml"],
+         ("config file fifo.toml is a FIFO, not a file — check the path",)),
+    Case("examples from a device", sft(examples="/dev/zero"),
+         ("examples file /dev/zero is a character device, not a file",)),
+    Case("TOML tables too deep", ["run", "deep.toml"],
+         ("tables nested deeper than 32 levels — fix the config",)),
+    Case("NUL byte in a TOML path", ["run", "nul.toml"], ("model.path contains a NUL byte",)),
     Case("check without placeholders", ["check", "--", "twinrun", "tune", "sft"],
          ("the command has no {seed} or {out} placeholder",)),
 ]  # fmt: skip
@@ -96,14 +107,18 @@ def bad_inputs(repo_like: Path, toy_model_dir: Path) -> Path:
     shutil.copy(REPO / "src/twinrun/examples/sft.jsonl", "sft.jsonl")
     Path("bad.jsonl").write_text('{"prompt": "What is 1 + 1?"}\n')
     Path("bad.toml").write_text('[training]\ntrainer = "sft"\nbogus = 1\n')
+    os.mkfifo("fifo.toml")
+    Path("deep.toml").write_text("[" + ".".join(["a"] * 3000) + "]\nx = 1\n")
+    Path("nul.toml").write_text('[training]\ntrainer = "sft"\n[model]\npath = "m\\u0000"\n')
     capture = (REPO / "examples/capture-source.toml").read_text()
     Path("capture16.toml").write_text(
         capture.replace('"examples/capture-sft.jsonl"', '"sft.jsonl"').replace(
             '"runs/examples/source"', '"out"'
         )
     )
-    for name in ("noconfig", "noweights", "pickled", "vit", "sharded", "damaged"):
+    for name in ("noconfig", "noweights", "pickled", "vit", "sharded", "damaged", "badtemplate"):
         shutil.copytree(toy_model_dir, name)
+    Path("badtemplate/chat_template.jinja").write_text("{{ 'x' * 3000000000 }}")
     Path("noconfig/config.json").unlink()
     Path("noweights/model.safetensors").unlink()
     Path("pickled/model.safetensors").unlink()

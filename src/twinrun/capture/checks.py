@@ -241,12 +241,16 @@ def adapter_target_modules(adapter_dir: Path) -> list[str]:
     """The modules the adapter a replay starts from wraps (its adapter_config.json)."""
     import json
 
+    from twinrun.core import reading
     from twinrun.core.errors import ModelError
 
     path = adapter_dir / "adapter_config.json"
     try:
-        targets = json.loads(path.read_text(encoding="utf-8")).get("target_modules")
-    except (OSError, ValueError, AttributeError) as exc:
+        text = reading.read_text(path, "adapter config", 16 << 20, ModelError)
+        targets = json.loads(text).get("target_modules")
+    except ModelError:
+        raise
+    except (OSError, ValueError, AttributeError, RecursionError) as exc:
         raise ModelError(f"cannot read {path}", "point [resume] from at an adapter") from exc
     if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
         raise ModelError(f"{path}: target_modules is not a list of names", "re-create it")

@@ -24,19 +24,22 @@ from pathlib import Path
 
 from twinrun.capture.digests import logical_sha256
 from twinrun.capture.payload import Decoded, decode
+from twinrun.core import reading
 from twinrun.core.digest import sha256_file
 from twinrun.core.errors import DataError
 from twinrun.model.loading import model_sha256
 
+MAX_SMALL_BYTES = 256 << 20  # a manifest, an adapter config, a trainer state
 READ_CHUNK = 64 << 20  # bytes per read call (a bound on one syscall, not a buffer size)
+
+
+def _missing(what: str, path: Path) -> str:
+    return f"cannot read {what} {path}: No such file or directory"
 
 
 def read_hashed(path: Path, what: str) -> tuple[bytes, str]:
     """A small file's bytes (read once, kept for decoding) and their SHA256."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise DataError(f"cannot read {what} {path}: {exc.strerror}", "check the path") from exc
+    data = reading.read_bytes(path, what, MAX_SMALL_BYTES, missing=_missing(what, path))
     return data, hashlib.sha256(data).hexdigest()
 
 
@@ -47,7 +50,7 @@ def read_whole(path: Path, what: str) -> memoryview:
     import numpy as np
 
     try:
-        with open(path, "rb") as fh:
+        with reading.open_regular(path, what, missing=_missing(what, path)) as fh:
             buf = np.empty(os.fstat(fh.fileno()).st_size, dtype=np.uint8)
             view, pos = buf.data.cast("B"), 0
             while pos < len(view) and (n := fh.readinto(view[pos : pos + READ_CHUNK])):

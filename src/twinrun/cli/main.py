@@ -98,9 +98,12 @@ def os_error_line(exc: OSError) -> str:
 
 def run_cli(args: list[str] | None = None) -> int:
     """Run the CLI and return the exit code (used by tests in-process and by `main`)."""
-    from twinrun.core.errors import TwinrunError
+    from twinrun.core.errors import ConfigError, TwinrunError
 
     try:
+        nul = next((i for i, a in enumerate(args or []) if "\0" in a), None)
+        if nul is not None:  # only in-process: an OS command line cannot hold one
+            raise ConfigError(f"argument {nul + 1} contains a NUL byte", "remove it")
         with warnings.catch_warnings():
             warnings.showwarning = show_warning
             rv = cli.main(args=args, prog_name="twinrun", standalone_mode=False)

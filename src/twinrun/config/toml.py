@@ -27,6 +27,7 @@ from twinrun.config.setting import (
     type_ok,
 )
 from twinrun.config.values import parse_lora_targets
+from twinrun.core import reading
 from twinrun.core.errors import ConfigError, TwinrunError
 from twinrun.core.redact import REDACTED, redact
 
@@ -89,18 +90,33 @@ def settings() -> dict[str, Setting]:
     return out
 
 
-def _flatten(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+MAX_TABLE_DEPTH = 32  # the deepest key twinrun reads is 3 tables deep
+
+
+def _flatten(doc: dict[str, Any], prefix: str = "", depth: int = 1) -> dict[str, Any]:
+    """Dotted key -> value, in the file's order; ConfigError past MAX_TABLE_DEPTH (checked
+    before descending, so the recursion stays shallow)."""
+    if depth > MAX_TABLE_DEPTH:
+        raise ConfigError(f"tables nested deeper than {MAX_TABLE_DEPTH} levels", "fix the config")
     out: dict[str, Any] = {}
     for key, value in doc.items():
         path = f"{prefix}{key}"
         if isinstance(value, dict) and path not in FREE_FORM:
-            out |= _flatten(value, path + ".")
+            out |= _flatten(value, path + ".", depth + 1)
         else:
             out[path] = value
     return out
 
 
+MAX_CONFIG_BYTES = 4 << 20  # a config is a few hundred bytes
+NEAREST_MAX_CHARS = 200  # longer than any valid key by far: compared by a prefix only
+NEAREST_MAX_UNKNOWN = 20  # unknown keys given a suggestion; the rest are only named
+
+
 def nearest(key: str, valid: list[str]) -> str:
+    """The " (did you mean K?)" for the valid key nearest to `key`, or "". Only the first
+    NEAREST_MAX_CHARS characters are compared, so the cost per key is bounded."""
+    key = key[:NEAREST_MAX_CHARS]
     match = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     if not match:  # a misspelt section: compare the last part within every section
         last = key.rsplit(".", 1)[-1]
@@ -110,34 +126,48 @@ def nearest(key: str, valid: list[str]) -> str:
     return f" (did you mean {match[0]}?)" if match else ""
 
 
+def _shown(key: str) -> str:
+    """A key as an error names it: cut after NEAREST_MAX_CHARS characters."""
+    return key if len(key) <= NEAREST_MAX_CHARS else key[:NEAREST_MAX_CHARS] + "..."
+
+
 def load_toml(path: str | Path, output: str | None = None) -> TomlRun:
     """Read and check a TOML config; every problem in one ConfigError."""
-    p = Path(path)
+    p = Path(reading.check_path_text(path, "config", ConfigError))
+    text = reading.read_text(p, "config file", MAX_CONFIG_BYTES, ConfigError)
     try:
-        doc = tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {p}", "check the path") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {p}: {exc}", "check the file") from exc
+        doc = tomllib.loads(text.removeprefix("\ufeff"))  # TOML allows a UTF-8 BOM
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML ({exc})", "fix the syntax") from exc
     except RecursionError:  # arrays nested thousands deep
         raise ConfigError(f"{p}: values nested too deeply", "fix the config") from None
     keys = schema()
-    flat = _flatten(doc)
+    try:
+        flat = _flatten(doc)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc.message}", exc.hint) from None
     problems: list[str] = []
     values: dict[str, dict[str, Any]] = {"cfg": {}, "extras": {}}
+    unknown = 0
     for key, value in flat.items():
         if key not in keys:
-            problems.append(f"unknown key {key}{nearest(key, sorted(keys))}")
+            unknown += 1
+            if unknown <= NEAREST_MAX_UNKNOWN:
+                problems.append(f"unknown key {_shown(key)}{nearest(key, sorted(keys))}")
             continue
         owner, name, kind = keys[key]
+        if any("\0" in v for v in (value if isinstance(value, list) else [value])
+               if isinstance(v, str)):  # fmt: skip
+            problems.append(f"{key} contains a NUL byte")
+            continue
         if not type_ok(kind, value):
             problems.append(f"{key} must be {KIND_WORDS[kind]} (got {type_name(value)})")
             continue
         if kind == "targets":
             value = parse_lora_targets(value)
         values[owner][name] = tuple(value) if kind == "pair" else value
+    if unknown > NEAREST_MAX_UNKNOWN:
+        problems.append(f"{unknown - NEAREST_MAX_UNKNOWN} more unknown keys")
     trainer = values["cfg"].get("objective")
     if trainer not in TRAINERS:
         shown = f", got {trainer!r}" if isinstance(trainer, str) and len(trainer) <= 16 else ""

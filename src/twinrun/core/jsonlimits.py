@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twinrun.core import reading
 from twinrun.core.errors import DataError
 
 MiB = 1 << 20
@@ -147,22 +148,8 @@ def parse_json(text: str | bytes, where: str, limits: Limits = DEFAULT) -> Any:
 
 
 def read_limited(path: str | os.PathLike[str], what: str, max_bytes: int) -> bytes:
-    """The bytes of `path`, refusing a missing, unreadable or too large file."""
-    p = Path(path)
-    try:
-        with open(p, "rb") as fh:
-            data = fh.read(max_bytes + 1)
-    except FileNotFoundError:
-        raise DataError(f"{what} not found: {p}", "check the path") from None
-    except IsADirectoryError:
-        raise DataError(f"{what} {p} is a directory, not a file", "check the path") from None
-    except OSError as exc:
-        raise DataError(f"{what} {p} cannot be read ({exc.strerror or exc})") from None
-    if len(data) > max_bytes:
-        raise DataError(
-            f"{what} {p} is larger than the limit of {max_bytes} bytes", "split or shorten it"
-        )
-    return data
+    """The bytes of `path`, refusing a missing, unreadable, too large or not regular file."""
+    return reading.read_bytes(path, what, max_bytes)
 
 
 def load_json_file(path: str | os.PathLike[str], what: str, limits: Limits = SMALL) -> Any:
@@ -178,34 +165,6 @@ def iter_jsonl(
     the file as a whole within `limits.max_file_bytes`. Read line by line: memory stays at
     one row."""
     p = Path(path)
-    try:
-        size = p.stat().st_size
-    except FileNotFoundError:
-        raise DataError(f"{what} not found: {p}", "check the path") from None
-    except OSError as exc:
-        raise DataError(f"{what} {p} cannot be read ({exc.strerror or exc})") from None
-    if size > limits.max_file_bytes:
-        raise DataError(
-            f"{what} {p} is {size} bytes, over the limit of {limits.max_file_bytes}",
-            "split it into smaller files",
-        )
-    try:
-        fh = open(p, "rb")  # noqa: SIM115 (closed below; a generator)
-    except OSError as exc:
-        raise DataError(f"{what} {p} cannot be read ({exc.strerror or exc})") from None
-    with fh:
-        lineno = 0
-        while True:
-            line = fh.readline(limits.max_bytes + 2)
-            if not line:
-                return
-            lineno += 1
-            body = line.rstrip(b"\r\n")
-            if len(body) > limits.max_bytes:
-                raise DataError(
-                    f"{p}:{lineno}: a line over the limit of {limits.max_bytes} bytes",
-                    "shorten the row",
-                )
-            if not body.strip():
-                continue
+    for lineno, body in reading.iter_lines(p, what, limits.max_bytes, limits.max_file_bytes):
+        if body.strip():
             yield lineno, parse_json(body, f"{p}:{lineno}", limits)

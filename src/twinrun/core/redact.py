@@ -19,16 +19,46 @@ _SECRET_KEY = re.compile(
     r"|.*_secret|.*_password|access_token|auth)$",
     re.IGNORECASE,
 )
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*:/{1,2})(?P<userinfo>[^/@\s]+)@")
-_QUERY = re.compile(r"(?P<sep>[?&;])(?P<key>[^=&;#\s]+)=(?P<value>[^&;#\s]*)")
+# A key stops at the next separator (`?` included), so the scans of two matches never overlap
+# and the pattern runs in linear time ("?" * n was quadratic when a key could hold a `?`).
+_QUERY = re.compile(r"(?P<sep>[?&;])(?P<key>[^=&;#?\s]+)=(?P<value>[^&;#\s]*)")
+_SCHEME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-")
+_USERINFO_END = re.compile(r"[/@\s]")
+_MAX_SCHEME = 64  # how far back from a ':' a scheme is looked for
 
 
 def is_secret_key(key: str) -> bool:
     return bool(_SECRET_KEY.match(key.replace("-", "_")))
 
 
+def _redact_userinfo(text: str) -> str:
+    """`scheme://user:pass@` -> `scheme://<redacted>@` (`scheme:/` too), in linear time: each
+    `:/` is looked at once, the userinfo after it is scanned up to the next `/`, `@` or space
+    (so two scans never overlap), and the scheme before it at most _MAX_SCHEME characters."""
+    if "@" not in text or ":/" not in text:
+        return text
+    parts: list[str] = []
+    done = 0  # text[:done] is in parts
+    at = text.find(":/")
+    while at != -1:
+        start = at + 3 if text.startswith("//", at + 1) else at + 2
+        end = _USERINFO_END.search(text, start)
+        stop = end.start() if end else len(text)
+        back = at
+        while back > max(done, at - _MAX_SCHEME) and text[back - 1] in _SCHEME_CHARS:
+            back -= 1
+        has_scheme = any(c.isascii() and c.isalpha() for c in text[back:at])
+        if end and text[stop] == "@" and stop > start and has_scheme:
+            parts.append(text[done:start])
+            parts.append(REDACTED)
+            done = stop
+        at = text.find(":/", max(stop - 1, at + 1))  # `x:/` may end the userinfo scanned
+    parts.append(text[done:])
+    return "".join(parts)
+
+
 def redact_string(text: str) -> str:
-    text = _USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+    text = _redact_userinfo(text)
 
     def query(m: re.Match[str]) -> str:
         if is_secret_key(m["key"]):

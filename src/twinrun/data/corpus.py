@@ -14,13 +14,15 @@ order, tokenized once, and windows of N tokens drawn from the concatenated token
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 from typing import Any
 
+from twinrun.core import reading
 from twinrun.core.digest import sha256_file
 from twinrun.core.errors import DataError
 from twinrun.core.rng import stream
 from twinrun.data.examples import EncodedRow
+
+MAX_CORPUS_FILE_BYTES = 1 << 30  # one document held in memory and tokenized at once
 
 
 def corpus_sha256(paths: list[str]) -> str:
@@ -34,11 +36,15 @@ def read_corpus(paths: list[str]) -> tuple[list[str], str]:
     that is missing or not UTF-8, or when every file is empty."""
     texts = []
     for p in paths:
-        path = Path(p)
-        if not path.is_file():
-            raise DataError(f"corpus file {p} does not exist", "check the --corpus paths")
+        data = reading.read_bytes(
+            p,
+            "corpus file",
+            MAX_CORPUS_FILE_BYTES,
+            hint="check the --corpus paths",
+            missing=f"corpus file {p} does not exist",
+        )
         try:
-            texts.append(path.read_bytes().decode("utf-8"))
+            texts.append(data.decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise DataError(
                 f"corpus file {p} is not UTF-8 text (byte {exc.start})",

@@ -11,6 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
+from twinrun.core import reading
 from twinrun.core.errors import DataError
 from twinrun.core.jsonlimits import EXAMPLES, Limits, iter_jsonl, parse_json, read_limited
 
@@ -44,9 +45,7 @@ def load_rows(path: str | Path, limits: Limits = EXAMPLES) -> list[SourcedRow]:
     """Read an examples file. Raises DataError naming the file (and line) on any problem; rows
     and the file are bounded by `limits` (bytes per row and per file, integer digits, nesting)."""
     p = Path(path)
-    if not p.is_file():
-        raise DataError(f"examples file not found: {p}", "check the --examples path")
-    with open(p, "rb") as fh:
+    with reading.open_regular(p, "examples file", hint="check the --examples path") as fh:
         head = fh.read(4096)
         while head.strip() == b"" and (more := fh.read(4096)):
             head = more

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from twinrun.core import reading
 from twinrun.core.errors import DataError
 from twinrun.core.jsonlimits import DIAG, parse_json
 
@@ -139,15 +140,10 @@ class DiagRow:
 
 def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """(line number, stripped bytes) of each non-blank line; DataError if unreadable."""
-    try:
-        fh = open(path, "rb")  # noqa: SIM115
-    except OSError as exc:
-        raise DataError(f"{path}: cannot be read ({exc.strerror})") from exc
-    with fh:
-        for lineno, raw in enumerate(fh, 1):
-            raw = raw.strip()
-            if raw:
-                yield lineno, raw
+    for lineno, raw in reading.iter_lines(path, "diag file", DIAG.max_bytes, DIAG.max_file_bytes):
+        raw = raw.strip()
+        if raw:
+            yield lineno, raw
 
 
 def parse_row(raw: bytes, path: Path, lineno: int) -> DiagRow | None:

@@ -52,7 +52,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twinrun.core import reading
 from twinrun.core.errors import DataError
+from twinrun.core.jsonlimits import DIAG
 from twinrun.diag.rows import decode_float, encode_float
 
 __all__ = [
@@ -224,7 +226,8 @@ def write_trace_row(path: Path, row: dict[str, Any]) -> None:
 
     kept: list[str] = []
     if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for _, raw in reading.iter_lines(path, "trace file", DIAG.max_bytes, DIAG.max_file_bytes):
+            line = raw.decode("utf-8", "replace")
             if not line.strip():
                 continue
             try:
@@ -252,16 +255,15 @@ Entry = tuple[str, str, int, float | None]
 
 
 def _iter_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise DataError(f"{path}:{lineno}: not a valid JSON row", _HINT) from exc
-            if type(obj) is dict and obj.get("format") == TRACE_FORMAT:
-                yield lineno, obj
+    for lineno, raw in reading.iter_lines(path, "trace file", DIAG.max_bytes, DIAG.max_file_bytes):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise DataError(f"{path}:{lineno}: not a valid JSON row", _HINT) from exc
+        if type(obj) is dict and obj.get("format") == TRACE_FORMAT:
+            yield lineno, obj
 
 
 def read_trace(path: str | os.PathLike[str], step: int, phase: str = "train") -> list[Entry] | None:

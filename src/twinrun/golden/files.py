@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twinrun.core import reading
 from twinrun.core.errors import DataError, OutputError
 from twinrun.core.fileio import atomic_write_json
 from twinrun.golden.fingerprint import fingerprint, slug, written_on
@@ -113,8 +114,12 @@ def compare_items(expected: dict[str, Any], got: dict[str, Any]) -> list[Moved]:
 
 def read_golden(path: Path) -> dict[str, Any]:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        text = reading.read_text(path, "golden file", 64 << 20, DataError,
+                                 "rewrite it with twinrun golden write")  # fmt: skip
+        doc = json.loads(text)
+    except DataError:
+        raise
+    except (OSError, ValueError, RecursionError) as exc:
         raise DataError(
             f"cannot read {path}: {exc}", "rewrite it with twinrun golden write"
         ) from exc

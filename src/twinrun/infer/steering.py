@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from twinrun.core import reading
 from twinrun.core.errors import ConfigError, DataError, ModelError
 
 STEERING_FORMAT = "twinrun.infer.steering.v1"
@@ -36,10 +37,8 @@ def read_steering(path: str | Path) -> SteeringArtifact:
     from safetensors import safe_open
 
     p = Path(path)
-    if not p.is_file():
-        raise DataError(
-            f"steering file not found: {p}", "write one with twinrun extract --steering"
-        )
+    hint = "write one with twinrun extract --steering"
+    reading.open_regular(p, "steering file", DataError, hint).close()  # a FIFO would block
     try:
         with safe_open(str(p), framework="pt") as fh:
             metadata = dict(fh.metadata() or {})

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from twinrun.core import reading
 from twinrun.core.errors import ModelError
 from twinrun.core.redact import redact_string
 from twinrun.model.output import ModuleTree
@@ -296,8 +297,10 @@ def read_adapter_config(adapter_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if not path.is_file():
         raise ModelError(f"no {ADAPTER_CONFIG} in {root}", hint)
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        cfg = json.loads(reading.read_text(path, "adapter config", 16 << 20, ModelError, hint))
+    except ModelError:
+        raise
+    except (OSError, ValueError, RecursionError) as exc:
         raise ModelError(f"cannot read {path}: {exc}", hint) from exc
     if not isinstance(cfg, dict) or cfg.get("peft_type") != "LORA":
         raise ModelError(f"{path}: not a LoRA adapter config (peft_type != LORA)", hint)
@@ -333,6 +336,8 @@ def load_adapter(model: ModuleTree, adapter_dir: str | os.PathLike[str]) -> dict
 
     cfg = read_adapter_config(adapter_dir)
     path = Path(adapter_dir) / ADAPTER_WEIGHTS
+    if os.path.lexists(path):  # a FIFO or a device in its place: refused by kind, not waited on
+        reading.open_regular(path, "adapter weights", ModelError).close()
     if not path.is_file():
         raise ModelError(f"no {ADAPTER_WEIGHTS} in {adapter_dir}", "the adapter is incomplete")
     saved = read_tensors(

@@ -28,10 +28,25 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from twinrun.core import reading
 from twinrun.core.errors import ModelError
+from twinrun.model.chat_template import check_render
 
 # Any one of these makes a directory a tokenizer AutoTokenizer can load.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+# What transformers reads besides them; each must be a regular file within the cap, checked
+# before transformers opens any (it would block on a FIFO and read /dev/zero without end).
+TOKENIZER_READS = (
+    *TOKENIZER_FILES,
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "merges.txt",
+    "generation_config.json",
+    "config.json",
+)
+MAX_TOKENIZER_FILE_BYTES = 1 << 30  # tokenizer.json of the largest vocabularies is ~30 MB
+MAX_CONFIG_JSON_BYTES = 16 << 20
 
 
 class PromptPrefixWarning(UserWarning):
@@ -82,9 +97,21 @@ class CheckpointTokenizer:
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return str(self.hf.decode(list(ids), skip_special_tokens=skip_special))
 
+    def _check_template(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> None:
+        """The template rendered once within bounds of time and size (model/chat_template.py)."""
+        self.require_chat_template()
+        variables = {
+            **self.hf.special_tokens_map,
+            "messages": [dict(m) for m in messages],
+            "tools": None,
+            "documents": None,
+            "add_generation_prompt": add_generation_prompt,
+        }
+        check_render(str(self.chat_template), variables, self.source)
+
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         """The chat template rendered to text (what `apply_chat_template(tokenize=False)` gives)."""
-        self.require_chat_template()
+        self._check_template(messages, add_generation_prompt)
         return str(
             self.hf.apply_chat_template(
                 messages, add_generation_prompt=add_generation_prompt, tokenize=False
@@ -92,7 +119,7 @@ class CheckpointTokenizer:
         )
 
     def _chat_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
-        self.require_chat_template()
+        self._check_template(messages, add_generation_prompt)
         ids = self.hf.apply_chat_template(
             messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
         )
@@ -150,8 +177,12 @@ def common_prefix_length(a: list[int], b: list[int]) -> int:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        text = reading.read_text(path, "model file", MAX_CONFIG_JSON_BYTES, ModelError,
+                                 "check the model directory")  # fmt: skip
+        data = json.loads(text)
+    except ModelError:
+        raise
+    except (OSError, ValueError, RecursionError) as exc:
         raise ModelError(f"cannot read {path}: {exc}", "check the model directory") from exc
     if not isinstance(data, dict):
         raise ModelError(f"{path} is not a JSON object", "check the model directory")
@@ -183,6 +214,15 @@ def load_tokenizer(model_dir: str | os.PathLike[str]) -> CheckpointTokenizer:
             "tokenizer_config.json)",
             "save the tokenizer with the model: tokenizer.save_pretrained(DIR)",
         )
+    for name in TOKENIZER_READS:
+        if os.path.lexists(root / name):
+            reading.open_regular(root / name, "tokenizer file", ModelError).close()
+            if (root / name).stat().st_size > MAX_TOKENIZER_FILE_BYTES:
+                raise ModelError(
+                    f"tokenizer file {root / name} is larger than the limit of "
+                    f"{MAX_TOKENIZER_FILE_BYTES} bytes",
+                    "check the tokenizer files",
+                )
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
