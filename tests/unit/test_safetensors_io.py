@@ -69,7 +69,7 @@ def test_a_full_disk_under_save_file_is_the_os_error(
             'Error while serializing: IoError(Os { message: "No space left on device" })'
         )
 
-    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    monkeypatch.setattr(safetensors.torch, "save", full)
     with pytest.raises(OSError) as info:
         save_tensors_file({"w": torch.zeros(2)}, tmp_path / "x.safetensors", None)
     assert info.value.errno == errno.ENOSPC and info.value.filename == str(

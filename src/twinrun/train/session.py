@@ -136,7 +136,7 @@ def _open_locked(
     model_config = read_config(model_dir)  # ModelError when missing / not a checkpoint
     tok = load_tokenizer(model_dir)
     rows, data_sha256 = read(cfg)
-    eval_sha256 = sha256_file(cfg.eval_examples) if cfg.eval_examples else None
+    eval_sha256 = eval_digest(cfg)
     inputs = run_inputs(cfg, data_sha256, eval_sha256)
     # a resume with other inputs is refused before they are tokenized (a changed tokenizer
     # would warn about rows first) and before any file is touched
@@ -197,6 +197,18 @@ def _open_locked(
         eval_sha256=eval_sha256,
     )
     return session, encoded
+
+
+def eval_digest(cfg: RunConfig) -> str | None:
+    """The evaluation examples' SHA256; a missing path or one that is not a regular file is
+    refused as the examples reader refuses it (before it is hashed)."""
+    if cfg.eval_examples is None:
+        return None
+    from twinrun.core import reading
+
+    with reading.open_regular(cfg.eval_examples, "examples file", hint="check --eval-examples"):
+        pass
+    return sha256_file(cfg.eval_examples)
 
 
 def read_eval_rows(cfg: RunConfig, tok: Any, max_length: int) -> list[Any]:
