@@ -27,6 +27,11 @@ def spread(xs: list[float], digits: int | None = None) -> dict[str, Any]:
     }
 
 
+def ms_spread(s: dict[str, Any]) -> str:
+    """A `spread` of seconds as milliseconds: `median (min–max)`."""
+    return f"{1e3 * s['median']:.1f} ({1e3 * s['min']:.1f}–{1e3 * s['max']:.1f})"
+
+
 def cpu_name() -> str:
     """The CPU's model name (`platform.processor()` is empty on this kind of machine)."""
     name = platform.processor() or platform.machine()

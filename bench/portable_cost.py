@@ -38,6 +38,7 @@ from typing import Any
 
 import benchkit
 from benchkit import cpu_name, git, package_versions, smollm2_dir, update_docs_section, write_toy
+from benchkit import ms_spread as fmt
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -111,10 +112,6 @@ def deciders(model: Path, work: Path) -> list[dict[str, Any]]:
         keep = ("adapter_sha256", "cpu_kernels", "onednn_lines")
         out.append({"variant": name, **{k: r[k] for k in keep}})
     return out
-
-
-def fmt(s: dict[str, Any]) -> str:
-    return f"{1e3 * s['median']:.1f} ({1e3 * s['min']:.1f}–{1e3 * s['max']:.1f})"
 
 
 def main() -> None:

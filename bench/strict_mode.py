@@ -35,6 +35,7 @@ from typing import Any
 
 import benchkit
 from benchkit import cpu_name, git, package_versions, smollm2_dir, update_docs_section, write_toy
+from benchkit import ms_spread as fmt
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -88,10 +89,6 @@ def measure(model: Path, examples: Path, batch: int, pairs: int, work: Path) -> 
         "same_losses": all(r["strict"]["losses"] == r["plain"]["losses"] for r in runs),
         "runs": runs,
     }
-
-
-def fmt(s: dict[str, Any]) -> str:
-    return f"{1e3 * s['median']:.1f} ({1e3 * s['min']:.1f}–{1e3 * s['max']:.1f})"
 
 
 def main() -> None:
