@@ -24,13 +24,14 @@ import numpy as np
 from twinrun.capture.batch import OptimizerBatch
 from twinrun.core.errors import DataError
 from twinrun.core.jsonlimits import SMALL, parse_json
+from twinrun.objectives.registry import BY_NAME, NAMES
 
 FORMAT = "twinrun.optimizer-batch.v1"
 META_KEY = "twinrun"
-OBJECTIVES = ("sft", "dpo", "reward", "grpo", "text")
-# what each objective's update needs beyond rows and masks: name -> layout
+OBJECTIVES = NAMES
+# what each batch shape's update needs beyond rows and masks: name -> layout
 REQUIRED_EXTRAS: dict[str, dict[str, str]] = {
-    "grpo": {
+    "rollouts": {
         "floats.old_logprobs": "token",
         "floats.advantages": "row",
         "floats.weights": "row",
@@ -247,6 +248,8 @@ def _decode(data: bytes | memoryview) -> Decoded:
 
 def validate(arrays: BatchArrays, counts: np.ndarray | None = None) -> None:
     """Every invariant an optimizer batch keeps; a DataError for the first broken one."""
+    if arrays.objective not in BY_NAME:
+        raise DataError(f"unknown objective {arrays.objective!r}")
     off, n, total = arrays.offsets, arrays.rows, len(arrays.tokens)
     if n < 1 or int(off[0]) != 0 or int(off[-1]) != total:
         raise DataError("row_offsets must start at 0 and end at the token count")
@@ -260,15 +263,16 @@ def validate(arrays: BatchArrays, counts: np.ndarray | None = None) -> None:
     if len(sizes) < 1 or np.any(sizes < 1) or int(sizes.sum()) != n:
         raise DataError(f"forward_sizes must be positive and sum to the {n} rows")
     kept = int(arrays.loss_mask.sum(dtype=np.int64))
-    if arrays.objective in ("dpo", "reward"):
+    shape = BY_NAME[arrays.objective].batch
+    if shape == "pairs":
         pairs = sizes[0::2]
         if len(sizes) % 2 or np.any(pairs != sizes[1::2]) or arrays.denominator != n // 2:
             raise DataError(
                 "pair batches need chosen/rejected forwards of equal size and denominator = pairs"
             )
-    elif arrays.denominator != max(1, kept) or (arrays.objective in ("sft", "text") and kept < 1):
+    elif arrays.denominator != max(1, kept) or (shape == "rows" and kept < 1):
         raise DataError(f"denominator {arrays.denominator} is not the {kept} loss tokens")
-    need = REQUIRED_EXTRAS.get(arrays.objective, {})
+    need = REQUIRED_EXTRAS.get(shape, {})
     got = {key: layout for key, (layout, _) in arrays.extras.items()}
     if got != need:
         raise DataError(f"{arrays.objective} needs {need}, the payload has {got}")
@@ -277,7 +281,7 @@ def validate(arrays: BatchArrays, counts: np.ndarray | None = None) -> None:
             raise DataError(f"{key} has {len(a)} values for layout {layout!r}")
         if key.startswith("floats.") and not np.all(np.isfinite(a)):
             raise DataError(f"{key} holds a non-finite value")
-    if arrays.objective == "grpo":
+    if shape == "rollouts":
         prompt = arrays.extras["ints.prompt_lengths"][1]
         if np.any(prompt < 1) or np.any(prompt >= arrays.lengths):
             raise DataError("prompt_lengths must leave at least one completion token per row")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from twinrun.config.run import valid
 from twinrun.config.toml import EPOCH_TRAINERS, TomlRun
 from twinrun.core.errors import TwinrunError
+from twinrun.objectives.registry import objective
 
 RESOLVED = "resolved_config.json"
 FINAL = "final"
@@ -23,7 +24,7 @@ FINAL_FILES = ("adapter_model.safetensors", "adapter_config.json", "reward_head.
 def planned_steps(run: TomlRun) -> int:
     """The optimizer steps the run will take (epoch trainers: from the examples count)."""
     cfg = run.cfg
-    if run.trainer in ("grpo", "text"):
+    if objective(run.trainer).counts == "steps":
         return int(valid(cfg).steps)
     from twinrun.data.batching import steps_per_epoch
     from twinrun.data.examples import load_rows

@@ -1,5 +1,6 @@
-"""`twinrun tune {sft,dpo,reward,grpo,text,evaluate}`: training commands and evaluation. Each
-training command's flags are generated from the run settings that apply to its objective."""
+"""`twinrun tune {sft,dpo,reward,grpo,text,evaluate}`: training commands and evaluation. There is
+one training command per objective record (objectives/registry.py), its help the record's
+summary and its flags the run settings that apply to its objective."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import click
 
 from twinrun.cli.options import config_from_options, run_options, shared_options
+from twinrun.objectives.registry import OBJECTIVES, Objective
 
 
 @click.group()
@@ -25,54 +27,20 @@ def print_run_summary(record: dict[str, Any], quiet: bool) -> None:
     )
 
 
-@tune.command("sft")
-@run_options("sft")
-def sft(**opts: Any) -> None:
-    """Supervised fine-tuning with completion-only loss."""
-    from twinrun.train.recipes.sft import train_sft
+def training_command(objective: Objective) -> click.Command:
+    """`twinrun tune NAME`: the record's summary as help, the settings that apply as flags."""
 
-    cfg = config_from_options("sft", opts)
-    print_run_summary(train_sft(cfg), cfg.quiet)
+    def run(**opts: Any) -> None:
+        from twinrun.train.recipes import train
 
+        cfg = config_from_options(objective.name, opts)
+        print_run_summary(train(cfg), cfg.quiet)
 
-@tune.command("dpo")
-@run_options("dpo")
-def dpo(**opts: Any) -> None:
-    """Direct preference optimisation on {prompt, chosen, rejected} pairs."""
-    from twinrun.train.recipes.pairs import train_pairs
-
-    cfg = config_from_options("dpo", opts)
-    print_run_summary(train_pairs(cfg, "dpo"), cfg.quiet)
+    return tune.command(objective.name, help=objective.summary)(run_options(objective.name)(run))
 
 
-@tune.command("reward")
-@run_options("reward")
-def reward(**opts: Any) -> None:
-    """Reward model: LoRA + a scalar head, Bradley-Terry loss on preference pairs."""
-    from twinrun.train.recipes.pairs import train_pairs
-
-    cfg = config_from_options("reward", opts)
-    print_run_summary(train_pairs(cfg, "reward"), cfg.quiet)
-
-
-@tune.command("grpo")
-@run_options("grpo")
-def grpo(**opts: Any) -> None:
-    """GRPO on an environment (PPO-clip, group-relative advantages, no KL term)."""
-    from twinrun.train.recipes.grpo import train_grpo
-
-    cfg = config_from_options("grpo", opts)
-    print_run_summary(train_grpo(cfg), cfg.quiet)
-
-
-@tune.command("text")
-@run_options("text")
-def text(**opts: Any) -> None:
-    """Continued pre-training on plain text: next-token loss on windows drawn from the corpus."""
-    from twinrun.train.recipes.text import train_text
-
-    cfg = config_from_options("text", opts)
-    print_run_summary(train_text(cfg), cfg.quiet)
+for _objective in OBJECTIVES:
+    training_command(_objective)
 
 
 @tune.command("evaluate")

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from twinrun.config.run import RunConfig
+from twinrun.config.run import SETTINGS, RunConfig
 from twinrun.core.digest import canonical_json
+from twinrun.objectives import registry
 
 V1_ALLOWED_DIFFERENCES = ("backend.options.gradient_checkpointing",)
+BY_TOML = {s.toml: name for name, s in SETTINGS.items() if s.toml}  # TOML key -> config field
 
 
 def optimizer_contract(
@@ -60,18 +62,8 @@ def optimizer_contract(
         "inference.engine": engine,
         "debug.inject": list(cfg.inject),
     }
-    if objective in ("sft", "dpo", "reward"):
-        c["training.accumulation"] = cfg.accumulation
-    if objective == "text":
-        c["text.windows_per_step"] = cfg.windows_per_step
-    if objective == "dpo":
-        c["dpo.beta"] = cfg.beta
-    if objective == "grpo":
-        c |= {
-            "grpo.clip_eps": cfg.clip_eps,
-            "grpo.temperature": cfg.temperature,
-            "grpo.token_cap": cfg.token_cap,
-        }
+    for key in registry.objective(objective).contract_keys:  # the objective's own settings
+        c[key] = getattr(cfg, BY_TOML[key])
     return c
 
 

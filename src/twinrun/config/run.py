@@ -25,14 +25,15 @@ from twinrun.config.values import targets_problems
 from twinrun.core.errors import ConfigError
 from twinrun.core.portable import MODES
 from twinrun.core.redact import redact, redact_env_args
+from twinrun.objectives.registry import BY_NAME, names
 
 PRECISIONS = ("f32", "bf16")
 ATTENTIONS = ("eager", "sdpa")
-EPOCHS = ("sft", "dpo", "reward")
-GRPO = ("grpo",)
-TEXT = ("text",)
-EXAMPLES = ("sft", "dpo", "reward", "grpo")  # every objective that reads an examples file
-STEPS = ("grpo", "text")  # objectives that count optimizer steps, not epochs
+EPOCHS = names(counts="epochs")  # objectives that count passes over the examples
+GRPO = names(samples=True)  # objectives that sample from an environment
+TEXT = names(data="corpus")  # objectives that read a plain-text corpus
+EXAMPLES = names(reads_examples=True)  # every objective that reads an examples file
+STEPS = names(counts="steps")  # objectives that count optimizer steps, not epochs
 SCHEDULES = ("cosine", "wsd", "constant")
 CPU_KERNELS = MODES
 
@@ -425,9 +426,9 @@ def value_problems(cfg: RunConfig, source: Source = "flag") -> list[str]:
     if cfg.lora_targets is not None:
         problems += targets_problems(cfg.lora_targets, SETTINGS["lora_targets"].name(source))
     n = {k: s.name(source) for k, s in SETTINGS.items()}
-    if cfg.prefetch and cfg.objective == "grpo":
+    if cfg.prefetch and BY_NAME[cfg.objective].samples:
         problems.append(
-            f"{n['prefetch']} does not apply to grpo "
+            f"{n['prefetch']} does not apply to {cfg.objective} "
             "(its next batch is sampled from the updated policy)"
         )
     if cfg.replay != "per" and any(spec.startswith("replay@") for spec in cfg.inject or []):

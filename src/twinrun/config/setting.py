@@ -18,7 +18,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-OBJECTIVES = ("sft", "dpo", "reward", "grpo", "text")
+from twinrun.objectives.registry import NAMES as OBJECTIVES
+
 INT_LIMIT = 2**63  # every integer setting is below it (a torch/numpy int64 must hold it)
 
 Kind = Literal["int", "float", "str", "bool", "list[str]", "list[int]", "table", "pair", "targets"]

@@ -30,9 +30,10 @@ from twinrun.config.values import parse_lora_targets
 from twinrun.core import reading
 from twinrun.core.errors import ConfigError, TwinrunError
 from twinrun.core.redact import REDACTED, redact
+from twinrun.objectives.registry import NAMES, names
 
-TRAINERS = ("sft", "dpo", "reward", "grpo", "text", "optimizer_replay")
-EPOCH_TRAINERS = ("sft", "dpo", "reward")
+TRAINERS = (*NAMES, "optimizer_replay")
+EPOCH_TRAINERS = names(counts="epochs")
 ENGINES = ("pytorch",)
 FREE_FORM = ("environment.args",)  # tables passed on as they are (and redacted when recorded)
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -177,7 +178,7 @@ def load_toml(path: str | Path, output: str | None = None) -> TomlRun:
         raise ConfigError(f"{p}: {_count(problems)}: " + "; ".join(problems), _HINT)
     cfg_values = values["cfg"]
     max_steps = cfg_values.get("steps")
-    if trainer not in ("grpo", "text"):
+    if trainer not in names(counts="steps"):
         cfg_values.pop("steps", None)
     if output is not None:
         cfg_values["output"] = output

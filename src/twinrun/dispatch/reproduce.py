@@ -159,7 +159,7 @@ def reproduce(
     run_dir: str | Path, output: str | Path, quiet: bool = True, overwrite: bool = False
 ) -> Reproduction:
     """Re-run `run_dir` into `output` and judge the result (see the module docstring)."""
-    from twinrun.dispatch.trainers import train
+    from twinrun.train.recipes import train
 
     run_dir, output = Path(run_dir), Path(output)
     try:

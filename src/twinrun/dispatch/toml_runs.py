@@ -22,7 +22,7 @@ from twinrun.config.run import valid
 from twinrun.config.toml import load_toml, resolved_tree
 from twinrun.core.errors import ConfigError
 from twinrun.core.fileio import atomic_write_bytes, atomic_write_json
-from twinrun.dispatch.trainers import train
+from twinrun.train.recipes import train
 
 
 def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -> dict[str, Any]:

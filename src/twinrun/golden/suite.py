@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import RunConfig
+from twinrun.objectives.registry import OBJECTIVES
 
 GREEDY_TOKENS = 24
 PROMPT = "Reproducible training is"
@@ -64,70 +65,44 @@ def run_suite(device: str = "cpu") -> dict[str, Any]:
     return dict(_CACHE[device])
 
 
+def run_settings(data: dict[str, Path], device: str) -> dict[str, dict[str, Any]]:
+    """Each objective's run in the suite: the settings beyond `common`'s, by objective name."""
+    epochs = {"epochs": 1, "accumulation": 1, "chat_template": "on", "device": device}
+    return {
+        "sft": {"examples": str(data["sft.jsonl"]), **epochs},
+        "dpo": {"examples": str(data["pairs.jsonl"]), "beta": 0.1, **epochs},
+        "reward": {"examples": str(data["pairs.jsonl"]), **epochs},
+        "grpo": {
+            "examples": str(data["arith.jsonl"]), "steps": 2, "prompts_per_step": 1,
+            "group_size": 2, "max_new_tokens": 4, "temperature": 1.0, "clip_eps": 0.2,
+            "advantage_clip": 5.0, "token_cap": 4, "env": "arithmetic", "chat_template": "on",
+            "device": device, "diag": True,
+        },
+        "text": {
+            "corpus": [str(data["text"])], "window": 32, "windows_per_step": 2, "steps": 2,
+            "device": device,
+        },
+    }  # fmt: skip
+
+
 def _run(root: Path, device: str) -> dict[str, Any]:
     from twinrun.core.digest import sha256_file
     from twinrun.model.toy import write_toy_checkpoint
-    from twinrun.train.recipes.grpo import train_grpo
-    from twinrun.train.recipes.pairs import train_pairs
-    from twinrun.train.recipes.sft import train_sft
-    from twinrun.train.recipes.text import train_text
+    from twinrun.train.recipes import train
 
     model = root / "toy"
     write_toy_checkpoint(model, seed=0)
     data = write_inputs(root)
-    epochs = {"epochs": 1, "accumulation": 1, "chat_template": "on", "device": device}
-    runs = {
-        "sft": lambda out: train_sft(
-            common(model, out, "sft", examples=str(data["sft.jsonl"]), **epochs)
-        ),
-        "dpo": lambda out: train_pairs(
-            common(model, out, "dpo", examples=str(data["pairs.jsonl"]), beta=0.1, **epochs),
-            "dpo",
-        ),
-        "reward": lambda out: train_pairs(
-            common(model, out, "reward", examples=str(data["pairs.jsonl"]), **epochs), "reward"
-        ),
-        "grpo": lambda out: train_grpo(
-            common(
-                model,
-                out,
-                "grpo",
-                examples=str(data["arith.jsonl"]),
-                steps=2,
-                prompts_per_step=1,
-                group_size=2,
-                max_new_tokens=4,
-                temperature=1.0,
-                clip_eps=0.2,
-                advantage_clip=5.0,
-                token_cap=4,
-                env="arithmetic",
-                chat_template="on",
-                device=device,
-                diag=True,
-            )
-        ),  # fmt: skip
-        "text": lambda out: train_text(
-            common(
-                model,
-                out,
-                "text",
-                corpus=[str(data["text"])],
-                window=32,
-                windows_per_step=2,
-                steps=2,
-                device=device,
-            )
-        ),  # fmt: skip
-    }
+    settings = run_settings(data, device)
     items: dict[str, Any] = {}
-    for name, train in runs.items():
-        out = root / name
-        items[f"{name}.adapter_sha256"] = train(out)["adapter"]["sha256"]
-        if name == "reward":
-            items["reward.head_sha256"] = sha256_file(out / "reward_head.safetensors")
-        if name == "grpo":  # the sampled rollouts (the toy earns no reward: the adapter stays)
-            items["grpo.diag_sha256"] = sha256_file(out / "diag.jsonl")
+    for o in OBJECTIVES:
+        out = root / o.name
+        record = train(common(model, out, o.name, **settings[o.name]))
+        items[f"{o.name}.adapter_sha256"] = record["adapter"]["sha256"]
+        if o.head:
+            items[f"{o.name}.head_sha256"] = sha256_file(out / "reward_head.safetensors")
+        if o.samples:  # the sampled rollouts (the toy earns no reward: the adapter stays)
+            items[f"{o.name}.diag_sha256"] = sha256_file(out / "diag.jsonl")
     items |= inference_items(root, model, root / "sft", data["sft.jsonl"], device)
     items["generate.tokens"] = greedy_tokens(model, root / "text", device)
     return items

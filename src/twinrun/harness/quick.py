@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from twinrun.core.errors import ConfigError
+from twinrun.objectives.registry import NAMES
 
 QUICK_STEPS = 3
 QUICK_EVAL_EXAMPLES = 8
-TRAINING = ("sft", "dpo", "reward", "grpo", "text")
+TRAINING = NAMES
 BUDGET_FLAGS = ("--stop-after", "--eval-limit")
 
 
@@ -24,7 +25,7 @@ def quick_command(cmd: Sequence[str]) -> tuple[str, ...]:
     at = [i for i, a in enumerate(cmd[:-1]) if a == "tune" and cmd[i + 1] in TRAINING]
     if not at:
         raise ConfigError(
-            "--quick needs a twinrun training command (twinrun tune sft|dpo|reward|grpo|text ...)",
+            f"--quick needs a twinrun training command (twinrun tune {'|'.join(TRAINING)} ...)",
             "run the command without --quick",
         )
     given = [f for f in BUDGET_FLAGS if any(a == f or a.startswith(f + "=") for a in cmd)]

@@ -17,6 +17,7 @@ from typing import Any
 from twinrun.capture.checks import Check, run_checks
 from twinrun.config.toml import load_toml
 from twinrun.core.errors import TwinrunError
+from twinrun.objectives.registry import objective
 
 
 def explain_config(path: str | Path) -> dict[str, Any]:
@@ -83,7 +84,7 @@ def run_preflight(run: Any) -> Check:
             check_output_dir(cfg.output, cfg.overwrite)
         read_model_config(cfg.model)
         rows = load_rows(cfg.examples)
-        if run.trainer == "grpo":
+        if objective(run.trainer).samples:
             check_environment(cfg.env or "", cfg.env_args or {}, rows, cfg.seed)
         if cfg.init_adapter is not None:
             from twinrun.capture.state import read_trainer_state

@@ -37,6 +37,7 @@ from twinrun.core.digest import sha256_file
 from twinrun.core.errors import ContractError
 from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.core.rng import float_bits, restore_torch_rng
+from twinrun.objectives.registry import objective
 from twinrun.replay.identity import write_identity
 from twinrun.train.hooks.capture import SKIPPED
 from twinrun.train.hooks.timing import TimingHook, peak_memory
@@ -66,16 +67,17 @@ class ReplayRecipe:
         return self.batch
 
     def forwards(self, step: int, batch: OptimizerBatch) -> StepForwards:
-        objective = self.s.cfg.objective
-        if objective == "grpo":
+        name = self.s.cfg.objective
+        shape = objective(name).batch  # the forwards follow the captured batch's shape
+        if shape == "rollouts":
             from twinrun.train.recipes.grpo import rollouts_from_batch, update_forwards
 
             return (yield from update_forwards(self.s, rollouts_from_batch(batch), step))
-        if objective in ("sft", "text"):  # a text step is SFT's forwards over whole windows
+        if shape == "rows":  # a text step is SFT's forwards over whole windows
             from twinrun.train.recipes.sft import rows_from_batch, sft_forwards
 
             outcome = yield from sft_forwards(self.s, rows_from_batch(batch), step)
-            outcome.batch.objective = objective
+            outcome.batch.objective = name
             return outcome
         from twinrun.train.recipes.pairs import pair_forwards, pairs_from_batch
 
@@ -173,7 +175,7 @@ def build(v: Verified) -> Built:
         gradient_checkpointing=cfg.gradient_checkpointing,
     )
     params = lora_parameters(model)
-    head = build_head(v, model) if cfg.objective == "reward" else None
+    head = build_head(v, model) if objective(cfg.objective).head else None
     if head is not None:
         params = [*params, (HEAD_PARAM, head.weight)]
     return Built(tok, model, params, head, provenance)

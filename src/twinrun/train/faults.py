@@ -21,15 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from twinrun.core.errors import ConfigError
+from twinrun.objectives.registry import BY_NAME
 
 FAULTS = ("sampler", "rng", "reduction", "observation", "replay")
-FAULTS_BY_OBJECTIVE = {
-    "sft": ("sampler", "rng", "reduction"),
-    "dpo": ("sampler", "rng", "reduction"),
-    "reward": ("sampler", "rng", "reduction"),
-    "grpo": FAULTS,
-    "text": ("rng", "reduction"),
-}
 
 
 @dataclass
@@ -66,7 +60,7 @@ def unseeded_plans(faults: Faults, plans: list[Any], n: int) -> list[Any]:
 
 def parse_faults(specs: list[str], objective: str) -> Faults:
     planted = set()
-    allowed = FAULTS_BY_OBJECTIVE.get(objective, FAULTS)
+    allowed = BY_NAME[objective].faults if objective in BY_NAME else FAULTS
     for spec in specs:
         name, sep, step = spec.partition("@")
         if not sep or not step.isdigit():

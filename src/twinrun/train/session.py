@@ -18,6 +18,7 @@ from twinrun.core.lock import acquire, release
 from twinrun.core.progress import Progress
 from twinrun.core.redact import redact
 from twinrun.data.examples import SourcedRow, load_rows
+from twinrun.objectives.registry import objective
 from twinrun.train import distributed
 from twinrun.train.faults import Faults, parse_faults
 from twinrun.train.outputs import begin_output_dir, check_output_dir, sidecar
@@ -294,7 +295,7 @@ def inputs_of(cfg: RunConfig) -> dict[str, Any]:
     """The input paths a sidecar names (the corpus files of a text run, in order; the evaluation
     examples when given) — what `twinrun reproduce` reads them from."""
     paths: dict[str, Any] = {"model": str(cfg.model)}
-    if cfg.objective == "text":
+    if not objective(cfg.objective).reads_examples:
         paths["corpus"] = [str(p) for p in cfg.corpus or []]
     else:
         paths["examples"] = str(cfg.examples)

@@ -25,6 +25,7 @@ from twinrun.data.batching import StepPlan, pad_rows, plan_steps
 from twinrun.data.pairs import EncodedPair, encode_pairs
 from twinrun.model.lora import lora_disabled
 from twinrun.objectives.dpo import dpo_loss, sequence_logprob
+from twinrun.objectives.registry import objective
 from twinrun.objectives.reward import bradley_terry_loss
 from twinrun.train.distributed import in_global_order, is_root, mine
 from twinrun.train.driver import drive, make_loop, spikes_of
@@ -44,14 +45,13 @@ class PairBatch:
     sides: list[Any]
 
 
-def train_pairs(cfg: RunConfig, objective: str) -> dict[str, Any]:
-    """Run DPO or reward modelling end to end; returns the sidecar record."""
-    cfg.objective = objective
+def train_pairs(cfg: RunConfig) -> dict[str, Any]:
+    """Run DPO or reward modelling (`cfg.objective`) end to end; returns the sidecar record."""
     session, pairs = open_session(
         cfg, lambda tok, raw, max_len: encode_pairs(tok, raw, cfg.chat_template == "on", max_len)
     )
     head = None
-    if objective == "reward":
+    if objective(cfg.objective).head:  # reward: a scalar head trains with the adapter
         from twinrun.model.reward_head import new_reward_head
 
         head = new_reward_head(session.model.hidden_size, valid(cfg).seed).to(cfg.device)

@@ -39,7 +39,6 @@ class SftBatch:
 
 def train_sft(cfg: RunConfig) -> dict[str, Any]:
     """Run SFT end to end; returns the sidecar record."""
-    cfg.objective = "sft"
     session, rows = open_session(
         cfg, lambda tok, raw, max_len: encode_sft_rows(tok, raw, cfg.chat_template == "on", max_len)
     )

@@ -42,7 +42,6 @@ def window_starts(cfg: RunConfig, step: int, tokens: int) -> tuple[int, ...]:
 
 def train_text(cfg: RunConfig) -> dict[str, Any]:
     """Run continued pre-training end to end; returns the sidecar record."""
-    cfg.objective = "text"
 
     def read(c: RunConfig) -> tuple[list[str], str]:
         return read_corpus(list(c.corpus or []))
