@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from twinrun.cli.main import run_cli
+from twinrun.objectives.registry import NAMES
 
 from .conftest import REPO
 
 EXAMPLES = REPO / "examples"
-TRAINERS = ("sft", "dpo", "reward", "grpo", "text")
+TRAINERS = NAMES  # every objective has an example config
 RUN_FILES = ("adapter_model.safetensors", "adapter_config.json", "twinrun.json", "metrics.jsonl",
              "diag.jsonl")  # fmt: skip
 
