@@ -61,9 +61,9 @@ class Tour:
         return RunConfig(**values)
 
     def train(self, name: str, seed: int, **over: Any) -> dict[str, Any]:
-        from twinrun.train.recipes.sft import train_sft
+        from twinrun.train.recipes import train
 
-        record = train_sft(self.sft_config(name, seed, **over))
+        record = train(self.sft_config(name, seed, **over))
         self.shas[name] = record["adapter"]["sha256"]
         return record
 
