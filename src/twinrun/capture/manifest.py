@@ -19,9 +19,10 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from twinrun.capture.payload import FORMAT, OBJECTIVES
+from twinrun.capture.payload import FORMAT
 from twinrun.core.errors import DataError
 from twinrun.core.jsonlimits import SMALL, parse_json
+from twinrun.objectives.registry import NAMES
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 STATE_FILES = {  # every file of the initial state a replay reads, each pinned by SHA256
@@ -88,7 +89,7 @@ def parse(data: bytes, where: str) -> dict[str, Any]:
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise DataError(f"{where}: not a {FORMAT} manifest", hint)
     problems = []
-    if m.get("objective") not in OBJECTIVES:
+    if m.get("objective") not in NAMES:
         problems.append(f"objective {m.get('objective')!r}")
     step = m.get("step")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:

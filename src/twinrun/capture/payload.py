@@ -28,7 +28,6 @@ from twinrun.objectives.registry import BY_NAME, NAMES
 
 FORMAT = "twinrun.optimizer-batch.v1"
 META_KEY = "twinrun"
-OBJECTIVES = NAMES
 # what each batch shape's update needs beyond rows and masks: name -> layout
 REQUIRED_EXTRAS: dict[str, dict[str, str]] = {
     "rollouts": {
@@ -204,7 +203,7 @@ def _decode(data: bytes | memoryview) -> Decoded:
     if meta.get("format") != FORMAT:
         raise DataError(f"format is {meta.get('format')!r}, expected {FORMAT!r}")
     objective = meta.get("objective")
-    if objective not in OBJECTIVES:
+    if objective not in NAMES:
         raise DataError(f"unknown objective {objective!r}")
     layout = meta.get("layout")
     if not isinstance(layout, dict) or not all(v in ("token", "row") for v in layout.values()):

@@ -16,16 +16,15 @@ from twinrun.objectives.registry import NAMES
 
 QUICK_STEPS = 3
 QUICK_EVAL_EXAMPLES = 8
-TRAINING = NAMES
 BUDGET_FLAGS = ("--stop-after", "--eval-limit")
 
 
 def quick_command(cmd: Sequence[str]) -> tuple[str, ...]:
     """`cmd` (a `twinrun tune ...` training command) with the quick budget appended."""
-    at = [i for i, a in enumerate(cmd[:-1]) if a == "tune" and cmd[i + 1] in TRAINING]
+    at = [i for i, a in enumerate(cmd[:-1]) if a == "tune" and cmd[i + 1] in NAMES]
     if not at:
         raise ConfigError(
-            f"--quick needs a twinrun training command (twinrun tune {'|'.join(TRAINING)} ...)",
+            f"--quick needs a twinrun training command (twinrun tune {'|'.join(NAMES)} ...)",
             "run the command without --quick",
         )
     given = [f for f in BUDGET_FLAGS if any(a == f or a.startswith(f + "=") for a in cmd)]
