@@ -13,6 +13,10 @@ Built in:
 - `clock`: `arithmetic` with a wall-clock timestamp (`time.time_ns`) prefixed to the prompt — the
   model-visible nondeterminism that fixed seeds cannot remove and capture/replay can.
 
+Reward sources from optional packages (`reward_sources`, imported only when named):
+`reasoning_gym:NAME` scores with a reasoning-gym task, `math-verify` with math-verify's answer
+check. These names are matched before the plugin rules below.
+
 Plugins: `--env module.path:factory` imports the module and calls `factory(**args)`. A plugin is
 code that runs with the user's rights, so it runs only where the user named it, and only code of
 the user's own choosing runs. The rule, checked in this order:
@@ -46,13 +50,14 @@ import numbers
 import re
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
 from twinrun.core.errors import ConfigError, DataError
 from twinrun.core.redact import REDACTED, redact_string
 from twinrun.core.rng import Stream
+from twinrun.rl.reward_sources import is_reward_source, make_reward_source
 
 BUILTIN_ENVIRONMENTS = ("arithmetic", "clock")
 
@@ -92,6 +97,10 @@ def _argument_strings(value: Any) -> list[str]:
         leaves = []
     texts = {str(value), repr(value), " ".join(str(value).split())} | set(leaves)
     return [t for t in texts if len(t) >= 3]
+
+
+one_line = _one_line  # the public names the tool environments use
+argument_strings = _argument_strings
 
 
 def _hidden(env: object) -> tuple[str, ...]:
@@ -263,28 +272,14 @@ def _check_factory(name: str, module_name: str, factory_name: str, factory: Any)
         )
 
 
-def make_environment(name: str, args: Mapping[str, Any] | None = None) -> Environment:
-    """A built-in environment by name, or a plugin `module.path:factory` made by factory(**args)
-    (the module's rules above, checked before the module is imported and before the factory is
-    called).
-
-    Raises ConfigError for an unknown name or arguments to a built-in, EnvironmentPluginError
-    (a ConfigError) for every plugin failure."""
-    args = dict(args or {})
-    if name in _BUILTINS:
-        if args:
-            raise ConfigError(
-                f"environment {name!r} takes no arguments, got {sorted(args)}",
-                "remove [environment.args] / --env-arg, or use a plugin environment",
-            )
-        return _BUILTINS[name]()
-    if ":" not in name:
-        raise ConfigError(
-            f"unknown environment {name!r}",
-            f"choose from {', '.join(BUILTIN_ENVIRONMENTS)}, or a plugin as module.path:factory",
-        )
+def load_plugin_factory(
+    name: str, args: Mapping[str, Any] | None
+) -> tuple[Callable[..., Any], tuple[str, ...]]:
+    """Rules 1 to 3 for a plugin `module.path:factory`: the module is imported and the factory
+    found and checked, never called. Returns (factory, the texts of the argument values to hide
+    in every error line). Every failure is an EnvironmentPluginError naming the plugin."""
     module_name, factory_name = check_plugin_name(name, args)
-    hide = tuple(t for v in args.values() for t in _argument_strings(v))
+    hide = tuple(t for v in (args or {}).values() for t in _argument_strings(v))
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # an import can fail in any way the module's code can
@@ -301,6 +296,33 @@ def make_environment(name: str, args: Mapping[str, Any] | None = None) -> Enviro
             "name a factory function or class defined in that module",
         )
     _check_factory(name, module_name, factory_name, factory)
+    return factory, hide
+
+
+def make_environment(name: str, args: Mapping[str, Any] | None = None) -> Environment:
+    """A built-in environment by name, a reward source (`reasoning_gym:NAME`, `math-verify`:
+    `reward_sources`), or a plugin `module.path:factory` made by factory(**args) (the module's
+    rules above, checked before the module is imported and before the factory is called).
+
+    Raises ConfigError for an unknown name or arguments to a built-in, EnvironmentPluginError
+    (a ConfigError) for every plugin failure."""
+    args = dict(args or {})
+    if name in _BUILTINS:
+        if args:
+            raise ConfigError(
+                f"environment {name!r} takes no arguments, got {sorted(args)}",
+                "remove [environment.args] / --env-arg, or use a plugin environment",
+            )
+        return _BUILTINS[name]()
+    if is_reward_source(name):
+        return make_reward_source(name, args)
+    if ":" not in name:
+        raise ConfigError(
+            f"unknown environment {name!r}",
+            f"choose from {', '.join(BUILTIN_ENVIRONMENTS)}, math-verify, reasoning_gym:TASK, "
+            "or a plugin as module.path:factory (multi-turn: calculator, lookup)",
+        )
+    factory, hide = load_plugin_factory(name, args)
     try:
         env = factory(**args)
     except Exception as exc:

@@ -1,0 +1,306 @@
+"""What every multi-turn tool environment shares (docs/tool-environments.md): the episode
+records, the protocols, the one error, calls into user code under a time limit, and running
+the model's tool calls.
+
+`Guard` runs every call into an environment's code in a daemon worker thread and waits at most
+`timeout_s`: past it, a ToolEnvironmentError says what did not return, and the thread is left to
+finish (or not) on its own. Every failure of the environment's code is one line naming the
+environment, with the texts of its argument values hidden. A failure of the model (a malformed
+call, an unknown tool, wrong arguments) is never an error: it is a failed `CallRecord` and a
+tool message that says so. This module does not import torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import numbers
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from twinrun.core.errors import DataError
+from twinrun.core.rng import Stream
+from twinrun.rl.environments import ArithmeticEnvironment, EnvironmentPluginError, one_line
+from twinrun.rl.tool_calls import ToolCall, canonical_json
+
+
+class ToolEnvironmentError(EnvironmentPluginError):
+    """A tool environment failed, returned something unusable or did not return in time."""
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One tool call the model made, and what came of it."""
+
+    name: str
+    arguments: Any  # the parsed arguments, or the raw text when malformed
+    ok: bool
+    result: str  # the tool's answer (text), or the one-line failure shown to the model
+
+
+@dataclass(frozen=True)
+class EnvReply:
+    """The environment's reply to one model turn. When `done`, `messages` is empty."""
+
+    messages: tuple[dict[str, str], ...]  # each {"role": "tool"|"user", "content": str}
+    done: bool
+    calls: tuple[CallRecord, ...] = ()
+
+
+@runtime_checkable
+class Episode(Protocol):
+    """One rollout's conversation with a fresh environment instance."""
+
+    tools: tuple[dict[str, Any], ...]  # JSON schemas offered to the model (may be empty)
+
+    def start(self) -> str: ...  # the first user message (observation at turn 0)
+
+    def answer(self, text: str) -> EnvReply: ...  # reply to the model's turn (decoded text)
+
+    def reward(self) -> float: ...  # final score of the episode (finite float)
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class ToolEnvironment(Protocol):
+    name: str
+
+    def episode(self, row: dict[str, Any], rng: Stream) -> Episode: ...
+
+
+class _TimedOut(Exception):
+    pass
+
+
+class ToolFailed(Exception):
+    """Raised by a tool's invocation to fail the call with this text shown verbatim."""
+
+
+def bounded(timeout_s: float, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """fn(*args, **kwargs) in a daemon thread: its value, or its exception raised here;
+    _TimedOut when it has not returned after `timeout_s` (the thread is abandoned)."""
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except SystemExit as exc:  # a plugin's sys.exit() must not end the trainer
+            box["error"] = RuntimeError(f"SystemExit({exc.code!r})")
+        except BaseException as exc:  # carried to the caller's thread, raised there
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name="twinrun-environment-call", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise _TimedOut
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+@dataclass(frozen=True)
+class Guard:
+    """Calls into one environment's code: its name, the time limit, the texts to hide."""
+
+    env: str
+    timeout_s: float
+    hide: tuple[str, ...] = ()
+
+    def line(self, text: object) -> str:
+        return one_line(text, self.hide)[:300]
+
+    def late(self, what: str) -> ToolEnvironmentError:
+        return ToolEnvironmentError(
+            f"environment {self.env!r}: {what} did not return within {self.timeout_s:g} s",
+            "make the environment answer faster, or raise the environment's timeout",
+        )
+
+    def call(self, what: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """The environment's own code: every failure is a ToolEnvironmentError."""
+        try:
+            return bounded(self.timeout_s, fn, *args, **kwargs)
+        except _TimedOut:
+            raise self.late(what) from None
+        except ToolEnvironmentError:
+            raise
+        except Exception as exc:
+            raise ToolEnvironmentError(
+                f"environment {self.env!r}: {what} raised {type(exc).__name__}: {self.line(exc)}"
+            ) from exc
+
+    def text(self, what: str, value: Any) -> str:
+        """A return value as model-visible text: str as is; int/float/bool str(); dict/list
+        canonical JSON; None ""; any other type a ToolEnvironmentError."""
+        if isinstance(value, str):
+            return value
+        if value is None:
+            return ""
+        if isinstance(value, bool | int | float):
+            return str(value)
+        if isinstance(value, dict | list):
+            try:
+                return canonical_json(value)
+            except (TypeError, ValueError) as exc:
+                raise ToolEnvironmentError(
+                    f"environment {self.env!r}: {what} returned a {type(value).__name__} that is "
+                    f"not JSON ({type(exc).__name__})"
+                ) from None
+        raise ToolEnvironmentError(
+            f"environment {self.env!r}: {what} returned {type(value).__name__}, not text",
+            "return a str (or a number, dict, list or None)",
+        )
+
+    def reward(self, value: Any, what: str = "reward") -> float:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ToolEnvironmentError(
+                f"environment {self.env!r}: {what} is {type(value).__name__}, not a float",
+                "the episode's reward must be a finite float",
+            )
+        reward = float(value)
+        if not math.isfinite(reward):
+            raise ToolEnvironmentError(
+                f"environment {self.env!r}: {what} is {reward}, not a finite float",
+                "the episode's reward must be a finite float",
+            )
+        return reward
+
+
+def row_prompt(row: Mapping[str, Any], env: str) -> str:
+    """The row's "prompt" string (DataError naming the environment otherwise)."""
+    prompt = row.get("prompt")
+    if not isinstance(prompt, str):
+        raise DataError(
+            f"environment {env!r}: examples row has no string 'prompt' field (keys: {sorted(row)})",
+            f"every row needs 'prompt' for --env {env} (or a reset that returns text)",
+        )
+    return prompt
+
+
+def arithmetic_reward(row: Mapping[str, Any], final: str) -> float:
+    """1.0 iff the final model turn starts with int(row["answer"])."""
+    return ArithmeticEnvironment().reward(dict(row), final)
+
+
+def row_kwargs(fn: Callable[..., Any], row: Mapping[str, Any], rng: Stream) -> dict[str, Any]:
+    """What `reset` receives: every row field when it takes **kwargs, else the fields its
+    parameters name; `rng` (the rollout's twinrun stream) when it has a parameter of that name."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    fields = {k: v for k, v in row.items() if isinstance(k, str) and k.isidentifier()}
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        chosen = fields
+    else:
+        chosen = {k: v for k, v in fields.items() if k in named}
+    if "rng" in named:
+        chosen["rng"] = rng
+    return chosen
+
+
+def reward_of(guard: Guard, obj: Any, row: Mapping[str, Any], final: str) -> float:
+    """An environment object's score: its `reward()` method (no required arguments), else a
+    numeric `reward` attribute, else the arithmetic rule on the final model turn."""
+    attr = inspect.getattr_static(obj, "reward", None)
+    if attr is None:
+        return arithmetic_reward(row, final)
+    value = obj.reward
+    if callable(value):
+        try:
+            required = [
+                p.name
+                for p in inspect.signature(value).parameters.values()
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            ]
+        except (TypeError, ValueError):
+            required = []
+        if required:
+            raise ToolEnvironmentError(
+                f"environment {guard.env!r}: reward() requires arguments {required}",
+                "define reward(self) with no required arguments, or a numeric reward attribute",
+            )
+        value = guard.call("reward", value)
+    return guard.reward(value)
+
+
+_JSON_CHECK: dict[str, tuple[type, ...]] = {
+    "integer": (int,), "number": (int, float), "string": (str,), "boolean": (bool,),
+    "array": (list,), "object": (dict,),
+}  # fmt: skip
+
+
+def argument_problem(parameters: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
+    """Why `arguments` do not fit a JSON-schema `parameters` object (required names, the basic
+    types, unknown names when additionalProperties is false), or None."""
+    props = parameters.get("properties") or {}
+    missing = [r for r in parameters.get("required") or [] if r not in arguments]
+    if missing:
+        return f"missing required argument(s) {', '.join(map(repr, missing))}"
+    if parameters.get("additionalProperties") is False:
+        unknown = [k for k in arguments if k not in props]
+        if unknown:
+            return f"unexpected argument(s) {', '.join(repr(k[:40]) for k in unknown[:8])}"
+    for key, value in arguments.items():
+        kind = props.get(key, {}).get("type") if isinstance(props.get(key), dict) else None
+        allowed = _JSON_CHECK.get(kind) if isinstance(kind, str) else None
+        if allowed is None:
+            continue
+        if (isinstance(value, bool) and kind != "boolean") or not isinstance(value, allowed):
+            return f"argument {key!r} must be a JSON {kind}, got {type(value).__name__}"
+    return None
+
+
+@dataclass
+class Toolbox:
+    """The tools of one episode: their schemas, and how to invoke one by name. `invoke(name,
+    arguments)` is the environment's code; `signatures` (optional) checks the names bound."""
+
+    guard: Guard
+    schemas: tuple[dict[str, Any], ...]
+    invoke: Callable[[str, dict[str, Any]], Any]
+    signatures: dict[str, inspect.Signature] = dataclasses.field(default_factory=dict)
+
+    def names(self) -> list[str]:
+        return [s["function"]["name"] for s in self.schemas]
+
+    def run(self, call: ToolCall) -> CallRecord:
+        def failed(why: str) -> CallRecord:
+            return CallRecord(call.name, call.raw if call.arguments is None else call.arguments,
+                              False, f"error: {why}")  # fmt: skip
+
+        if call.error is not None or call.arguments is None:
+            return failed(call.error or "malformed tool call")
+        by_name = {s["function"]["name"]: s["function"] for s in self.schemas}
+        if call.name not in by_name:
+            tools = ", ".join(self.names()) or "none"
+            return failed(f"unknown tool {call.name[:60]!r}; the tools are: {tools}")
+        problem = argument_problem(by_name[call.name].get("parameters") or {}, call.arguments)
+        if problem is None and call.name in self.signatures:
+            try:
+                self.signatures[call.name].bind(**call.arguments)
+            except TypeError as exc:
+                problem = " ".join(str(exc).split())[:200]
+        if problem is not None:
+            return failed(f"tool {call.name!r}: {problem}")
+        try:
+            value = bounded(self.guard.timeout_s, self.invoke, call.name, call.arguments)
+        except _TimedOut:
+            raise self.guard.late(f"tool {call.name!r}") from None
+        except ToolEnvironmentError:
+            raise
+        except ToolFailed as exc:
+            return failed(self.guard.line(exc))
+        except Exception as exc:  # the tool's failure is shown to the model; the episode goes on
+            return failed(f"{type(exc).__name__}: {self.guard.line(exc)}")
+        text = self.guard.text(f"tool {call.name!r}", value)
+        return CallRecord(call.name, call.arguments, True, text)
+
+
+def tool_messages(records: list[CallRecord]) -> tuple[dict[str, str], ...]:
+    return tuple({"role": "tool", "content": r.result} for r in records)
