@@ -169,6 +169,10 @@ def test_builtins_take_no_arguments_and_single_turn_names_are_refused() -> None:
             make_tool_environment("calculator", None, bad)
     with pytest.raises(DataError, match="'calculator': examples row has no string 'prompt'"):
         episode("calculator", {"answer": "1"}).start()
+    with pytest.raises(DataError, match="'lookup': examples row has no 'answer' field"):
+        episode("lookup", {"prompt": "p"}).reward()
+    with pytest.raises(DataError, match="'calculator': 'answer' 'x' is not an integer"):
+        episode("calculator", {"prompt": "p", "answer": "x"}).reward()
 
 
 # --- plugins -----------------------------------------------------------------------------
@@ -656,3 +660,19 @@ def test_math_verify_scores_completions(monkeypatch: pytest.MonkeyPatch) -> None
     assert checked_prompt(env, "math-verify", row, rng()) == "Half of 1?"
     assert checked_reward(env, "math-verify", row, " \\frac{1}{2} ") == 1.0
     assert checked_reward(env, "math-verify", row, "0.3") == 0.0
+
+
+def test_no_optional_package_nor_torch_is_imported() -> None:
+    import subprocess
+
+    code = (
+        "import sys, twinrun.rl.tool_envs, twinrun.rl.tool_calls, twinrun.rl.environments\n"
+        "heavy = {'torch', 'trl', 'openenv', 'mcp', 'reasoning_gym', 'math_verify', 'requests'}\n"
+        "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
+    )
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={"PYTHONPATH": src}, capture_output=True, text=True,
+        timeout=60, check=True,
+    )  # fmt: skip
+    assert out.stdout.strip() == "[]"
