@@ -335,6 +335,19 @@ class SingleTurn:
 class Shapeless:
     def tool(self) -> str:
         return "x"
+
+
+class Seeded:
+    def reset(self, answer, rng):
+        return f"draw {rng.integers(0, 1000)}, answer {answer}"
+
+
+class PositionalOnly:
+    def reset(self):
+        return None
+
+    def positional(self, x, /) -> str:
+        return x
 '''
 
 
@@ -429,6 +442,16 @@ def test_a_tool_past_the_timeout_is_an_error_naming_it(plugins: str) -> None:
     )
     with pytest.raises(ToolEnvironmentError, match="reset did not return within 0.2 s"):
         episode(f"{plugins}:SlowReset", timeout=0.2).start()
+
+
+def test_reset_takes_the_fields_it_names_and_the_rollouts_stream(plugins: str) -> None:
+    env = make_tool_environment(f"{plugins}:Seeded", None, 5.0)
+    first = env.episode(dict(ROW), stream(4, "rollout", 1, 0)).start()
+    assert first == env.episode(dict(ROW), stream(4, "rollout", 1, 0)).start()
+    assert re.fullmatch(r"draw \d+, answer 42", first)
+    assert first != env.episode(dict(ROW), stream(4, "rollout", 2, 0)).start()
+    with pytest.raises(ToolEnvironmentError, match="parameter 'x' is positional-only"):
+        make_tool_environment(f"{plugins}:PositionalOnly", None, 5.0).episode(dict(ROW), rng())
 
 
 def test_rewards_of_the_trl_shape(plugins: str) -> None:
