@@ -169,6 +169,10 @@ def test_builtins_take_no_arguments_and_single_turn_names_are_refused() -> None:
             make_tool_environment("calculator", None, bad)
     with pytest.raises(DataError, match="'calculator': examples row has no string 'prompt'"):
         episode("calculator", {"answer": "1"}).start()
+    with pytest.raises(DataError, match="'lookup': examples row has no 'answer' field"):
+        episode("lookup", {"prompt": "p"}).reward()
+    with pytest.raises(DataError, match="'calculator': 'answer' 'x' is not an integer"):
+        episode("calculator", {"prompt": "p", "answer": "x"}).reward()
 
 
 # --- plugins -----------------------------------------------------------------------------
@@ -331,6 +335,19 @@ class SingleTurn:
 class Shapeless:
     def tool(self) -> str:
         return "x"
+
+
+class Seeded:
+    def reset(self, answer, rng):
+        return f"draw {rng.integers(0, 1000)}, answer {answer}"
+
+
+class PositionalOnly:
+    def reset(self):
+        return None
+
+    def positional(self, x, /) -> str:
+        return x
 '''
 
 
@@ -425,6 +442,16 @@ def test_a_tool_past_the_timeout_is_an_error_naming_it(plugins: str) -> None:
     )
     with pytest.raises(ToolEnvironmentError, match="reset did not return within 0.2 s"):
         episode(f"{plugins}:SlowReset", timeout=0.2).start()
+
+
+def test_reset_takes_the_fields_it_names_and_the_rollouts_stream(plugins: str) -> None:
+    env = make_tool_environment(f"{plugins}:Seeded", None, 5.0)
+    first = env.episode(dict(ROW), stream(4, "rollout", 1, 0)).start()
+    assert first == env.episode(dict(ROW), stream(4, "rollout", 1, 0)).start()
+    assert re.fullmatch(r"draw \d+, answer 42", first)
+    assert first != env.episode(dict(ROW), stream(4, "rollout", 2, 0)).start()
+    with pytest.raises(ToolEnvironmentError, match="parameter 'x' is positional-only"):
+        make_tool_environment(f"{plugins}:PositionalOnly", None, 5.0).episode(dict(ROW), rng())
 
 
 def test_rewards_of_the_trl_shape(plugins: str) -> None:
@@ -656,3 +683,19 @@ def test_math_verify_scores_completions(monkeypatch: pytest.MonkeyPatch) -> None
     assert checked_prompt(env, "math-verify", row, rng()) == "Half of 1?"
     assert checked_reward(env, "math-verify", row, " \\frac{1}{2} ") == 1.0
     assert checked_reward(env, "math-verify", row, "0.3") == 0.0
+
+
+def test_no_optional_package_nor_torch_is_imported() -> None:
+    import subprocess
+
+    code = (
+        "import sys, twinrun.rl.tool_envs, twinrun.rl.tool_calls, twinrun.rl.environments\n"
+        "heavy = {'torch', 'trl', 'openenv', 'mcp', 'reasoning_gym', 'math_verify', 'requests'}\n"
+        "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
+    )
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={"PYTHONPATH": src}, capture_output=True, text=True,
+        timeout=60, check=True,
+    )  # fmt: skip
+    assert out.stdout.strip() == "[]"

@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from twinrun.core.errors import DataError
 from twinrun.core.rng import Stream
-from twinrun.rl.environments import ArithmeticEnvironment, EnvironmentPluginError, one_line
+from twinrun.rl.environments import EnvironmentPluginError, first_integer, one_line
 from twinrun.rl.tool_calls import ToolCall, canonical_json
 
 
@@ -181,9 +181,21 @@ def row_prompt(row: Mapping[str, Any], env: str) -> str:
     return prompt
 
 
-def arithmetic_reward(row: Mapping[str, Any], final: str) -> float:
-    """1.0 iff the final model turn starts with int(row["answer"])."""
-    return ArithmeticEnvironment().reward(dict(row), final)
+def arithmetic_reward(row: Mapping[str, Any], final: str, env: str) -> float:
+    """1.0 iff the final model turn starts with int(row["answer"]) (DataError naming the
+    environment when the row has no integer answer)."""
+    if "answer" not in row:
+        raise DataError(
+            f"environment {env!r}: examples row has no 'answer' field (keys: {sorted(row)})",
+            f"every row needs 'answer' for --env {env} (or an environment with a reward)",
+        )
+    try:
+        answer = int(str(row["answer"]).strip())
+    except ValueError:
+        raise DataError(
+            f"environment {env!r}: 'answer' {row['answer']!r} is not an integer"
+        ) from None
+    return 1.0 if first_integer(final) == answer else 0.0
 
 
 def row_kwargs(fn: Callable[..., Any], row: Mapping[str, Any], rng: Stream) -> dict[str, Any]:
@@ -209,8 +221,8 @@ def reward_of(guard: Guard, obj: Any, row: Mapping[str, Any], final: str) -> flo
     numeric `reward` attribute, else the arithmetic rule on the final model turn."""
     attr = inspect.getattr_static(obj, "reward", None)
     if attr is None:
-        return arithmetic_reward(row, final)
-    value = obj.reward
+        return arithmetic_reward(row, final, guard.env)
+    value = guard.call("reward", lambda: obj.reward)  # a property is code too
     if callable(value):
         try:
             required = [

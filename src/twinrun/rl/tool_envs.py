@@ -176,7 +176,7 @@ class ArithmeticToolEpisode:
         return EnvReply(({"role": "user", "content": nudge},), False)
 
     def reward(self) -> float:
-        return arithmetic_reward(self.row, self.final)
+        return arithmetic_reward(self.row, self.final, self.name)
 
     def close(self) -> None:
         pass

@@ -167,7 +167,7 @@ def step_result(guard: Guard, what: str, value: Any) -> tuple[str | None, float 
         obs, reward, done = value, None, False
     if done is None:
         done = False
-    if not isinstance(done, bool | int) or isinstance(done, float):
+    if not isinstance(done, bool | int):
         raise ToolEnvironmentError(
             f"environment {guard.env!r}: {what} answered done={type(done).__name__}, not a bool"
         )
