@@ -22,7 +22,13 @@ from tests.capture_helpers import (
     write_toml,
 )
 from tests.distributed.launch import torchrun_many
-from tests.integration.toy_runs import OBJECTIVES, run_args, sha256_of, write_examples
+from tests.integration.toy_runs import (
+    OBJECTIVES,
+    STATEFUL_MODULE,
+    run_args,
+    sha256_of,
+    write_examples,
+)
 from twinrun.cli.main import run_cli
 
 
@@ -62,6 +68,23 @@ def grpo_blocks(model: Path, data: Path, out: Path) -> list[str]:
     return with_flags(args, prompts_per_step="3", rollout_block="2")
 
 
+def grpo_env(model: Path, examples: Path, out: Path, flags: dict[str, str]) -> list[str]:
+    """GRPO with one prompt group per block (group 0 on rank 0 of 2, group 1 on rank 1), on
+    the environment `flags["env"]`, without the replay buffer."""
+    args = run_args("grpo", model, examples, out, "--diag")
+    cut = args.index("--replay")
+    return with_flags(args[:cut] + args[cut + 10 :], rollout_block="1", token_cap="12", **flags)
+
+
+EXTRA_GRPO = {
+    # a single-turn plugin that counts its calls: one instance per prompt group, so its state
+    # cannot run from one group (or process) into the next
+    "grpo-stateful": {"env": f"{STATEFUL_MODULE}:make"},
+    # multi-turn: the calculator nudges the untrained model until the turn limit
+    "grpo-tools": {"env": "calculator", "max_turns": "2", "tool_timeout": "30", "steps": "2"},
+}
+
+
 @dataclass
 class Runs:
     one: dict[str, Path]  # the runs of one process (in this process, no torchrun)
@@ -90,6 +113,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory, toy_model_dir: Path) -> Runs:
     args[blocks] = grpo_blocks(toy_model_dir, data, one[blocks])
     assert run_cli(args[blocks]) == 0
     many.append(grpo_blocks(toy_model_dir, data, two[blocks]))
+    for name, flags in EXTRA_GRPO.items():
+        one[name], two[name] = root / "one" / name, root / "two" / name
+        args[name] = grpo_env(toy_model_dir, examples["grpo"], one[name], flags)
+        assert run_cli(args[name]) == 0
+        many.append(grpo_env(toy_model_dir, examples["grpo"], two[name], flags))
     many.append(["run", str(toml), "--quiet"])
     job = torchrun_many(2, many, root, paths=(data,))
     assert job.returncode == 0, job.stderr[-3000:]
@@ -134,6 +162,20 @@ def test_grpo_blocks_on_two_processes_write_the_bytes_of_one(runs: Runs) -> None
         assert (two / name).read_bytes() == (one / name).read_bytes()
     assert timeless(metrics(two)) == timeless(metrics(one))
     assert json.loads((two / "twinrun.json").read_text())["train"]["rollout_block"] == 2
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA_GRPO))
+def test_environments_on_two_processes_write_the_bytes_of_one(runs: Runs, name: str) -> None:
+    """A stateful single-turn environment and a multi-turn tool environment: 1 and 2 processes
+    write the same adapter, diag (every observation leaf) and metrics."""
+    one, two = runs.one[name], runs.two[name]
+    for file in ("adapter_model.safetensors", "diag.jsonl"):
+        assert (two / file).read_bytes() == (one / file).read_bytes(), file
+    assert timeless(metrics(two)) == timeless(metrics(one))
+    leaves = json.loads((one / "diag.jsonl").read_text().splitlines()[0])["checksums"]
+    observed = sum(leaf.startswith("observation.") for leaf in leaves)
+    # single-turn: one per prompt group; multi-turn: one per turn of each of the 2 x 3 episodes
+    assert observed > 6 if name == "grpo-tools" else observed == 2
 
 
 def test_uneven_accumulation_steps(runs: Runs) -> None:

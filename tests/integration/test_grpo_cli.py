@@ -91,16 +91,18 @@ def test_arithmetic_same_seed_same_bytes_other_seed_differs(
     assert rows[0]["rows"] == 8 and rows[0]["active_tokens"] <= 8 * 3  # token cap 3
 
 
-def test_clock_same_seed_differs_at_rollout_tokens(
+def test_clock_same_seed_differs_at_the_observation(
     tmp_path: Path, toy_model_dir: Path, arith: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for name in ("a", "b"):
         run(grpo_args(toy_model_dir, arith, tmp_path / name, 1, "--env", "clock"))
     capsys.readouterr()
-    # bitwise: two timestamps whose digits are a permutation give the same sum of squares
-    assert run_cli(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--bitwise"]) == 1
+    # the observation leaf is the SHA256 of the prompt: it parts without --bitwise too, before
+    # the tokens it changed
+    assert run_cli(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
     out = capsys.readouterr().out
-    assert out.startswith("FIRST_DIVERGENCE: step=0 leaf=rollout.tokens ")
+    assert out.startswith("FIRST_DIVERGENCE: step=0 leaf=observation.prompt_0.turn_0 ")
+    assert "the observation of prompt 0 changed; the environment's prompt differs" in out
 
 
 def test_plugin_environment_trains_reproducibly(
@@ -122,7 +124,8 @@ def test_plugin_environment_trains_reproducibly(
     assert rows[0]["replayed_rows"] == 0 and rows[1]["replayed_rows"] == 4
     diag = [json.loads(x) for x in (a / "diag.jsonl").read_text().splitlines()]
     leaves = list(diag[1]["checksums"])
-    assert leaves[:6] == ["batch.sample_indices", "replay.priorities", "replay.draws",
+    assert leaves[:8] == ["batch.sample_indices", "observation.prompt_0.turn_0",
+                          "observation.prompt_1.turn_0", "replay.priorities", "replay.draws",
                           "replay.sample_indices", "replay.weights", "rollout.tokens"]  # fmt: skip
     side = json.loads((a / "twinrun.json").read_text())
     assert side["train"]["env"] == plugin_module
@@ -212,7 +215,7 @@ def test_observation_fault_localised(
         "RECORDED_DIFFERENCES: 1",
         '  train.inject: run_A=[] run_B=["observation@1"] (setting)',
     ]  # the sidecars record the planted fault
-    assert lines[2].startswith("FIRST_DIVERGENCE: step=1 leaf=rollout.tokens ")
+    assert lines[2].startswith("FIRST_DIVERGENCE: step=1 leaf=observation.prompt_0.turn_0 ")
 
 
 @pytest.mark.parametrize(

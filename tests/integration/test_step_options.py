@@ -27,7 +27,7 @@ FAULT = {
     "sft": ("reduction@1", 1, "grads.lora"),
     "dpo": ("rng@0", 0, "rng.state"),  # dpo spikes at step 1: a rerun runs without the fault
     "reward": ("rng@0", 0, "rng.state"),
-    "grpo": ("observation@1", 1, "rollout.tokens"),
+    "grpo": ("observation@1", 1, "observation.prompt_0.turn_0"),
 }
 
 

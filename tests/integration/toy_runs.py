@@ -28,6 +28,26 @@ def make(**args):
 '''
 SHAPED_MODULE = "twinrun_pinned_shaped_env"
 
+STATEFUL_ENV = '''
+class Counting:
+    """Keeps state between calls: each reward counts the rewards this instance gave before."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def prompt(self, row, rng):
+        return row["prompt"]
+
+    def reward(self, row, completion):
+        self.calls += 1
+        return float(self.calls % 3) + len(completion) % 2
+
+
+def make(**args):
+    return Counting()
+'''
+STATEFUL_MODULE = "twinrun_stateful_env"
+
 
 def write_examples(folder: Path) -> dict[str, Path]:
     """sft: 8 shipped rows; dpo/reward: 4 shipped pairs; grpo: 4 arithmetic prompts. Also puts
@@ -42,6 +62,7 @@ def write_examples(folder: Path) -> dict[str, Path]:
             ((1, 2), (3, 4), (2, 2), (4, 1))]  # fmt: skip
     arith.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (folder / f"{SHAPED_MODULE}.py").write_text(SHAPED_ENV)
+    (folder / f"{STATEFUL_MODULE}.py").write_text(STATEFUL_ENV)
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
     return {"sft": sft, "dpo": pairs, "reward": pairs, "grpo": arith}

@@ -33,6 +33,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("infer/generate.py", "text"): "the word: generate's result key for the decoded text",
     ("diag/rows.py", "text"): "the word: a diag row's source text",
     ("rl/environments.py", "reward"): "the word: an environment's reward method",
+    ("rl/tool_base.py", "reward"): "the word: a tool environment's reward method or attribute",
+    ("rl/tool_plugins.py", "reward"): "the word: OpenEnv's step-result field and reward method",
+    ("rl/tool_plugins.py", "text"): "the word: an observation's or MCP content's text field",
 }
 
 

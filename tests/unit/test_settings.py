@@ -34,7 +34,7 @@ GRPO = {
     "--steps", "--prompts-per-step", "--group-size", "--max-new-tokens", "--temperature",
     "--clip-eps", "--advantage-clip", "--token-cap", "--env", "--env-arg", "--replay",
     "--replay-capacity", "--replay-alpha", "--replay-beta", "--replay-fraction",
-    "--rollout-block",
+    "--rollout-block", "--max-turns", "--tool-timeout",
 }  # fmt: skip
 EXPECTED_FLAGS = {
     "sft": COMMON | {"--epochs", "--accumulation"},

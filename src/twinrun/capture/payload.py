@@ -37,6 +37,9 @@ REQUIRED_EXTRAS: dict[str, dict[str, str]] = {
         "ints.prompt_lengths": "row",
     },
 }
+# what a batch shape may hold besides: rollouts of a tool environment hold tool and environment
+# tokens, which `ints.model_mask` (1 on the model's sampled tokens) keeps out of the update
+OPTIONAL_EXTRAS: dict[str, dict[str, str]] = {"rollouts": {"ints.model_mask": "token"}}
 BASE: tuple[str, ...] = (
     "row_offsets",
     "tokens",
@@ -272,8 +275,9 @@ def validate(arrays: BatchArrays, counts: np.ndarray | None = None) -> None:
     elif arrays.denominator != max(1, kept) or (shape == "rows" and kept < 1):
         raise DataError(f"denominator {arrays.denominator} is not the {kept} loss tokens")
     need = REQUIRED_EXTRAS.get(shape, {})
+    may = OPTIONAL_EXTRAS.get(shape, {})
     got = {key: layout for key, (layout, _) in arrays.extras.items()}
-    if got != need:
+    if {k: v for k, v in got.items() if may.get(k) != v} != need:
         raise DataError(f"{arrays.objective} needs {need}, the payload has {got}")
     for key, (layout, a) in arrays.extras.items():
         if len(a) != (total if layout == "token" else n):
@@ -284,5 +288,12 @@ def validate(arrays: BatchArrays, counts: np.ndarray | None = None) -> None:
         prompt = arrays.extras["ints.prompt_lengths"][1]
         if np.any(prompt < 1) or np.any(prompt >= arrays.lengths):
             raise DataError("prompt_lengths must leave at least one completion token per row")
+        if "ints.model_mask" in arrays.extras:
+            model = arrays.extras["ints.model_mask"][1]
+            in_prompt = np.arange(total) < np.repeat(arrays.offsets[:-1] + prompt, arrays.lengths)
+            if np.any((model != 0) & (model != 1)) or np.any(model[in_prompt] != 0):
+                raise DataError("model_mask must be 0/1 and 0 on every prompt token")
+            if np.any(arrays.loss_mask > model):
+                raise DataError("loss_mask keeps a token that model_mask says is not the model's")
     if arrays.step < 0:
         raise DataError("step must be >= 0")

@@ -165,13 +165,25 @@ class RunConfig:
     )  # fmt: skip
     env: str | None = _s(
         "str", "--env", "environment.name",
-        "arithmetic | clock | module.path:factory — a plugin is code of your own module, run "
-        "with your rights (not the standard library; explain never imports it).",
+        "arithmetic | clock | math-verify | reasoning_gym:TASK (single-turn) | calculator | "
+        "lookup | http://127.0.0.1:PORT (tool environments) | module.path:factory — a plugin is "
+        "code of your own module, run with your rights (not the standard library; explain "
+        "never imports it).",
         required=True, objectives=GRPO,
     )  # fmt: skip
     env_args: dict[str, Any] | None = _s(
         "table", "--env-arg", "environment.args", "KEY=VALUE for a plugin environment.",
         objectives=GRPO, record_for_all=True, multiple=True,
+    )  # fmt: skip
+    max_turns: int | None = _s(
+        "int", "--max-turns", "environment.max_turns",
+        "Tool environments: model turns per episode, at most (required for them).",
+        objectives=GRPO, low=1,
+    )  # fmt: skip
+    tool_timeout: float | None = _s(
+        "float", "--tool-timeout", "environment.tool_timeout",
+        "Tool environments: seconds any one call into the environment may take (required).",
+        objectives=GRPO, low=0, low_open=True, shapes=False,
     )  # fmt: skip
     replay: str = _s(
         "str", "--replay", "replay.kind", "none | per.",
@@ -470,6 +482,8 @@ def shaping_numbers(cfg: RunConfig, resolved: Mapping[str, Any] | None = None) -
         if name in REPLAY_FIELDS and cfg.replay != "per":
             continue
         value = getattr(cfg, name)
+        if name == "max_turns" and value is None:
+            continue  # single-turn environments: runs recorded before tool environments agree
         if resolved is not None and name in resolved and (value is None or name == "lora_targets"):
             value = resolved[name]
         out[name] = list(value) if isinstance(value, tuple) else value

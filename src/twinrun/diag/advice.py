@@ -12,6 +12,7 @@ parameter-gradient accumulation, final gradient), whether the traces list differ
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,6 +165,8 @@ def advice_for(leaf: str | None) -> Advice:
         return Advice("(row)", *MISSING_ROW)
     if leaf in ADVICE:
         return ADVICE[leaf]
+    if (seen := _OBSERVATION.fullmatch(leaf)) is not None:
+        return observation_advice(leaf, seen)
     best = ""
     for key in ADVICE:
         if key.endswith(".") and leaf.startswith(key) and len(key) > len(best):
@@ -178,6 +181,32 @@ def advice_for(leaf: str | None) -> Advice:
         a = ADVICE[best]
         return Advice(leaf, a.cause, a.fix)
     return Advice(leaf, *GENERIC)
+
+
+_OBSERVATION = re.compile(r"observation\.prompt_(\d+)(?:\.sample_(\d+))?\.turn_(\d+)")
+
+
+def observation_advice(leaf: str, seen: re.Match[str]) -> Advice:
+    """An observation leaf (`observation.prompt_G[.sample_K].turn_T`) names where the
+    environment said something different: which prompt, sample and turn."""
+    prompt, sample, turn = seen.group(1), seen.group(2), int(seen.group(3))
+    if sample is None:
+        where = f"the observation of prompt {prompt} changed"
+        what = "the environment's prompt differs"
+    elif turn == 0:
+        where = f"the observation changed at turn 0 of sample {sample} (prompt {prompt})"
+        what = "the episode's first message differs"
+    else:
+        where = f"the observation changed at turn {turn} of sample {sample} (prompt {prompt})"
+        what = "the tool result or the environment's reply differs"
+    return Advice(
+        leaf,
+        f"the environment is not deterministic: {where}; {what}: a timestamp, a path or an id? "
+        "(or state carried between rollouts)",
+        "make the environment's answers a pure function of the row, its rng and what was said "
+        "in the rollout; where the world is nondeterministic, capture the step and replay it "
+        "(trainer = 'optimizer_replay')",
+    )
 
 
 # -- step traces ---------------------------------------------------------------------------

@@ -97,26 +97,41 @@ class CheckpointTokenizer:
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return str(self.hf.decode(list(ids), skip_special_tokens=skip_special))
 
-    def _check_template(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> None:
+    def _check_template(
+        self,
+        messages: list[dict[str, str]],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
         """The template rendered once within bounds of time and size (model/chat_template.py)."""
         self.require_chat_template()
         variables = {
             **self.hf.special_tokens_map,
             "messages": [dict(m) for m in messages],
-            "tools": None,
+            "tools": tools,
             "documents": None,
             "add_generation_prompt": add_generation_prompt,
         }
         check_render(str(self.chat_template), variables, self.source)
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        """The chat template rendered to text (what `apply_chat_template(tokenize=False)` gives)."""
-        self._check_template(messages, add_generation_prompt)
+    def render_chat(
+        self,
+        messages: list[dict[str, str]],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The chat template rendered to text (what `apply_chat_template(tokenize=False)` gives);
+        `tools` (JSON schemas) are passed to templates that render them."""
+        self._check_template(messages, add_generation_prompt, tools)
         return str(
             self.hf.apply_chat_template(
-                messages, add_generation_prompt=add_generation_prompt, tokenize=False
+                messages, add_generation_prompt=add_generation_prompt, tokenize=False, tools=tools
             )
         )
+
+    def end_text(self, token: int) -> str:
+        """The text of a special token as a chat template writes it (e.g. `<|im_end|>`)."""
+        return str(self.hf.convert_ids_to_tokens(int(token)))
 
     def _chat_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
         self._check_template(messages, add_generation_prompt)

@@ -35,6 +35,7 @@ from typing import Any
 from twinrun.capture import manifest as mf
 from twinrun.core.digest import sha256_file
 from twinrun.core.errors import DataError
+from twinrun.core.safetensors_io import read_tensors
 from twinrun.replay.identity import RUN_IDENTITY, read_identity
 from twinrun.train.hooks.capture import SKIPPED
 
@@ -336,13 +337,11 @@ def timing(reps: list[RunRecord], src: RunRecord | None = None) -> dict[str, Any
 
 def _update(initial: dict[str, Any], final_dir: Path) -> Any:
     import torch
-    from safetensors.torch import load_file
 
     path = final_dir / "adapter_model.safetensors"
-    try:
-        final = load_file(str(path))
-    except Exception as exc:  # safetensors raises its own error types
-        raise EvidenceInputError(f"cannot read {path}: {exc}") from exc
+    final = read_tensors(
+        path, "a run's final adapter", "rerun the replay that wrote it", EvidenceInputError
+    )
     if set(final) != set(initial):
         raise EvidenceInputError(f"{path}: tensors differ from the initial adapter's")
     return torch.cat([(final[k].double() - initial[k].double()).reshape(-1) for k in sorted(final)])
@@ -350,15 +349,13 @@ def _update(initial: dict[str, Any], final_dir: Path) -> Any:
 
 def initial_adapter(runs: list[RunRecord], sha: str) -> dict[str, Any]:
     """The initial adapter's tensors, from a run's `[resume] from` whose file has `sha`."""
-    from safetensors.torch import load_file
-
     for r in runs:
         folder = r.config("resume.from")
         if not isinstance(folder, str):
             continue
         path = Path(folder) / "adapter_model.safetensors"
         if path.is_file() and sha256_file(path) == sha:
-            return load_file(str(path))
+            return read_tensors(path, "the initial adapter", "restore it", EvidenceInputError)
     raise EvidenceInputError(
         f"no run's [resume] from holds the initial adapter {sha}",
         "keep the initial state where the configs point",

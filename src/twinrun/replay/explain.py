@@ -85,7 +85,7 @@ def run_preflight(run: Any) -> Check:
         read_model_config(cfg.model)
         rows = load_rows(cfg.examples)
         if objective(run.trainer).samples:
-            check_environment(cfg.env or "", cfg.env_args or {}, rows, cfg.seed)
+            check_environment(cfg.env or "", cfg.env_args or {}, rows, cfg.seed, cfg)
         if cfg.init_adapter is not None:
             from twinrun.capture.state import read_trainer_state
 
@@ -95,18 +95,33 @@ def run_preflight(run: Any) -> Check:
     return Check("inputs", "pass", f"model, {len(rows)} examples rows, output")
 
 
-def check_environment(name: str, args: dict[str, Any], rows: list[Any], seed: int) -> None:
-    """A built-in environment scores every row; a plugin is only located (`check_plugin_name`:
-    its form, not the standard library, its module found) — explain never imports a plugin, so
-    none of its code runs."""
+def check_environment(
+    name: str, args: dict[str, Any], rows: list[Any], seed: int, cfg: Any = None
+) -> None:
+    """A built-in single-turn environment scores every row; a built-in tool environment checks
+    every row's fields and the run's tool settings; a loopback URL is checked by its form (no
+    request is sent); a plugin is only located (`check_plugin_name`: its form, not the standard
+    library, its module found) — explain never imports a plugin, so none of its code runs."""
     from twinrun.rl.environments import (
         BUILTIN_ENVIRONMENTS,
         check_plugin_name,
         make_environment,
         validated_rows,
     )
+    from twinrun.rl.tool_envs import TOOL_ENVIRONMENTS
+    from twinrun.rl.tool_plugins import loopback_url
+    from twinrun.rl.tool_settings import check_tool_rows, check_tool_settings
 
-    if name in BUILTIN_ENVIRONMENTS or ":" not in name:
+    if name in TOOL_ENVIRONMENTS or "://" in name:
+        if cfg is not None:
+            check_tool_settings(cfg, tool=True)
+        if "://" in name:
+            loopback_url(name)
+            return
+        check_tool_rows(name, rows)
+    elif name in BUILTIN_ENVIRONMENTS or ":" not in name or name.startswith("reasoning_gym:"):
+        if cfg is not None:
+            check_tool_settings(cfg, tool=False)
         validated_rows(make_environment(name, args), name, rows, seed)
     else:
         check_plugin_name(name, args)

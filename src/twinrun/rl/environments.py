@@ -108,11 +108,20 @@ def _hidden(env: object) -> tuple[str, ...]:
 
 
 class PluginEnvironment:
-    """A plugin's environment object with the texts of its arguments (never echoed in errors)."""
+    """A plugin's environment object with the texts of its arguments (never echoed in errors),
+    and how to make another (`renew`: GRPO makes one per prompt group, so an environment that
+    keeps state between calls cannot carry it from one group — or one process — to another)."""
 
-    def __init__(self, inner: Any, hidden_arguments: tuple[str, ...]) -> None:
+    def __init__(
+        self, inner: Any, hidden_arguments: tuple[str, ...], renew: Callable[[], Any] | None = None
+    ) -> None:
         self.inner = inner
         self.hidden_arguments = hidden_arguments
+        self._renew = renew
+
+    def renew(self) -> PluginEnvironment:
+        """A fresh instance made by the factory, with the same arguments."""
+        return self if self._renew is None else self._renew()
 
     def prompt(self, row: dict[str, Any], rng: Stream) -> str:
         return self.inner.prompt(row, rng)
@@ -323,16 +332,26 @@ def make_environment(name: str, args: Mapping[str, Any] | None = None) -> Enviro
             "or a plugin as module.path:factory (multi-turn: calculator, lookup)",
         )
     factory, hide = load_plugin_factory(name, args)
-    try:
-        env = factory(**args)
-    except Exception as exc:
-        raise EnvironmentPluginError(
-            f"environment plugin {name!r}: factory raised {type(exc).__name__}: "
-            f"{_one_line(exc, hide)}",
-            "check [environment.args] / --env-arg against the factory's parameters",
-        ) from exc
-    _check_methods(env, name)
-    return PluginEnvironment(env, hide)
+
+    def build() -> PluginEnvironment:
+        try:
+            env = factory(**args)
+        except Exception as exc:
+            raise EnvironmentPluginError(
+                f"environment plugin {name!r}: factory raised {type(exc).__name__}: "
+                f"{_one_line(exc, hide)}",
+                "check [environment.args] / --env-arg against the factory's parameters",
+            ) from exc
+        _check_methods(env, name)
+        return PluginEnvironment(env, hide, build)
+
+    return build()
+
+
+def fresh_environment(env: Environment) -> Environment:
+    """An instance of `env` with no state from earlier calls: a plugin's factory is called
+    again; built-in environments and reward sources keep no state, so they are reused."""
+    return env.renew() if isinstance(env, PluginEnvironment) else env
 
 
 def checked_prompt(env: Environment, name: str, row: dict[str, Any], rng: Stream) -> str:

@@ -20,6 +20,7 @@ One optimizer step:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
 import time
 from collections.abc import Callable
@@ -40,15 +41,20 @@ from twinrun.rl.environments import (
     Environment,
     checked_prompt,
     checked_reward,
+    fresh_environment,
     make_environment,
     observation_fault,
     validated_rows,
 )
 from twinrun.rl.prioritized import PrioritizedReplay
+from twinrun.rl.tool_calls import canonical_json
+from twinrun.rl.tool_envs import ToolEnvironment
+from twinrun.rl.tool_settings import check_tool_rows
 from twinrun.train.distributed import in_global_order, mine
 from twinrun.train.driver import ObjectiveState, drive, make_loop, spikes_of
 from twinrun.train.faults import unseeded_plans
 from twinrun.train.loop import Forward, StepForwards, StepOutcome
+from twinrun.train.recipes.tool_rollouts import check_tool_template, tool_block, tool_environment
 from twinrun.train.session import Session, finish_session, open_session
 
 
@@ -65,18 +71,28 @@ class Rollout:
     reward: float
     advantage: float = 0.0
     weight: float = 1.0  # importance weight when replayed
+    # tool environments: 1 on the model's sampled tokens of `completion` (0 on tool and
+    # environment tokens, which are in the row but not in the loss); None: every token is the
+    # model's (single-turn)
+    model_mask: list[int] | None = None
+    turns: list[dict[str, Any]] | None = None  # tool environments: each turn (observation leaves)
 
     @property
     def tokens(self) -> list[int]:
         return self.prompt_ids + self.completion
 
+    def completion_mask(self) -> list[int]:
+        """1 on the completion tokens that are the model's."""
+        return self.model_mask if self.model_mask is not None else [1] * len(self.completion)
+
 
 @dataclass
 class GrpoState:
     rows: list[SourcedRow]
-    env: Environment
+    env: Environment | None
     env_name: str
     replay: PrioritizedReplay[Rollout] | None
+    tools: ToolEnvironment | None = None  # a multi-turn tool environment (then `env` is unused)
     orders: dict[int, list[int]] = field(default_factory=dict)
 
     def replay_state(self) -> dict[str, Any]:
@@ -98,16 +114,19 @@ class GrpoState:
 
 
 def train_grpo(cfg: RunConfig) -> dict[str, Any]:
-    cfg.objective = "grpo"
     validate(cfg)
     name = cfg.env or ""
-    env = make_environment(name, cfg.env_args or {})  # plugin errors before anything is written
+    tools = tool_environment(cfg)  # plugin errors before anything is written
+    env = make_environment(name, cfg.env_args or {}) if tools is None else None
     session, rows = open_session(
         cfg,
         lambda tok, raw, max_len: usable_prompts(
             tok,
-            validated_rows(env, name, raw, valid(cfg).seed),
+            checked_tool_rows(name, raw)
+            if env is None
+            else validated_rows(env, name, raw, valid(cfg).seed),
             cfg,
+            tools is not None,
         ),
     )  # every row is checked before the output directory is made
     replay: PrioritizedReplay[Any] | None = None
@@ -115,7 +134,7 @@ def train_grpo(cfg: RunConfig) -> dict[str, Any]:
         replay = PrioritizedReplay(
             valid(cfg).replay_capacity, valid(cfg).replay_alpha, valid(cfg).replay_beta
         )
-    state = GrpoState(rows=rows, env=env, env_name=name, replay=replay)
+    state = GrpoState(rows=rows, env=env, env_name=name, replay=replay, tools=tools)
     p, seed = cfg.prompts_per_step, cfg.seed
     assert p is not None and seed is not None and cfg.steps is not None
     plans = [[state.example_at(seed, step * p + i) for i in range(p)] for step in range(cfg.steps)]
@@ -159,6 +178,9 @@ class GrpoRecipe:
         t1 = time.perf_counter()
         update = yield from update_forwards(s, fresh + replayed, step)
         leaves: dict[str, Any] = {"batch.sample_indices": torch.tensor(examples, dtype=torch.int64)}
+        leaves |= observation_leaves(fresh, valid(cfg).group_size)
+        if state.tools is not None:
+            leaves |= turn_leaves(fresh)
         if state.replay is not None:
             leaves |= replay_leaves
         leaves |= {
@@ -185,11 +207,22 @@ class GrpoRecipe:
         return update
 
 
-def usable_prompts(tok: Any, rows: list[SourcedRow], cfg: RunConfig) -> list[SourcedRow]:
+def checked_tool_rows(name: str, rows: list[SourcedRow]) -> list[SourcedRow]:
+    """The rows, once a built-in tool environment has found what it needs in each."""
+    check_tool_rows(name, rows)
+    return rows
+
+
+def usable_prompts(
+    tok: Any, rows: list[SourcedRow], cfg: RunConfig, tools: bool = False
+) -> list[SourcedRow]:
     """The rows, once the tokenizer is known to encode prompts the way the run asks (prompts are
-    encoded step by step, so a missing chat template must fail before anything is written)."""
+    encoded step by step, so a missing chat template must fail before anything is written); a
+    tool environment also needs a template that renders tool messages."""
     if cfg.chat_template == "on":
         tok.require_chat_template()
+    if tools:
+        check_tool_template(tok, cfg)
     return rows
 
 
@@ -236,8 +269,9 @@ def sampled_rollouts(s: Session, state: GrpoState, step: int, examples: list[int
     completion does not depend on the process that samples it) and the blocks are all-gathered."""
     stamped = s.faults.once("observation", step)  # the planted fault, not in a spike rerun
     blocks = rollout_blocks(len(examples), s.cfg.rollout_block)
+    collect = collect_rollouts if state.tools is None else collect_episodes
     local = [
-        collect_rollouts(s, state, step, [examples[g] for g in blocks[b]], list(blocks[b]), stamped)
+        collect(s, state, step, [examples[g] for g in blocks[b]], list(blocks[b]), stamped)
         for b in mine(len(blocks))
     ]
     return [r for block in in_global_order(local, "gathering the rollouts") for r in block]
@@ -260,25 +294,96 @@ def collect_rollouts(
     if stamped is None:
         stamped = s.faults.once("observation", step)
     slots = list(range(len(examples))) if slots is None else slots
-    prompts = []
-    for slot, example in zip(slots, examples, strict=True):
+    prompts, observations = [], []
+    assert state.env is not None
+    envs = [fresh_environment(state.env) for _ in examples]  # one per prompt group
+    for slot, example, env in zip(slots, examples, envs, strict=True):
         row = state.rows[example]
         observation = checked_prompt(
-            state.env, state.env_name, dict(row.data), stream(valid(cfg).seed, "env", step, slot)
+            env, state.env_name, dict(row.data), stream(valid(cfg).seed, "env", step, slot)
         )
         if stamped:
             observation = observation_fault(observation)
         ids = prompt_ids_for(s, observation)
         check_length(EncodedRow(tuple(ids), ()), row.where, max_len - valid(cfg).max_new_tokens)
         prompts.append(ids)
+        observations.append(canonical_json([{"role": "user", "content": observation}]))
     out: list[Rollout] = []
     sampled = sample_block(s, prompts, step, examples)
-    for example, ids, group in zip(examples, prompts, sampled, strict=True):
+    for example, ids, group, seen, env in zip(
+        examples, prompts, sampled, observations, envs, strict=True
+    ):
         data = dict(state.rows[example].data)
         for k, (completion, logprobs) in enumerate(group):
-            reward = checked_reward(state.env, state.env_name, data, s.tok.decode(completion))
-            out.append(Rollout(example, k, step, ids, completion, logprobs, reward))
+            reward = checked_reward(env, state.env_name, data, s.tok.decode(completion))
+            rollout = Rollout(example, k, step, ids, completion, logprobs, reward)
+            rollout.turns = [{"observation": seen}] if k == 0 else None
+            out.append(rollout)
     return out
+
+
+def collect_episodes(
+    s: Session,
+    state: GrpoState,
+    step: int,
+    examples: list[int],
+    slots: list[int],
+    stamped: bool,
+) -> list[Rollout]:
+    """The rollouts of one block of prompt groups in a tool environment, every turn sampled by
+    twinrun (`tool_rollouts.py`), group after group. The planted observation fault does not apply
+    (it is refused for tool environments)."""
+    assert state.tools is not None
+    out = []
+    for r in tool_block(s, state.tools, state.rows, step, examples, slots):
+        p = r.prompt_length
+        rollout = Rollout(
+            r.example, r.k, step, r.tokens[:p], r.tokens[p:], r.logprobs[p:], r.reward
+        )
+        rollout.model_mask = r.mask[p:]
+        rollout.turns = [dataclasses.asdict(t) for t in r.turns]
+        out.append(rollout)
+    return out
+
+
+def observation_leaves(fresh: list[Rollout], group: int) -> dict[str, torch.Tensor]:
+    """`observation.prompt_G[.sample_K].turn_T`: every model-visible message new at a turn
+    (canonical JSON, as `text_leaf`), in prompt, sample, turn order — the first leaves of a step, so
+    `twinrun diff` names an observation before the tokens and gradients it changed. A single-turn
+    prompt is one per prompt group (`observation.prompt_G.turn_0`)."""
+    out: dict[str, torch.Tensor] = {}
+    for i, r in enumerate(fresh):
+        g, k = divmod(i, group)
+        for t, turn in enumerate(r.turns or []):
+            name = (
+                f"observation.prompt_{g}.turn_{t}"
+                if r.model_mask is None
+                else (f"observation.prompt_{g}.sample_{k}.turn_{t}")
+            )
+            out[name] = text_leaf(turn["observation"])
+    return out
+
+
+def text_leaf(text: str) -> torch.Tensor:
+    """A text as a leaf: the SHA256 of its UTF-8 bytes as four 48-bit integers (int64), so any
+    change to the text — one character, or the order of two — changes the checksum by as much
+    as a new text would (a sum of the bytes' squares would hide a permutation and shrink a
+    one-character change in a long text below any tolerance)."""
+    digest = hashlib.sha256(text.encode()).digest()
+    parts = [int.from_bytes(digest[i : i + 6], "big") for i in range(0, 24, 6)]
+    return torch.tensor(parts, dtype=torch.int64)
+
+
+def turn_leaves(fresh: list[Rollout]) -> dict[str, Any]:
+    """Tool environments: each turn's prompt ids (the tokens added before it) and sampled tokens,
+    rollout after rollout, and each row's model mask."""
+    i64 = torch.int64
+    turns = [t for r in fresh for t in r.turns or []]
+    return {
+        "rollout.turn_prompt_ids": [torch.tensor(t["prompt"], dtype=i64) for t in turns],
+        "rollout.turn_tokens": [torch.tensor(t["sampled"], dtype=i64) for t in turns],
+        "rollout.model_mask": [torch.tensor(r.completion_mask(), dtype=i64) for r in fresh],
+    }
 
 
 def remember(state: GrpoState, fresh: list[Rollout]) -> None:
@@ -346,7 +451,7 @@ def update_rows(s: Any, batch: list[Rollout]) -> UpdateRows:
         p, t = len(r.prompt_ids), len(r.tokens)
         ids[i, :t] = torch.tensor(r.tokens)
         attn[i, :t] = 1
-        comp[i, p:t] = True
+        comp[i, p:t] = torch.tensor(r.completion_mask(), dtype=torch.bool)
         old[i, p:t] = torch.tensor(r.old_logprobs, dtype=torch.float64)
     kept, _, denominator = apply_token_cap(comp[:, 1:], s.cfg.token_cap)
     return UpdateRows(
@@ -423,13 +528,22 @@ def optimizer_batch(batch: list[Rollout], u: UpdateRows, step: int, bs: int) -> 
             "advantages": u.advantages.tolist(),
             "weights": u.weights.tolist(),
         },
-        ints={"prompt_lengths": [len(r.prompt_ids) for r in batch]},
+        ints={"prompt_lengths": [len(r.prompt_ids) for r in batch]} | model_masks(batch),
     )
+
+
+def model_masks(batch: list[Rollout]) -> dict[str, list[list[int]]]:
+    """`model_mask` (per token: 1 on the model's sampled tokens) when a row holds tool or
+    environment tokens; absent for single-turn batches (every completion token is the model's)."""
+    if all(r.model_mask is None for r in batch):
+        return {}
+    return {"model_mask": [[0] * len(r.prompt_ids) + r.completion_mask() for r in batch]}
 
 
 def rollouts_from_batch(batch: OptimizerBatch) -> list[Rollout]:
     """The rows of a captured GRPO batch as rollouts `update_forwards` can train on again."""
     out = []
+    masks = batch.ints.get("model_mask")
     for i, row in enumerate(batch.rows):
         p = batch.ints["prompt_lengths"][i]
         out.append(Rollout(
@@ -437,5 +551,6 @@ def rollouts_from_batch(batch: OptimizerBatch) -> list[Rollout]:
             completion=list(row[p:]), old_logprobs=list(batch.floats["old_logprobs"][i][p:]),
             reward=0.0, advantage=batch.floats["advantages"][i],
             weight=batch.floats["weights"][i],
+            model_mask=None if masks is None else list(masks[i][p:]),
         ))  # fmt: skip
     return out

@@ -1,0 +1,260 @@
+"""Multi-turn GRPO rollouts in a tool environment: twinrun samples every turn itself.
+
+One episode per rollout (prompt group g of the step, sample k), each with its own environment
+instance (`rl/tool_envs.py`: `env.episode(row, rng)`, `rng` = `stream(seed, "env", step, g)`, the
+same key for every sample of the group):
+
+1. turn 0: the messages are the episode's first user message (`start()`), preceded by a system
+   message listing the tool schemas when the chat template does not render `tools` itself; the
+   prompt ids are the chat template's rendering with the generation prompt;
+2. turn t: the model's turn is decoded from the ids so far, token i drawn from
+   `stream(seed, "sample", step, example, k, t, i)`; its text goes to the environment, whose reply
+   (tool results, or a user message) is appended as the template renders it;
+3. the episode ends when the environment says done, after `max_turns` model turns, or when the
+   next turn would not fit the token budget (the row plus `max_new_tokens` within the model's
+   length); then the episode is scored (`reward()`) and closed.
+
+The row is the tokens the model actually saw and sampled: turn 0's prompt ids, then each turn's
+sampled tokens followed by the environment's tokens — the text the template puts after the
+model's turn (its end-of-turn marker unless the model sampled it, the environment's messages, the
+next generation prompt), encoded. The template must render the earlier conversation unchanged
+when a turn is added: the text of turn t+1's prompt must start with turn t's prompt text plus the
+model's text, or the run stops (a template that re-renders earlier turns, e.g. one that drops
+earlier reasoning, would make the rows drift from what the model saw). The model mask is 1 on
+sampled tokens only: tool and environment tokens are in the rows but never in the loss or the
+logprob ratio.
+
+Each turn of the episode is recorded (`Turn`): the model-visible messages new at it (canonical
+JSON), the prompt ids appended before it and the tokens sampled in it — the observation leaves
+`twinrun diff` compares before any gradient.
+
+Every active rollout of a rollout block is decoded together at each turn, each from its own ids
+(left-padded: `generate_block` with one row per prompt), so a row's bytes depend on its block
+(fixed by the settings, never by the process count) and on which of its rollouts are still going.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from twinrun.config.run import valid
+from twinrun.core.errors import ModelError
+from twinrun.core.rng import stream
+from twinrun.data.examples import EncodedRow, check_length
+from twinrun.model.decoding import generate_block
+from twinrun.rl.tool_calls import canonical_json, template_takes_tools, tools_system_text
+from twinrun.rl.tool_calls import check_tool_template as check_rendering
+from twinrun.rl.tool_envs import (
+    Episode,
+    ToolEnvironment,
+    is_tool_environment,
+    make_tool_environment,
+)
+from twinrun.rl.tool_settings import check_tool_settings
+
+Message = dict[str, str]
+
+
+@dataclass
+class Turn:
+    """One model turn of an episode: the model-visible messages new at it (canonical JSON), the
+    prompt ids added before it (turn 0: the whole prompt) and the tokens the model sampled."""
+
+    observation: str
+    prompt: list[int]
+    sampled: list[int]
+
+
+@dataclass
+class EpisodeRun:
+    """One rollout's episode while it is being sampled."""
+
+    example: int
+    k: int
+    episode: Episode
+    tools: list[dict[str, Any]]
+    messages: list[Message]
+    text: str  # the rendered conversation so far, with the generation prompt
+    ids: list[int]  # the row so far
+    mask: list[int]  # 1 on sampled tokens, over the row
+    logprobs: list[float]  # float64 per token of the row, 0.0 off sampled tokens
+    turns: list[Turn] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)  # prompt ids added before the next turn
+    done: bool = False
+
+
+@dataclass
+class EpisodeResult:
+    """A finished rollout: its row, model mask, old logprobs, reward and turns."""
+
+    example: int
+    k: int
+    prompt_length: int  # turn 0's prompt ids
+    tokens: list[int]
+    mask: list[int]
+    logprobs: list[float]
+    reward: float
+    turns: list[Turn]
+
+
+def render(s: Any, messages: list[Message], tools: list[dict[str, Any]]) -> str:
+    """The conversation as the chat template renders it, with the generation prompt."""
+    passed = tools if tools and template_takes_tools(str(s.tok.chat_template)) else None
+    return str(s.tok.render_chat(messages, True, passed))
+
+
+def first_messages(s: Any, episode: Episode) -> tuple[list[Message], list[dict[str, Any]]]:
+    """Turn 0's messages and the episode's tool schemas."""
+    tools = [dict(t) for t in episode.tools]
+    messages: list[Message] = []
+    if tools and not template_takes_tools(str(s.tok.chat_template)):
+        messages.append({"role": "system", "content": tools_system_text(tools)})
+    messages.append({"role": "user", "content": episode.start()})
+    return messages, tools
+
+
+def start_episode(
+    s: Any, env: ToolEnvironment, row: Any, example: int, k: int, step: int, slot: int
+) -> EpisodeRun:
+    """A fresh environment instance for rollout (slot, k) and its turn-0 prompt."""
+    seed = valid(s.cfg).seed
+    episode = env.episode(dict(row.data), stream(seed, "env", step, slot))
+    messages, tools = first_messages(s, episode)
+    text = render(s, messages, tools)
+    ids = s.tok.encode(text)
+    budget = s.max_length - valid(s.cfg).max_new_tokens
+    check_length(EncodedRow(tuple(ids), ()), row.where, budget)
+    run = EpisodeRun(example, k, episode, tools, messages, text, ids, [0] * len(ids),
+                     [0.0] * len(ids), pending=list(ids))  # fmt: skip
+    run.turns.append(Turn(canonical_json(messages), [], []))
+    return run
+
+
+def continuation(s: Any, run: EpisodeRun, sampled: list[int], said: str,
+                 reply: Sequence[Message]) -> tuple[str, list[int]]:  # fmt: skip
+    """The next prompt's text and the environment's tokens after the model's turn: the template's
+    text after `said`, less the end-of-turn marker the model sampled itself. A template that
+    renders the earlier turns differently is a ModelError."""
+    messages = [*run.messages, {"role": "assistant", "content": said}, *reply]
+    text = render(s, messages, run.tools)
+    head = run.text + said
+    if not text.startswith(head):
+        raise ModelError(
+            f"the chat template of {s.tok.source} renders the earlier turns differently once a "
+            "turn is added, so the rows would not be what the model saw",
+            "use a chat template that appends turns without re-rendering earlier ones",
+        )
+    rest = text[len(head) :]
+    if sampled and sampled[-1] in s.tok.end_ids:
+        marker = s.tok.end_text(sampled[-1])
+        if rest.startswith(marker):
+            rest = rest[len(marker) :]
+    return text, s.tok.encode(rest)
+
+
+def decode_turn(
+    s: Any, runs: list[EpisodeRun], step: int, turn: int
+) -> list[tuple[list[int], list[float]]]:
+    """The model's turn of every run, decoded as one left-padded batch (one row per run)."""
+    seed = valid(s.cfg).seed
+
+    def draw_for(r: EpisodeRun) -> Callable[[int], float]:
+        return lambda i: stream(seed, "sample", step, r.example, r.k, turn, i).uniform()
+
+    with torch.no_grad():
+        results = generate_block(
+            s.model, [r.ids for r in runs], valid(s.cfg).max_new_tokens,
+            valid(s.cfg).temperature, [[draw_for(r)] for r in runs], end_ids=s.tok.end_ids,
+        )  # fmt: skip
+    return [(list(g[0].tokens), [float(x) for x in g[0].logprobs]) for g in results]
+
+
+def advance(s: Any, run: EpisodeRun, sampled: list[int], logprobs: list[float], last: bool) -> None:
+    """Append the model's turn to the run, ask the environment, and either end the episode or
+    append the environment's reply for the next turn."""
+    run.turns[-1].prompt = run.pending
+    run.turns[-1].sampled = list(sampled)
+    run.ids += sampled
+    run.mask += [1] * len(sampled)
+    run.logprobs += logprobs
+    said = s.tok.decode(sampled)
+    reply = run.episode.answer(said)
+    if reply.done or last:
+        run.done = True
+        return
+    messages = [dict(m) for m in reply.messages]
+    text, env_ids = continuation(s, run, sampled, said, messages)
+    if len(run.ids) + len(env_ids) + valid(s.cfg).max_new_tokens > s.max_length:
+        run.done = True  # the token budget: the next turn would not fit
+        return
+    run.messages += [{"role": "assistant", "content": said}, *messages]
+    run.text = text
+    run.ids += env_ids
+    run.mask += [0] * len(env_ids)
+    run.logprobs += [0.0] * len(env_ids)
+    run.pending = env_ids
+    run.turns.append(Turn(canonical_json(messages), [], []))
+
+
+def finish(run: EpisodeRun, prompt_length: int) -> EpisodeResult:
+    """The episode scored and closed."""
+    try:
+        reward = run.episode.reward()
+    finally:
+        run.episode.close()
+    return EpisodeResult(run.example, run.k, prompt_length, run.ids, run.mask, run.logprobs,
+                         reward, run.turns)  # fmt: skip
+
+
+def tool_block(
+    s: Any, env: ToolEnvironment, rows: list[Any], step: int, examples: list[int], slots: list[int]
+) -> list[EpisodeResult]:
+    """The episodes of one rollout block (its prompt groups, `group_size` samples each), turn
+    by turn, in group then sample order."""
+    cfg = valid(s.cfg)
+    runs = [
+        start_episode(s, env, rows[e], e, k, step, slot)
+        for slot, e in zip(slots, examples, strict=True)
+        for k in range(cfg.group_size)
+    ]
+    prompt_lengths = [len(r.ids) for r in runs]
+    max_turns = int(s.cfg.max_turns)
+    try:
+        for turn in range(max_turns):
+            active = [r for r in runs if not r.done]
+            if not active:
+                break
+            for r, (sampled, logprobs) in zip(
+                active, decode_turn(s, active, step, turn), strict=True
+            ):
+                advance(s, r, sampled, logprobs, last=turn + 1 == max_turns)
+        return [finish(r, n) for r, n in zip(runs, prompt_lengths, strict=True)]
+    except BaseException:
+        for r in runs:
+            close_quietly(r.episode)
+        raise
+
+
+def close_quietly(episode: Episode) -> None:
+    """Close an episode while another error is on its way out (its own failure is dropped)."""
+    try:
+        episode.close()
+    except Exception:  # the error already raised says what went wrong
+        pass
+
+
+def tool_environment(cfg: Any) -> ToolEnvironment | None:
+    """The run's tool environment, or None for a single-turn one (`check_tool_settings`)."""
+    name, args = cfg.env or "", cfg.env_args or {}
+    tool = is_tool_environment(name, args, cfg.tool_timeout or 60.0)
+    check_tool_settings(cfg, tool)
+    return make_tool_environment(name, args, float(cfg.tool_timeout)) if tool else None
+
+
+def check_tool_template(tok: Any, cfg: Any) -> None:
+    """The chat template renders tool messages (a ModelError naming the model otherwise)."""
+    check_rendering(lambda messages, gen: str(tok.render_chat(messages, gen)), tok.source)
