@@ -243,10 +243,18 @@ def tool_caller(kind: str, base: Path) -> tuple[Path, dict[str, Any]]:
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    model, losses = fine_tune(base, rows, cfg)
     tmp = out.with_suffix(".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    if cfg["steps"]:
+        model, losses = fine_tune(base, rows, cfg)
+        model.save_pretrained(tmp, safe_serialization=True)
+    else:  # the base weights as they are (only the template changes)
+        tmp.mkdir(parents=True)
+        losses = [float("nan")]
+        for name in ("config.json", "generation_config.json"):
+            if (base / name).exists():
+                shutil.copy(base / name, tmp / name)
+        (tmp / "model.safetensors").symlink_to((base / "model.safetensors").resolve())
     for f in base.iterdir():
         if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
             shutil.copy(f, tmp / f.name)
@@ -356,6 +364,9 @@ def compare(py: Path, model: Path, work: Path, kind: str, rounds: int, steps: in
         "twinrun_update_s": benchkit.spread(flat(runs, "twinrun", "update_s"), 4),
         "trl_step_s": benchkit.spread(trl, 4),
         "ratio": statistics.median(tw) / statistics.median(trl),
+        "ratio_per_model_token": (
+            statistics.median(tw) / statistics.mean(flat(runs, "twinrun", "model_tokens_per_episode", 0))
+        ) / (statistics.median(trl) / statistics.mean(flat(runs, "trl", "model_tokens_per_episode", 0))),
         "ratio_per_round": benchkit.spread(per_round, 3),
         "twinrun_turns_per_episode": statistics.mean(flat(runs, "twinrun", "turns_per_episode", 0)),
         "trl_turns_per_episode": statistics.mean(flat(runs, "trl", "turns_per_episode", 0)),
@@ -451,9 +462,11 @@ def fmt(s: dict[str, Any], d: int = 3) -> str:
 def table(name: str, c: dict[str, Any], s: dict[str, Any], made: dict[str, Any]) -> list[str]:
     return [
         f"### {name}", "",
-        f"Tool caller: `twinrun tune sft` of the base checkpoint, {made['sft_rows']} rows, "
-        f"{made['sft_steps']} steps (loss {made['sft_first_loss']:.3f} → {made['sft_last_loss']:.3f}), "
-        "merged; ≤ "
+        (f"Tool caller: the base checkpoint fully fine-tuned (AdamW) on {made['sft_rows']} rows "
+         f"for {made['sft_steps']} steps, loss {made['sft_first_loss']:.3f} → "
+         f"{made['sft_last_loss']:.4f}; " if made["sft_steps"] else
+         "The base weights as they are (only the chat template extended); ")
+        + "≤ "
         f"{s['max_new_tokens_per_turn']} new tokens per turn, ≤ {s['max_turns']} turns (TRL: "
         f"`max_completion_length` {s['trl_max_completion_length']}, `max_tool_calling_iterations` "
         f"{s['trl_max_tool_calling_iterations']}).", "",
@@ -463,11 +476,14 @@ def table(name: str, c: dict[str, Any], s: dict[str, Any], made: dict[str, Any])
         f"| — update | {fmt(c['twinrun_update_s'])} |",
         f"| TRL GRPOTrainer (`environment_factory`) step | {fmt(c['trl_step_s'])} |",
         f"| **twinrun / TRL** | **{c['ratio']:.2f}×** (per round {fmt(c['ratio_per_round'], 2)}) |",
+        f"| twinrun / TRL per model token (step s ÷ mean model tokens per episode) | "
+        f"{c['ratio_per_model_token']:.2f}× |",
         "",
         "| per episode (mean over all steps) | twinrun | TRL |", "|---|---|---|",
         f"| model turns | {c['twinrun_turns_per_episode']:.2f} | {c['trl_turns_per_episode']:.2f} |",
         f"| model tokens (in the loss) | {c['twinrun_model_tokens_per_episode']:.1f} | "
         f"{c['trl_model_tokens_per_episode']:.1f} |",
+        f"| all tokens after the prompt (model + tool) | – | {c['trl_tokens_per_episode']:.1f} |",
         f"| reward | {c['twinrun_reward_mean']:.3f} | {c['trl_reward_mean']:.3f} |", "",
     ]  # fmt: skip
 

@@ -57,6 +57,31 @@ class Guess:
 '''
 
 
+BROKEN = '''
+import time
+
+
+class Raises:
+    """reset raises: the environment's own failure."""
+
+    def reset(self, **row):
+        raise RuntimeError("database at /srv/secret-path is down")
+
+    def look(self, key: str) -> str:
+        return key
+
+
+class Hangs:
+    """reset never returns within the time limit."""
+
+    def reset(self, **row):
+        time.sleep(30)
+
+    def look(self, key: str) -> str:
+        return key
+'''
+
+
 @pytest.fixture(scope="module")
 def arith(tmp_path_factory: pytest.TempPathFactory) -> Path:
     p = tmp_path_factory.mktemp("tools") / "arith.jsonl"
@@ -71,6 +96,7 @@ def plugins(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("tool_plugins")
     (d / "twinrun_test_trl_env.py").write_text(TRL_STYLE)
     (d / "twinrun_test_openenv.py").write_text(OPENENV_STYLE)
+    (d / "twinrun_test_broken_env.py").write_text(BROKEN)
     sys.path.insert(0, str(d))
     return d
 
@@ -224,3 +250,23 @@ def test_check_says_the_timestamp_environment_is_not_deterministic_and_where(
     first = next(line for line in out.splitlines() if line.startswith("FIRST_DIVERGENCE"))
     assert first.startswith("FIRST_DIVERGENCE: step=0 leaf=observation.prompt_0.sample_0.turn_1 ")
     assert "the environment is not deterministic: the observation changed at turn 1" in out
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        ("Raises", "reset raised RuntimeError: database at /srv/secret-path is down"),
+        ("Hangs", "did not return within 0.5 s"),
+    ],
+)
+def test_an_environment_that_fails_stops_the_run_in_one_line(
+    tmp_path: Path, toy_model_dir: Path, arith: Path, plugins: Path, factory: str, message: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    out = tmp_path / "out"
+    args = tool_args(toy_model_dir, arith, out, f"twinrun_test_broken_env:{factory}")
+    args[args.index("--tool-timeout") + 1] = "0.5"
+    assert run_cli(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "twinrun_test_broken_env" in err[0], err
+    assert not (out / "adapter_model.safetensors").exists()  # no adapter of a run that failed

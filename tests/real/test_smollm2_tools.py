@@ -24,7 +24,7 @@ def tool_args(model: Path, examples: Path, out: Path) -> list[str]:
     return [
         "tune", "grpo", "--model", str(model), "--examples", str(examples), "--output", str(out),
         "--seed", "3", "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
-        "--rollout-block", "1", "--batch-size", "2", "--max-new-tokens", "4",
+        "--rollout-block", "1", "--batch-size", "4", "--max-new-tokens", "3",
         "--temperature", "1.0", "--clip-eps", "0.2", "--advantage-clip", "5",
         "--token-cap", "16", "--learning-rate", "1e-3", "--warmup-steps", "0",
         "--lr-schedule", "cosine", "--lora-rank", "2", "--lora-alpha", "4",
