@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "init-adapter": ("twinrun.cli.init_adapter", "init_adapter", "Write an initial adapter."),
     "golden": ("twinrun.cli.golden", "golden", "Golden artifacts: write or check a platform's."),
     "reproduce": ("twinrun.cli.reproduce", "reproduce", "Re-run a recorded run; same bytes?"),
+    "export": ("twinrun.cli.export", "export", "Merge a run's adapter into its base model."),
+    "plot": ("twinrun.cli.plot", "plot", "Loss, lr, grad-norm and reward curves as a PNG."),
 }
 
 

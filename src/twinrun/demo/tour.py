@@ -108,6 +108,12 @@ def learn(tour: Tour, console: Console) -> str:
         f"   exact answers over all {QUESTIONS} questions: base {answers.base_right}, "
         f"with the adapter {answers.trained_right}"
     )
+    from twinrun.diag.curves import write_curves
+    from twinrun.train.outputs import CURVES_PICTURE
+
+    curves = tour.root / "run-a" / CURVES_PICTURE
+    write_curves([tour.root / "run-a", tour.root / "run-b"], curves)
+    console.print(f"   training curves of run-a and run-b: {curves} (`twinrun plot`)")
     if answers.trained_right > answers.base_right:
         return (
             f"the adapter learned: {answers.trained_right}/{QUESTIONS} exact answers where the "

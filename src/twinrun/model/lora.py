@@ -206,12 +206,16 @@ def _int_if_integral(x: float) -> int | float:
 def adapter_config(
     base_model_path: str, rank: int, alpha: float, targets: Iterable[str]
 ) -> dict[str, Any]:
-    """A PEFT LoraConfig dict (inference mode) for these LoRA settings. The base model's path is
-    redacted as the sidecar's is (`https://user:pass@host/m` keeps no credentials)."""
+    """A PEFT LoraConfig dict (inference mode) for these LoRA settings. The base model is
+    recorded as PEFT expects it: a local checkpoint by its absolute path (so the adapter loads
+    from any working directory), anything else as given — redacted as the sidecar's is
+    (`https://user:pass@host/m` keeps no credentials)."""
+    base = Path(base_model_path)
+    recorded = str(base.resolve()) if base.is_dir() else base_model_path
     return {
         "alpha_pattern": {},
         "auto_mapping": None,
-        "base_model_name_or_path": redact_string(base_model_path),
+        "base_model_name_or_path": redact_string(recorded),
         "bias": "none",
         "exclude_modules": None,
         "fan_in_fan_out": False,

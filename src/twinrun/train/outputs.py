@@ -28,6 +28,7 @@ INPUTS_FORMAT = "twinrun.inputs.v1"  # a training run's inputs record
 REPLAY_INPUTS_FORMAT = "twinrun.replay-inputs.v1"  # a replay's: what it verified
 METRICS, DIAG, TRACE = "metrics.jsonl", "diag.jsonl", "trace.jsonl"
 DIFF_PICTURE = "diff.png"  # `twinrun diff --report` into a run (the tour's faulty/diff.png)
+CURVES_PICTURE = "curves.png"  # `twinrun plot` into a run (the tour's run-a/curves.png)
 
 
 def _files(*names: str) -> dict[str, Layout | None]:
@@ -48,7 +49,7 @@ def run_layout() -> Layout:
     step = r"\d{6,}"
     capture = re.escape(mf.stem(0).removesuffix("000000")) + step  # optimizer_batch_step_K
     return {
-        **_files(SIDECAR, INPUTS, METRICS, DIAG, TRACE, RESOLVED, DIFF_PICTURE),
+        **_files(SIDECAR, INPUTS, METRICS, DIAG, TRACE, RESOLVED, DIFF_PICTURE, CURVES_PICTURE),
         **adapter,
         re.escape(CHECKPOINTS): {  # checkpoint.write_checkpoint: step-K, or a killed .tmp-step-K-
             rf"step-{step}": checkpoint,

@@ -1,0 +1,120 @@
+"""`twinrun export RUN --output DIR`: the run's base model with its LoRA adapter merged in, as a
+plain transformers checkpoint (no PEFT needed to load it).
+
+The merge is PEFT's own: `PeftModel.from_pretrained(base, RUN)` then `merge_and_unload()`, so
+each adapted weight becomes `W + (alpha / r) * B @ A` in float32. The base is the one the run
+recorded (`twinrun.json`'s `inputs.model`, or `--model`), and it must be the same bytes: its
+SHA256 (every file the loader reads) is checked against the run's record before anything is
+loaded. The checkpoint is written into a temporary directory beside DIR and renamed into place,
+so DIR exists whole or not at all; it holds the merged weights (safetensors), the config and
+generation config, the base's tokenizer files, and `twinrun.export.json` (the run, adapter and
+base SHA256s, the merged checkpoint's SHA256 and the library versions).
+
+What the merged model computes: the same function as base + adapter up to float32 rounding (the
+adapter's product is added to the weight once instead of to each output), so its greedy tokens
+are twinrun's with the adapter wherever no two logits are within that rounding.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from twinrun.core.errors import ConfigError, DataError, ModelError
+from twinrun.core.fileio import atomic_write_json, fsync_dir
+from twinrun.core.jsonlimits import load_json_file
+
+EXPORT_RECORD = "twinrun.export.json"
+EXPORT_FORMAT = "twinrun.export.v1"
+
+
+def run_record(run: Path) -> dict[str, Any]:
+    """The run's sidecar; a DataError when the directory is not a finished twinrun run."""
+    sidecar = run / "twinrun.json"
+    if not (run / "adapter_model.safetensors").is_file() or not sidecar.is_file():
+        raise DataError(
+            f"{run} is not a finished twinrun run (no adapter_model.safetensors and twinrun.json)",
+            "name a run directory a training command wrote (or its final/ folder after a replay)",
+        )
+    record = load_json_file(sidecar, "run sidecar")
+    if not isinstance(record, dict):
+        raise DataError(f"{sidecar} is not a twinrun sidecar")
+    return record
+
+
+def base_of(run: Path, record: dict[str, Any], model: str | None) -> Path:
+    """The base model the run trained on: `model` when given, else the recorded path; refused
+    unless its SHA256 is the recorded one."""
+    from twinrun.model.loading import model_sha256
+
+    recorded = record.get("inputs", {}).get("model")
+    path = Path(model) if model is not None else Path(str(recorded or ""))
+    if model is None and not recorded:
+        raise ConfigError(f"{run}/twinrun.json records no base model", "give --model DIR")
+    want = record.get("model", {}).get("sha256")
+    got = model_sha256(path)
+    if want is not None and got != want:
+        raise ModelError(
+            f"the base model at {path} is not the one {run} trained on: Expected sha256 {want}  "
+            f"Got {got}",
+            "give --model the checkpoint the run recorded (the same bytes, any path)",
+        )
+    return path
+
+
+def export_merged(run: str | os.PathLike[str], output: str | os.PathLike[str],
+                  model: str | None = None, overwrite: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Merge RUN's adapter into its base and write the checkpoint to `output`; returns the
+    export record."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from twinrun.core.determinism import runtime_versions
+    from twinrun.core.digest import sha256_file, sha256_files
+    from twinrun.model.loading import model_files
+
+    run_dir, out = Path(run), Path(output)
+    record = run_record(run_dir)
+    if out.exists() and not overwrite:
+        raise ConfigError(f"{out} already exists", "choose a new --output, or pass --overwrite")
+    if out.exists() and not (out / EXPORT_RECORD).is_file():
+        raise ConfigError(
+            f"{out} exists and is not a twinrun export; --overwrite replaces only an export",
+            "choose a new --output",
+        )
+    base = base_of(run_dir, record, model)
+    merged = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(
+            base, dtype=torch.float32, attn_implementation="eager"
+        ),
+        run_dir,
+    ).merge_and_unload()
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        files = [p for p in model_files(tmp) if p.is_file()]
+        info = {
+            "format": EXPORT_FORMAT,
+            "run": str(run_dir.resolve()),
+            "adapter_sha256": sha256_file(run_dir / "adapter_model.safetensors"),
+            "base": str(base.resolve()),
+            "base_sha256": record.get("model", {}).get("sha256"),
+            "merged_sha256": sha256_files(files, tmp),
+            "versions": runtime_versions(),
+        }
+        atomic_write_json(tmp / EXPORT_RECORD, info)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return info
