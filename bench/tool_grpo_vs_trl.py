@@ -99,7 +99,7 @@ COMMON = {
 PER_TURN = {"toy": 96, "smollm2": 40}  # max new tokens per model turn (the call is ~81 / ~27)
 SFT = {  # making the tool caller: full fine-tuning steps on the 64 rows, AdamW learning rate
     "toy": {"steps": 150, "learning_rate": 3e-3},
-    "smollm2": {"steps": 12, "learning_rate": 2e-5},
+    "smollm2": {"steps": 0, "learning_rate": 0.0},  # the instruct model as it is (CPU time)
 }
 
 
@@ -229,10 +229,11 @@ def tool_caller(kind: str, base: Path) -> tuple[Path, dict[str, Any]]:
     system = tools_text(kind)
     rows = sft_rows(system)
     cfg = SFT[kind]
+    weights = hashlib.sha256((base / "model.safetensors").read_bytes()).hexdigest()
+    template = (base / "chat_template.jinja").read_text()
     key = hashlib.sha256(
-        json.dumps([kind, str(base), (base / "model.safetensors").stat().st_size, rows, cfg],
-                   sort_keys=True).encode()
-    ).hexdigest()[:12]  # fmt: skip
+        json.dumps([kind, weights, template, rows, cfg], sort_keys=True).encode()
+    ).hexdigest()[:12]
     out = CACHE / f"{kind}-caller-{key}"
     info = {"sft_steps": cfg["steps"], "sft_learning_rate": cfg["learning_rate"],
             "sft_rows": len(rows), "checkpoint": str(out)}  # fmt: skip

@@ -119,11 +119,16 @@ def diag_rows(out: Path) -> list[dict]:
 
 
 def test_calculator_runs_multi_turn_and_reproduces(
-    tmp_path: Path, toy_model_dir: Path, arith: Path
+    tmp_path: Path, toy_model_dir: Path, arith: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     for out in (a, b):
-        assert run_cli(tool_args(toy_model_dir, arith, out, "calculator")) == 0
+        args = tool_args(toy_model_dir, arith, out, "calculator")
+        args[args.index("--steps") + 1] = "2"
+        assert run_cli(args) == 0
+    # the untrained model never answers right: every reward is 0, and each run says so once
+    err = capsys.readouterr().err
+    assert err.count("update is a no-op") == 2 and "NoSignalWarning" in err
     for name in ("adapter_model.safetensors", "diag.jsonl"):
         assert (a / name).read_bytes() == (b / name).read_bytes()
     leaves = list(diag_rows(a)[0]["checksums"])

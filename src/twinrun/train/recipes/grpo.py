@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import random
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,11 +153,21 @@ def train_grpo(cfg: RunConfig) -> dict[str, Any]:
     return finish_session(session, loop.metrics, summary)
 
 
+class NoSignalWarning(UserWarning):
+    """A GRPO step whose rewards are equal within every group: its update changes nothing."""
+
+
+def replay_pending(state: GrpoState) -> bool:
+    """Whether replayed rollouts (which carry their own advantages) may still train the step."""
+    return state.replay is not None and len(state.replay) > 0
+
+
 @dataclass
 class GrpoRecipe:
     s: Session
     state: GrpoState
     plans: list[list[int]]  # the example indices of each step
+    warned_no_signal: bool = False
 
     def prepare(self, step: int) -> list[int]:
         return self.plans[step]
@@ -171,6 +182,15 @@ class GrpoRecipe:
             len(examples), valid(cfg).group_size
         )
         advantages, zero_frac = compute_advantages(rewards, valid(cfg).advantage_clip)
+        if zero_frac == 1.0 and not self.warned_no_signal and not replay_pending(state):
+            self.warned_no_signal = True
+            warnings.warn(
+                f"step {step}: every prompt group's rewards are equal, so every advantage is 0 "
+                "and the update is a no-op (loss 0); the environment gives no signal yet — "
+                "check its reward on the model's answers (said once per run)",
+                NoSignalWarning,
+                stacklevel=2,
+            )
         for r, adv in zip(fresh, advantages.reshape(-1).tolist(), strict=True):
             r.advantage = adv
         replayed, replay_leaves = replay_draws(s, state, step)
