@@ -71,6 +71,9 @@ def _recorded_block(recorded: list[RecordedDifference] | None) -> list[str]:
 def _text(r: CompareResult, recorded: list[RecordedDifference] | None) -> list[str]:
     mode = "bitwise (digests)" if r.bitwise else f"rel_tol={r.rel_tol:g} abs_tol={r.abs_tol:g}"
     head = _recorded_block(recorded)
+    if r.one_sided:
+        shown = ", ".join(f"{leaf} ({side} only)" for leaf, side in r.one_sided.items())
+        head.append(f"COMMON_LEAVES: left out, recorded by one run only: {shown}")
     if r.first is None:
         return head + [
             f"DETERMINISTIC: {r.rows_compared} rows, {len(r.leaves)} leaves compared "
@@ -165,6 +168,11 @@ def _json(r: CompareResult, report: str | None, recorded: list[RecordedDifferenc
 @click.option("--bitwise", is_flag=True, help="Compare digests (bitwise) instead of checksums.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @click.option(
+    "--common-leaves",
+    is_flag=True,
+    help="Compare only the leaves both runs record (e.g. a twinrun run and a Trainer run).",
+)
+@click.option(
     "--report",
     type=click.Path(dir_okay=False),
     default=None,
@@ -177,6 +185,7 @@ def diff(
     abs_tol: float,
     bitwise: bool,
     as_json: bool,
+    common_leaves: bool,
     report: str | None,
 ) -> int:
     """First divergence between two runs.
@@ -196,6 +205,7 @@ def diff(
         keep_matrix=report is not None,  # the heatmap
         keep_table=True,  # the per-step table: all of it in JSON, its first rows in text
         table_limit=None if as_json else TABLE_ROWS,
+        common_leaves=common_leaves,
     )
     if report is not None:
         from twinrun.diag.report import write_report

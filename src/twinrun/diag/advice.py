@@ -99,9 +99,12 @@ _TABLE: dict[str, tuple[str, str]] = {
     ),
     "grads.lora": (
         "reduction order in the backward pass: nondeterministic kernels (atomics, cuBLAS "
-        "workspace), a different thread count, or an all-reduce whose order varies",
+        "workspace), a different thread count, or an all-reduce whose order varies; or, far "
+        "apart, gradient clipping on one side only (a checksum of exactly max_norm^2 — 1.0 "
+        "for a Trainer's default max_grad_norm — is its sign)",
         "run with --strict (use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG) and a fixed "
-        "--threads; combine LoRA gradients in a fixed global order across processes",
+        "--threads; combine LoRA gradients in a fixed global order across processes; compare "
+        "the clipping settings (twinrun clips nothing)",
     ),
     "adam.": (
         "the optimizer state diverged with equal gradients: different betas/eps/weight decay, "

@@ -132,6 +132,7 @@ class CompareResult:
     trace_note: str | None = None  # why there is no first_module although a trace exists
     table: list[DivergingRow] | None = None  # per diverging (phase, step): its diverging leaves
     table_rows: int | None = None  # rows in the whole table (`table` may hold only the first)
+    one_sided: dict[str, str] = field(default_factory=dict)  # common_leaves: leaf -> "A" | "B"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (non-finite floats as "NaN"/"Infinity" strings; no matrix, no
@@ -139,6 +140,8 @@ class CompareResult:
         d = asdict(self)
         d.pop("matrix")
         d.pop("table_rows")
+        if not d["one_sided"]:
+            d.pop("one_sided")  # only with common_leaves, when the runs' leaf sets differ
         return jsonable(d)
 
 
@@ -193,9 +196,14 @@ class _Table:
 class _Comparer:
     """The streaming state: counters, the earliest divergence per phase, optional matrix."""
 
-    def __init__(self, pa: Path, pb: Path, rel_tol: float, abs_tol: float, bitwise: bool) -> None:
+    def __init__(
+        self, pa: Path, pb: Path, rel_tol: float, abs_tol: float, bitwise: bool,
+        common: bool = False,
+    ) -> None:  # fmt: skip
         self.pa, self.pb = pa, pb
         self.rel_tol, self.abs_tol, self.bitwise = rel_tol, abs_tol, bitwise
+        self.common = common  # compare only the leaves both rows record
+        self.one_sided: dict[str, str] = {}  # leaf -> "A" | "B": recorded by one run only
         self.rows = 0
         self.diverged = 0
         self.values = 0
@@ -232,6 +240,16 @@ class _Comparer:
         ca_d, cb_d, da_d, db_d = ra.checks, rb.checks, ra.digs, rb.digs
         if ca_d.keys() == cb_d.keys() == da_d.keys() == db_d.keys():
             names = list(ca_d)  # the usual case: the same leaves everywhere
+        elif self.common:
+            in_b = cb_d.keys() | db_d.keys()
+            in_a = ca_d.keys() | da_d.keys()
+            names = [k for k in ra.leaves() if k in in_b]
+            for k in ra.leaves():
+                if k not in in_b:
+                    self.one_sided.setdefault(k, "A")
+            for k in rb.leaves():
+                if k not in in_a:
+                    self.one_sided.setdefault(k, "B")
         else:
             names = ra.leaves() + [k for k in rb.leaves() if k not in ca_d and k not in da_d]
         self._see_leaves(names)
@@ -371,12 +389,15 @@ def compare(
     keep_matrix: bool = False,
     keep_table: bool = False,
     table_limit: int | None = None,
+    common_leaves: bool = False,
 ) -> CompareResult:
     """Compare two runs (diag.jsonl files or run directories); see the module docstring.
 
     `keep_matrix` keeps the steps × leaves matrix (memory grows with the rows) and the table;
     `keep_table` only the per-step table of diverging leaves, and with `table_limit` only its
-    first rows (memory flat in the rows; `table_rows` still counts them all).
+    first rows (memory flat in the rows; `table_rows` still counts them all). `common_leaves`
+    compares only the leaves both runs record (runs of different frameworks: a twinrun run and a
+    Trainer run with `DiagCallback`); the others are listed in `one_sided`.
 
     Raises DataError (exit code 2) for a missing file, an unreadable line (named file:line),
     a run without rows, or a (phase, step) recorded twice while still unmatched."""
@@ -385,7 +406,7 @@ def compare(
     if table_limit is not None and table_limit < 0:
         raise ValueError(f"table_limit must be >= 0, got {table_limit}")
     pa, pb = resolve_diag_path(run_a), resolve_diag_path(run_b)
-    st = _Comparer(pa, pb, rel_tol, abs_tol, bitwise)
+    st = _Comparer(pa, pb, rel_tol, abs_tol, bitwise, common_leaves)
     if keep_matrix:
         st.matrix = []
     elif keep_table:
@@ -505,6 +526,7 @@ def _result(st: _Comparer, table_limit: int | None) -> CompareResult:
         trace_note=note,
         table=table,
         table_rows=table_rows,
+        one_sided=dict(st.one_sided),
     )
 
 

@@ -7,8 +7,9 @@
     trainer.train()
     # then: twinrun diff runs/a runs/b
 
-One `twinrun.diag.v1` row per optimizer step, `step` = the Trainer's `state.global_step` after
-the step (1, 2, ...), phase "train", leaves in dataflow order (any subset via `leaves=`):
+One `twinrun.diag.v1` row per optimizer step, numbered as twinrun numbers its own: `step` =
+the Trainer's `state.global_step` before the step (0 for the first optimizer step, as in a
+twinrun run), phase "train", leaves in dataflow order (any subset via `leaves=`):
 
 - `batch.tokens`     the `input_ids` of every microbatch of the step (a forward pre-hook on the
                      model; training forwards only: the model in train mode with grad enabled)
@@ -20,14 +21,19 @@ the step (1, 2, ...), phase "train", leaves in dataflow order (any subset via `l
 - `adam.exp_avg`, `adam.exp_avg_sq`  the optimizer state of those parameters after the step
                      (`on_optimizer_step`), when the optimizer keeps them (Adam/AdamW)
 - `params.trainable` the trainable parameters after the step
-- `lr`               every parameter group's learning rate used by the step
+- `lr`               the learning rate used by the step (one value when every parameter
+                     group with parameters has the same one, as twinrun records it; else each
+                     group's)
 - `rng.state`        the torch CPU (and initialised CUDA) generator states, Python's `random`
                      and numpy's global generator states, at the end of the step
 
 Microbatch leaves are reduced as they arrive (an exact merged checksum and a digest over the
-per-microbatch digests): nothing large is held between forwards. The leaves are named
-`grads.trainable` / `params.trainable` (not `.lora`) because a Trainer may train any
-parameters; with PEFT they are the LoRA factors. A row is written and flushed when the step
+per-microbatch digests): nothing large is held between forwards. When every trainable
+parameter is a LoRA factor (PEFT: `lora_A` / `lora_B` in its name) the gradient and parameter
+leaves are recorded under twinrun's names, `grads.lora` / `params.lora`, so `twinrun diff
+--common-leaves` lines a Trainer/TRL run up with a twinrun run leaf by leaf; a Trainer that
+trains other parameters records `grads.trainable` / `params.trainable`. (The selection names
+in `leaves=` are always those of `HF_LEAVES`.) A row is written and flushed when the step
 ends (`on_step_end`); hooks are removed and the file closed at `on_train_end`.
 
 Needs a transformers whose `TrainerCallback` has `on_pre_optimizer_step` and
@@ -104,6 +110,11 @@ def rng_state_parts() -> list[Any]:
     parts.append(np.asarray(keys, dtype=np.int64))
     parts.append(np.asarray([pos, has_gauss, cached], dtype=np.float64))
     return parts
+
+
+def _is_lora(name: str) -> bool:
+    """A PEFT LoRA factor's parameter name (`...lora_A.default.weight`)."""
+    return ".lora_A." in name or ".lora_B." in name
 
 
 class DiagCallback(TrainerCallback):
@@ -188,7 +199,10 @@ class DiagCallback(TrainerCallback):
             ]
             self._late["grads.trainable"] = leaf_value(grads)
         if optimizer is not None and "lr" in self.leaves:
-            lrs = [float(g["lr"]) for g in _unwrap(optimizer).param_groups]
+            groups = [g for g in _unwrap(optimizer).param_groups if g["params"]]
+            lrs = [float(g["lr"]) for g in groups]
+            if len(set(lrs)) == 1:
+                lrs = lrs[:1]  # one rate for the step, as twinrun records it
             self._late["lr"] = leaf_value(torch.tensor(lrs, dtype=torch.float64))
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -207,15 +221,18 @@ class DiagCallback(TrainerCallback):
             self._late["params.trainable"] = leaf_value([p.detach() for p in params])
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        row = self.recorder.begin(int(state.global_step))
+        row = self.recorder.begin(int(state.global_step) - 1)  # twinrun's first step is 0
+        model = kwargs.get("model")
+        lora = model is not None and all(_is_lora(n) for n, _ in self._trainable(model))
         for leaf in self.leaves:
+            name = leaf.replace(".trainable", ".lora") if lora else leaf
             if leaf in self._micro:
                 if self._micro[leaf].n:
-                    row.add(leaf, self._micro[leaf].value())
+                    row.add(name, self._micro[leaf].value())
             elif leaf == "rng.state":
                 row.add(leaf, leaf_value(rng_state_parts()))
             elif leaf in self._late:
-                row.add(leaf, self._late[leaf])
+                row.add(name, self._late[leaf])
         self.recorder.commit(row)
         self._reset()
 
