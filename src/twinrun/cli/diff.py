@@ -75,11 +75,18 @@ def _text(r: CompareResult, recorded: list[RecordedDifference] | None) -> list[s
         shown = ", ".join(f"{leaf} ({side} only)" for leaf, side in r.one_sided.items())
         head.append(f"COMMON_LEAVES: left out, recorded by one run only: {shown}")
     if r.first is None:
-        return head + [
+        out = head + [
             f"DETERMINISTIC: {r.rows_compared} rows, {len(r.leaves)} leaves compared "
             f"({r.values_compared} values, {mode})",
             f"0 of {r.rows_compared} rows diverged",
         ]
+        if r.bytes_differ:
+            out.append(
+                f"  within tolerance, but the bytes differ: {r.bytes_differ} of "
+                f"{r.rows_compared} rows hold a leaf whose digest differs (--bitwise names the "
+                "first)"
+            )
+        return out
     f = r.first
     out = [*head, divergence_line(f)]
     if f.kind == "missing_row":

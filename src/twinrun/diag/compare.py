@@ -133,6 +133,7 @@ class CompareResult:
     table: list[DivergingRow] | None = None  # per diverging (phase, step): its diverging leaves
     table_rows: int | None = None  # rows in the whole table (`table` may hold only the first)
     one_sided: dict[str, str] = field(default_factory=dict)  # common_leaves: leaf -> "A" | "B"
+    bytes_differ: int = 0  # tolerance mode: rows whose digests differ (equal within tolerance)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (non-finite floats as "NaN"/"Infinity" strings; no matrix, no
@@ -142,6 +143,8 @@ class CompareResult:
         d.pop("table_rows")
         if not d["one_sided"]:
             d.pop("one_sided")  # only with common_leaves, when the runs' leaf sets differ
+        if not d["bytes_differ"]:
+            d.pop("bytes_differ")  # only when rows agree within tolerance but not bitwise
         return jsonable(d)
 
 
@@ -204,6 +207,7 @@ class _Comparer:
         self.rel_tol, self.abs_tol, self.bitwise = rel_tol, abs_tol, bitwise
         self.common = common  # compare only the leaves both rows record
         self.one_sided: dict[str, str] = {}  # leaf -> "A" | "B": recorded by one run only
+        self.bytes_differ = 0  # tolerance mode: paired rows whose digests are not all equal
         self.rows = 0
         self.diverged = 0
         self.values = 0
@@ -255,6 +259,8 @@ class _Comparer:
         self._see_leaves(names)
         self.rows += 1
         self.values += len(names)
+        if not self.bitwise and any(da_d.get(n) != db_d.get(n) for n in names if n in da_d):
+            self.bytes_differ += 1
         diffs: list[LeafDiff] = []
         rels: dict[str, float] = {}
         cur = self.best.get(ra.phase)
@@ -527,6 +533,7 @@ def _result(st: _Comparer, table_limit: int | None) -> CompareResult:
         table=table,
         table_rows=table_rows,
         one_sided=dict(st.one_sided),
+        bytes_differ=st.bytes_differ,
     )
 
 
