@@ -17,18 +17,21 @@ temperature 1, no top-k / top-p, one torch thread, the 16 rows of a step in one 
 
 The model. An untrained checkpoint never writes a tool call, so every episode would end after
 its first turn on both sides: no multi-turn work to compare. So the script first makes a
-*tool caller*: a short `twinrun tune sft` of the base checkpoint (the toy of `twinrun toy-model
---seed 0`, or SmolLM2-135M-Instruct from `tests/real/smollm2.py`'s cache) on rows whose
-assistant turn is the Hermes call `<tool_call>{"name": "calculate", "arguments":
-{"expression": "3 + 1"}}</tool_call>` (after the user question, and again after a tool
-result), merged into the weights with PEFT (`merge_and_unload`). Both sides train that merged
-checkpoint. It keeps calling, so most episodes run to the turn limit on both sides; the mean
-turns and model tokens per episode are reported for each side.
+*tool caller* of the toy (`twinrun toy-model --seed 0`): a plain PyTorch full fine-tune (AdamW,
+all weights, `SFT["toy"]` steps on the whole batch; a LoRA on the random toy did not learn the
+80-byte call in minutes) on rows whose assistant turn is the Hermes call
+`<tool_call>{"name": "calculate", "arguments": {"expression": "6 * 7"}}</tool_call>` (after the
+user question, and again after a tool result), cached in CACHE by its inputs. Both sides train
+that checkpoint. It keeps calling, so most episodes run to the turn limit on both sides; the
+mean turns and model tokens per episode are reported for each side. `--smollm2` uses
+SmolLM2-135M-Instruct (`tests/real/smollm2.py`'s cache) as it is, only the template extended
+(a fine-tune of it does not fit in CPU minutes; it rarely calls the tool, so its episodes are
+mostly one turn).
 
 What TRL needed of the checkpoint, and what was done (the smallest change that lets it run):
 
 - TRL refuses a chat template that does not render an assistant message's `tool_calls`
-  (`supports_tool_calling`); neither the toy's nor SmolLM2's does. The merged checkpoint's
+  (`supports_tool_calling`); neither the toy's nor SmolLM2's does. The tool caller's
   `chat_template.jinja` is the base template with one addition, `tool_calls` rendered as
   `<tool_call>{json}</tool_call>` after the content. twinrun reads the same file; it never
   passes `tool_calls` (its assistant messages hold the model's text), so its rendering is the
@@ -38,8 +41,10 @@ What TRL needed of the checkpoint, and what was done (the smallest change that l
   to the Hermes parser of TRL's `qwen3_template` (tool calls between `<tool_call>` tags,
   parsed as JSON) with this template's assistant header and end-of-turn token.
 - The tool list: twinrun puts `tools_system_text(schemas)` in a system message when the
-  template does not render `tools` (neither does); TRL's dataset prompt gets that same system
-  message (the same string), and the template ignores TRL's `tools` argument.
+  template does not render `tools` (SmolLM2's); TRL's dataset prompt gets that same system
+  message (the same string), and the template ignores TRL's `tools` argument. The toy's template
+  also takes `tools` and renders nothing of them, on both sides (the byte-level toy cannot read
+  a 650-byte tool list, which would make every row ten times longer).
 - Token budget: TRL's `max_completion_length` caps a whole episode (model and tool tokens) and
   each of its turns may use what is left; twinrun's `--max-new-tokens` caps each turn. TRL gets
   `max_turns x tokens per turn + (max_turns - 1) x TOOL_ROOM`, and
@@ -47,7 +52,8 @@ What TRL needed of the checkpoint, and what was done (the smallest change that l
   `--max-turns max_turns`. twinrun also runs the tools of an episode's last turn (the episode
   ends after them); TRL does not run them.
 
-Timing: twinrun's step is `wall_s` in metrics.jsonl; TRL's is on_step_begin -> on_step_end of a
+Timing: twinrun's step is `wall_s` in metrics.jsonl (twinrun runs with `--diag`, its checksums on;
+the turns per episode are read from its diag rows); TRL's is on_step_begin -> on_step_end of a
 TrainerCallback (`bench/trl_tool_child.py`, in `bench/.venv-trl`, made by
 `grpo_vs_trl.trl_python`). The two alternate process by process (`--rounds`, which goes first
 alternating); step 0 of each process is a warm-up, left out. twinrun / TRL is the ratio of the
@@ -56,11 +62,11 @@ medians over all timed steps; each round's ratio gives its spread.
 Observation checksums: paired twinrun processes on the toy tool caller without and with
 `--diag` (order alternating), per-step `wall_s` medians; and, in this process, the time of
 `twinrun.train.recipes.grpo.observation_leaves` + `turn_leaves` over a step's 16 rollouts of the
-toy's shape (the texts and token counts the tool caller produces: turn 0 the system and user
-messages, then tool messages) plus the diag recorder's checksum and digest of those leaves, as
+toy's shape (the texts and token counts the tool caller produces: turn 0 the user message, then
+tool messages) plus the diag recorder's checksum and digest of those leaves, as
 a share of the step.
 
-    python bench/tool_grpo_vs_trl.py [--rounds 3] [--steps 6] [--smollm2] [--quick]
+    python bench/tool_grpo_vs_trl.py [--rounds 3] [--steps 5] [--diag-pairs 2] [--smollm2] [--quick]
 
 Writes bench/results/tool_grpo_vs_trl.json, .md and the `tool_grpo_vs_trl` section of
 docs/benchmarks.md (`--quick`: 1 round of 3 steps, 1 diag pair, prints only).
@@ -90,6 +96,7 @@ EXAMPLES = ROOT / "src" / "twinrun" / "examples" / "arith.jsonl"
 CACHE = Path(tempfile.gettempdir()) / "twinrun-tool-bench"
 ENV = "tool_grpo_vs_trl:Calculator"
 CALL_EXPRESSION = "6 * 7"  # the tool caller's call, the same in every turn
+TOKENS = "model_tokens_per_episode"
 TOOL_ROOM = 48  # TRL's budget per tool reply (tokens), on top of the model's turns
 
 COMMON = {
@@ -182,7 +189,9 @@ def sft_rows(system: str) -> list[dict[str, Any]]:
     return out
 
 
-def fine_tune(base: Path, rows: list[dict[str, Any]], cfg: dict[str, Any]) -> tuple[Any, list[float]]:
+def fine_tune(
+    base: Path, rows: list[dict[str, Any]], cfg: dict[str, Any]
+) -> tuple[Any, list[float]]:
     """Full fine-tuning (AdamW, all weights) of `base` on the rows' last assistant turn (its text
     and the end of turn), the whole batch each step, one thread: a plain PyTorch loop, not
     twinrun (a LoRA on the random toy does not learn an 80-byte string in minutes)."""
@@ -303,7 +312,10 @@ def twinrun_steps(model: Path, work: Path, kind: str, steps: int, diag: bool) ->
         "--env", ENV, "--max-turns", str(s["max_turns"]), "--tool-timeout", "30",
         "--threads", "1", "--quiet", *(["--diag"] if diag else []),
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(BENCH), os.environ.get("PYTHONPATH", "")]),
+    }
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         sys.exit(f"twinrun failed:\n{proc.stderr[-3000:]}")
@@ -327,7 +339,12 @@ def trl_steps(py: Path, model: Path, work: Path, kind: str, steps: int) -> dict[
          "output": str(work / f"trl-{tag}"), "system": tools_text(kind), "kind": kind}  # fmt: skip
     sfile, ofile = work / f"trl-{tag}.json", work / f"trl-{tag}.out.json"
     sfile.write_text(json.dumps(s), encoding="utf-8")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TQDM_DISABLE": "1",
+        "TRL_EXPERIMENTAL_SILENCE": "1",
+    }
     proc = subprocess.run(
         [str(py), str(BENCH / "trl_tool_child.py"), str(sfile), str(ofile)],
         cwd=ROOT, capture_output=True, text=True, env=env,
@@ -343,7 +360,9 @@ def flat(runs: list[dict[str, Any]], who: str, key: str, skip: int = 1) -> list[
     return [x for run in runs for x in run[who][key][skip:] if x is not None]
 
 
-def compare(py: Path, model: Path, work: Path, kind: str, rounds: int, steps: int) -> dict[str, Any]:
+def compare(
+    py: Path, model: Path, work: Path, kind: str, rounds: int, steps: int
+) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     for r in range(rounds):
         order = ("twinrun", "trl") if r % 2 == 0 else ("trl", "twinrun")
@@ -351,7 +370,9 @@ def compare(py: Path, model: Path, work: Path, kind: str, rounds: int, steps: in
         for who in order:
             got[who] = (twinrun_steps(model, work, kind, steps, diag=True) if who == "twinrun"
                         else trl_steps(py, model, work, kind, steps))  # fmt: skip
-            print(f"  {kind} round {r} {who}: {[round(x, 3) for x in got[who]['step_s']]}", flush=True)
+            print(
+                f"  {kind} round {r} {who}: {[round(x, 3) for x in got[who]['step_s']]}", flush=True
+            )
         runs.append({"order": order, **got})
     tw, trl = flat(runs, "twinrun", "step_s"), flat(runs, "trl", "step_s")
     per_round = [statistics.median(run["twinrun"]["step_s"][1:])
@@ -366,8 +387,8 @@ def compare(py: Path, model: Path, work: Path, kind: str, rounds: int, steps: in
         "trl_step_s": benchkit.spread(trl, 4),
         "ratio": statistics.median(tw) / statistics.median(trl),
         "ratio_per_model_token": (
-            statistics.median(tw) / statistics.mean(flat(runs, "twinrun", "model_tokens_per_episode", 0))
-        ) / (statistics.median(trl) / statistics.mean(flat(runs, "trl", "model_tokens_per_episode", 0))),
+            statistics.median(tw) / statistics.mean(flat(runs, "twinrun", TOKENS, 0))
+        ) / (statistics.median(trl) / statistics.mean(flat(runs, "trl", TOKENS, 0))),
         "ratio_per_round": benchkit.spread(per_round, 3),
         "twinrun_turns_per_episode": statistics.mean(flat(runs, "twinrun", "turns_per_episode", 0)),
         "trl_turns_per_episode": statistics.mean(flat(runs, "trl", "turns_per_episode", 0)),
@@ -388,17 +409,20 @@ def diag_pairs(model: Path, work: Path, pairs: int, steps: int) -> dict[str, Any
     off: list[list[float]] = []
     on: list[list[float]] = []
     for p in range(pairs):
-        for diag in ((False, True) if p % 2 == 0 else (True, False)):
+        for diag in (False, True) if p % 2 == 0 else (True, False):
             got = twinrun_steps(model, work, "toy", steps, diag)["step_s"][1:]
             (on if diag else off).append(got)
             print(f"  diag pair {p} diag={diag}: {[round(x, 3) for x in got]}", flush=True)
-    per_pair = [statistics.median(b) / statistics.median(a) - 1 for a, b in zip(off, on, strict=True)]
+    per_pair = [
+        statistics.median(b) / statistics.median(a) - 1 for a, b in zip(off, on, strict=True)
+    ]
     moff = statistics.median([x for r in off for x in r])
     mon = statistics.median([x for r in on for x in r])
     return {"pairs": pairs, "steps_per_process": steps,
             "off_step_s": benchkit.spread([x for r in off for x in r], 4),
             "on_step_s": benchkit.spread([x for r in on for x in r], 4),
-            "overhead": mon / moff - 1, "overhead_per_pair": benchkit.spread(per_pair, 4)}  # fmt: skip
+            "overhead": mon / moff - 1,
+            "overhead_per_pair": benchkit.spread(per_pair, 4)}  # fmt: skip
 
 
 def leaf_cost(model: Path, turns: int, repeats: int = 21) -> dict[str, Any]:
@@ -432,7 +456,11 @@ def leaf_cost(model: Path, turns: int, repeats: int = 21) -> dict[str, Any]:
                 if t + 1 < turns:
                     reply = [{"role": "tool", "content": "42"}]
                     observation = canonical_json(reply)
-                    pending = tok.encode("<|tool|>\n42") + [tok.end_ids[0]] + tok.encode("<|assistant|>\n")
+                    pending = (
+                        tok.encode("<|tool|>\n42")
+                        + [tok.end_ids[0]]
+                        + tok.encode("<|assistant|>\n")
+                    )
                     completion += pending
                     mask += [0] * len(pending)
             ro = Rollout(e, k, 0, first, completion, [0.0] * len(completion), 0.0)
@@ -451,7 +479,8 @@ def leaf_cost(model: Path, turns: int, repeats: int = 21) -> dict[str, Any]:
         record.append(t2 - t1)
     n_obs = sum(1 for k in leaves if k.startswith("observation."))
     return {"rollouts": len(fresh), "turns_per_episode": turns, "observation_leaves": n_obs,
-            "turn_tokens": sum(len(t["prompt"]) + len(t["sampled"]) for r in fresh for t in r.turns),
+            "turn_tokens": sum(len(t["prompt"]) + len(t["sampled"])
+                               for r in fresh for t in r.turns or []),
             "build_s": statistics.median(build), "record_s": statistics.median(record),
             "repeats": repeats}  # fmt: skip
 
@@ -481,7 +510,8 @@ def table(name: str, c: dict[str, Any], s: dict[str, Any], made: dict[str, Any])
         f"{c['ratio_per_model_token']:.2f}× |",
         "",
         "| per episode (mean over all steps) | twinrun | TRL |", "|---|---|---|",
-        f"| model turns | {c['twinrun_turns_per_episode']:.2f} | {c['trl_turns_per_episode']:.2f} |",
+        f"| model turns | {c['twinrun_turns_per_episode']:.2f} | "
+        f"{c['trl_turns_per_episode']:.2f} |",
         f"| model tokens (in the loss) | {c['twinrun_model_tokens_per_episode']:.1f} | "
         f"{c['trl_model_tokens_per_episode']:.1f} |",
         f"| all tokens after the prompt (model + tool) | – | {c['trl_tokens_per_episode']:.1f} |",
@@ -492,8 +522,8 @@ def table(name: str, c: dict[str, Any], s: dict[str, Any], made: dict[str, Any])
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--diag-pairs", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--diag-pairs", type=int, default=2)
     ap.add_argument("--smollm2", action="store_true")
     ap.add_argument("--smollm2-rounds", type=int, default=1)
     ap.add_argument("--smollm2-steps", type=int, default=3)
@@ -501,7 +531,14 @@ def main() -> None:
     a = ap.parse_args()
     rounds, steps, pairs = (1, 3, 1) if a.quick else (a.rounds, a.steps, a.diag_pairs)
     sys.path.insert(0, str(BENCH))
-    from benchkit import cpu_name, git, package_versions, smollm2_dir, update_docs_section, write_toy
+    from benchkit import (
+        cpu_name,
+        git,
+        package_versions,
+        smollm2_dir,
+        update_docs_section,
+        write_toy,
+    )
     from grpo_vs_trl import TRL_VERSION, trl_python
 
     py = trl_python()
@@ -523,7 +560,7 @@ def main() -> None:
                                  **compare(py, sm, work, "smollm2", r2, s2)}  # fmt: skip
             result["smollm2"]["rounds_run"], result["smollm2"]["steps_per_process"] = r2, s2
     cmd = "python bench/tool_grpo_vs_trl.py" + (" --smollm2" if a.smollm2 else "")
-    if not a.quick and (a.rounds, a.steps, a.diag_pairs) != (3, 6, 3):
+    if not a.quick and (a.rounds, a.steps, a.diag_pairs) != (3, 5, 2):
         cmd += f" --rounds {a.rounds} --steps {a.steps} --diag-pairs {a.diag_pairs}"
     if a.smollm2 and (a.smollm2_rounds, a.smollm2_steps) != (1, 3):
         cmd += f" --smollm2-rounds {a.smollm2_rounds} --smollm2-steps {a.smollm2_steps}"
@@ -547,30 +584,37 @@ def main() -> None:
         f"`--env {ENV}`, TRL `environment_factory=Calculator`; the shipped arithmetic rows, "
         f"{COMMON['prompts_per_step']} prompts × group {COMMON['group_size']} = 16 episodes a "
         "step, temperature 1, LoRA rank 8 on q/k/v/o, no KL, one thread, f32. The model is a "
-        "*tool caller* (the base checkpoint after a short SFT on Hermes `<tool_call>` turns, "
-        "merged) so that episodes are multi-turn on both sides. Figures are median (min–max) "
-        "over every step but each process's step 0.", "",
+        "*tool caller* (the base checkpoint fully fine-tuned on Hermes `<tool_call>` turns) so "
+        "that episodes are multi-turn on both sides. twinrun runs with `--diag` (its checksums "
+        "on, as in a reproducible run; the last section says what they cost). Figures are median "
+        "(min–max) over every step but each process's step 0.", "",
     ]  # fmt: skip
-    lines += table(f"Toy model (4 layers, hidden 64; {rounds} rounds × {steps} steps per process)",
-                   result["toy"], result["toy"]["settings"], result["toy"]["tool_caller"])  # fmt: skip
+    toy_name = f"Toy model (4 layers, hidden 64; {rounds} round(s) × {steps} steps per process)"
+    lines += table(toy_name, result["toy"], result["toy"]["settings"], result["toy"]["tool_caller"])
     if "smollm2" in result:
         sm = result["smollm2"]
         lines += table(f"SmolLM2-135M-Instruct ({sm['rounds_run']} round(s) × "
                        f"{sm['steps_per_process']} steps per process)",
                        sm, sm["settings"], sm["tool_caller"])  # fmt: skip
+    else:
+        lines += [
+            "SmolLM2-135M-Instruct: not measured in this run (`--smollm2` not given; see "
+            "bench/README.md for why).", "",
+        ]  # fmt: skip
     d, lc = result["diag"], result["diag"]["leaf_cost"]
     step = d["off_step_s"]["median"]
     part = lc["build_s"] + lc["record_s"]
     lines += [
         "### Observation checksums: `--diag` on the toy tool caller", "",
-        f"{d['pairs']} pairs of fresh `twinrun tune grpo` processes (the toy run above), without "
+        f"{d['pairs']} pair(s) of fresh `twinrun tune grpo` processes (the toy run above), without "
         f"and with `--diag`, order alternating, {d['steps_per_process']} steps each, step 0 left "
         "out; per-step `wall_s`.", "",
         "| per step | without `--diag` | with `--diag` | overhead (medians) | per pair |",
         "|---|---|---|---|---|",
         f"| wall s | {fmt(d['off_step_s'])} | {fmt(d['on_step_s'])} | "
         f"**{100 * d['overhead']:+.1f}%** | {100 * d['overhead_per_pair']['median']:+.1f}% "
-        f"({100 * d['overhead_per_pair']['min']:+.1f}% – {100 * d['overhead_per_pair']['max']:+.1f}%) |",
+        f"({100 * d['overhead_per_pair']['min']:+.1f}% – "
+        f"{100 * d['overhead_per_pair']['max']:+.1f}%) |",
         "",
         f"The observation leaves alone, in this process (median of {lc['repeats']}): one step's "
         f"{lc['rollouts']} rollouts of {lc['turns_per_episode']} turns each as the toy tool caller "
@@ -592,7 +636,9 @@ def main() -> None:
     if a.quick:
         return
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "tool_grpo_vs_trl.json").write_text(json.dumps({"meta": meta, **result}, indent=2) + "\n")
+    (RESULTS / "tool_grpo_vs_trl.json").write_text(
+        json.dumps({"meta": meta, **result}, indent=2) + "\n"
+    )
     (RESULTS / "tool_grpo_vs_trl.md").write_text(
         "# Multi-turn GRPO in a tool environment: twinrun vs TRL\n\n" + md + "\n"
     )

@@ -75,7 +75,9 @@ def test_generate_greedy_and_sampled(
 
     g1 = run("--temperature", "0", "--seed", "0")
     g2 = run("--temperature", "0", "--seed", "9")
-    assert g1 == g2  # greedy ignores the seed
+    assert g1 == g2 == run("--temperature", "0")  # greedy ignores the seed, and needs none
+    assert run_cli(gen(toy_model_dir, "--temperature", "1.0")) == 2
+    assert "missing required flag: --seed" in capsys.readouterr().err  # sampling needs one
     assert g1["prompt_tokens"][0] == 256 and 1 <= len(g1["tokens"]) <= 6
     s1 = run("--temperature", "1.0", "--seed", "3")
     s2 = run("--temperature", "1.0", "--seed", "3")

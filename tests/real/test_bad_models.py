@@ -88,12 +88,14 @@ def test_a_row_longer_than_the_positions_is_named(
     data = examples_file(tmp_path, 8)  # 41, 40, 41, 40, 41, 40, 42, 40 tokens with the template
     out = tmp_path / "run"
     fails_writing_nothing(short_sft(model, out, data), out, capsys,
-                          f"{data.name}:7: 42 tokens exceed the model's 41")  # fmt: skip
+                          f"{data.name}:7: 42 tokens exceed the row limit of 41")  # fmt: skip
     report = tmp_path / "eval.json"
     args = ["tune", "evaluate", "--model", str(model), "--examples", str(data),
             "--chat-template", "on", "--precision", "f32", "--batch-size", "2",
             "--output", str(report), "--threads", "1"]  # fmt: skip
-    fails_writing_nothing(args, report, capsys, f"{data.name}:7: 42 tokens exceed the model's 41")
+    fails_writing_nothing(
+        args, report, capsys, f"{data.name}:7: 42 tokens exceed the row limit of 41"
+    )
 
 
 def test_unknown_lora_target(

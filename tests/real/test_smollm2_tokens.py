@@ -170,7 +170,7 @@ def test_greedy_reference_answers_paris(smollm2_dir: Path, tok: CheckpointTokeni
 def test_a_row_longer_than_the_positions_is_named(tok: CheckpointTokenizer) -> None:
     rows = load_rows(shipped_examples("sft.jsonl"))
     n = len(encode_sft_rows(tok, rows[:1], True, 8192)[0].input_ids)
-    with pytest.raises(DataError, match=rf"sft.jsonl:1: {n} tokens exceed the model's 40 "):
+    with pytest.raises(DataError, match=rf"sft.jsonl:1: {n} tokens exceed the row limit of 40 "):
         encode_sft_rows(tok, rows, chat_template=True, max_length=40)
 
 

@@ -149,9 +149,11 @@ def encode_sft_rows(
 
 
 def check_length(enc: EncodedRow, where: str, max_length: int) -> None:
-    """DataError naming the row when its tokens do not fit the model's positions."""
+    """DataError naming the row when its tokens do not fit the row limit (`--max-length`, else
+    the model's positions)."""
     if len(enc.input_ids) > max_length:
         raise DataError(
-            f"{where}: {len(enc.input_ids)} tokens exceed the model's {max_length} positions",
-            "shorten the example",
+            f"{where}: {len(enc.input_ids)} tokens exceed the row limit of {max_length} "
+            "(--max-length, else the model's positions)",
+            "shorten the example, or raise --max-length within the model's positions",
         )

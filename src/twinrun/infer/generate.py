@@ -35,9 +35,10 @@ class GenerateConfig:
             "--max-new-tokens": self.max_new_tokens,
             "--temperature": self.temperature,
             "--chat-template": self.chat_template,
-            "--seed": self.seed,
             "--precision": self.precision,
         }
+        if self.temperature != 0:  # greedy decoding draws nothing: it needs no seed
+            flags["--seed"] = self.seed
         if self.device == "cpu":  # the thread count shapes CPU results
             flags["--threads"] = self.threads
         require_flags(flags, "generate")
@@ -88,10 +89,12 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
 
         attach_steering(model, cfg.steer, cfg.steer_scale)  # type: ignore[arg-type]  # validate() requires it
     seed = cfg.seed
-    assert seed is not None
 
-    def draw(position: int) -> float:
+    def sample_draw(position: int) -> float:
+        assert seed is not None  # validate() requires it when sampling
         return stream(seed, "sample", position).uniform()
+
+    draw = None if cfg.temperature == 0 else sample_draw  # greedy takes no draw
 
     with torch.no_grad():
         result = generate_tokens(
