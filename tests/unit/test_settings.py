@@ -228,3 +228,16 @@ def test_the_documented_table_is_the_generated_one() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "training.md").read_text(encoding="utf-8")
     start, end = doc.index(BEGIN), doc.index(END) + len(END)
     assert doc[start:end] == settings_table()
+
+
+def test_help_marks_the_required_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    from twinrun.cli.main import run_cli
+    from twinrun.config.run import required_fields
+
+    assert run_cli(["tune", "grpo", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for name in required_fields("grpo"):
+        flag = SETTINGS[name].flag
+        assert f"{flag} " in text and text.split(f"{flag} ", 1)[1].split()[1] == "[required]", flag
+    assert "--threads INTEGER [required on CPU]" in text
+    assert "--max-turns INTEGER Tool environments" in text  # optional flags are not marked

@@ -47,9 +47,10 @@ FINITE_FLOAT = FiniteFloat()
 CLICK_TYPES: dict[str, Any] = {"int": click.INT, "float": FINITE_FLOAT, "str": click.STRING}
 
 
-def option(name: str, s: Setting) -> F:
-    """The click option for one declared setting; its parameter is the field name."""
-    kwargs: dict[str, Any] = {"help": s.help}
+def option(name: str, s: Setting, mark: str = "") -> F:
+    """The click option for one declared setting; its parameter is the field name. `mark`
+    ("[required]") starts its help."""
+    kwargs: dict[str, Any] = {"help": f"{mark} {s.help}".strip()}
     if s.kind == "bool":
         if "/" not in s.flag:
             kwargs["is_flag"] = True
@@ -77,10 +78,23 @@ def _stack(decorators: list[F]) -> F:
 
 
 def run_options(objective: str) -> F:
-    """Every declared flag that applies to `objective`, in declaration order."""
+    """Every declared flag that applies to `objective`, in declaration order; `--help` marks
+    the ones a run must be given."""
     return _stack(
-        [option(n, s) for n, s in SETTINGS.items() if s.flag and objective in s.objectives]
+        [
+            option(n, s, required_mark(n, s, objective))
+            for n, s in SETTINGS.items()
+            if s.flag and objective in s.objectives
+        ]
     )
+
+
+def required_mark(name: str, s: Setting, objective: str) -> str:
+    """What `--help` says before a flag's help: "[required]" for a run number, "[required on
+    CPU]" for the thread count (it shapes a CPU run's bytes), else nothing."""
+    if name == "threads":
+        return "[required on CPU]"
+    return "[required]" if s.required and objective in s.objectives else ""
 
 
 def shared_options(*names: str, **changes: dict[str, Any]) -> F:
