@@ -241,3 +241,20 @@ def test_help_marks_the_required_flags(capsys: pytest.CaptureFixture[str]) -> No
         assert f"{flag} " in text and text.split(f"{flag} ", 1)[1].split()[1] == "[required]", flag
     assert "--threads INTEGER [required on CPU]" in text
     assert "--max-turns INTEGER Tool environments" in text  # optional flags are not marked
+
+
+def test_a_bad_value_is_refused_before_torch_is_imported() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from twinrun.cli.main import run_cli; rc = run_cli(['tune', 'sft', "
+        "'--model', 'm', '--examples', 'e', '--output', 'o', '--seed', '-1', '--epochs', '1', "
+        "'--batch-size', '1', '--accumulation', '1', '--learning-rate', '1e-3', "
+        "'--warmup-steps', '0', '--lr-schedule', 'constant', '--lora-rank', '2', "
+        "'--lora-alpha', '4', '--precision', 'f32', '--chat-template', 'on', '--threads', '1']);"
+        " print(rc, 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["2", "False"], done.stderr
+    assert done.stderr.strip() == "twinrun: error: --seed must be in [0, 2**63), got -1"

@@ -31,9 +31,12 @@ def training_command(objective: Objective) -> click.Command:
     """`twinrun tune NAME`: the record's summary as help, the settings that apply as flags."""
 
     def run(**opts: Any) -> None:
-        from twinrun.train.recipes import train
+        from twinrun.config.run import validate
 
         cfg = config_from_options(objective.name, opts)
+        validate(cfg)  # every missing or bad value in one line, before torch is imported
+        from twinrun.train.recipes import train
+
         print_run_summary(train(cfg), cfg.quiet)
 
     return tune.command(objective.name, help=objective.summary)(run_options(objective.name)(run))
