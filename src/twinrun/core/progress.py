@@ -18,7 +18,7 @@ class Progress:
         self._task: Any = None
         self._every = max(1, total // 20)
         if not quiet and sys.stderr.isatty():
-            from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
             from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(
@@ -27,6 +27,8 @@ class Progress:
                 TextColumn("{task.completed}/{task.total}"),
                 TextColumn("{task.fields[info]}"),
                 TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
                 transient=False,
             )
             self._bar.start()
@@ -38,7 +40,16 @@ class Progress:
         if self._bar is not None:
             self._bar.update(self._task, completed=done, info=info)
         elif done == self.total or done % self._every == 0 or done == 1:
-            print(f"{self.label} {done}/{self.total} {info}".rstrip(), file=sys.stderr, flush=True)
+            line = f"{self.label} {done}/{self.total} {info}".rstrip()
+            print(line + self.eta(done), file=sys.stderr, flush=True)
+
+    def eta(self, done: int) -> str:
+        """` (eta 42 s)`: the time the remaining steps take at the mean pace so far; "" when
+        done or nothing is done yet."""
+        if done <= 0 or done >= self.total:
+            return ""
+        left = (time.perf_counter() - self.start) / done * (self.total - done)
+        return f" (eta {left:.0f} s)"
 
     def note(self, text: str) -> None:
         if self.quiet:
