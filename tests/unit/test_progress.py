@@ -12,7 +12,7 @@ def test_plain_lines_carry_an_eta(
 ) -> None:
     from types import SimpleNamespace
 
-    clock = iter([100.0, 110.0, 130.0])  # start, then two updates
+    clock = iter([100.0, 110.0, 130.0, 0.0])  # start, two updates, the quiet one's start
     monkeypatch.setattr(
         "twinrun.core.progress.time", SimpleNamespace(perf_counter=lambda: next(clock))
     )
