@@ -119,11 +119,24 @@ def clear_for_rerun(folder: Path, layout: Layout) -> None:
 # -- learn: greedy answers before and after -------------------------------------------------
 
 
+# Questions the shipped examples do not hold, scored beside the trained ones: a model this small
+# memorises its examples; these say whether it learned anything beyond them.
+HELD_OUT: tuple[tuple[str, str], ...] = (
+    ("What is 2 + 2?", "4"),
+    ("What is 3 + 6?", "9"),
+    ("What is 5 + 5?", "10"),
+    ("Spell the number 10.", "ten"),
+)
+
+
 @dataclass
 class Answers:
     rows: list[tuple[str, str, str, str]]  # question, base answer, trained answer, expected
-    base_right: int
+    base_right: int  # of the distinct training questions
     trained_right: int
+    distinct: int  # distinct training questions (the 64 examples repeat them)
+    held_out_base: int  # of HELD_OUT
+    held_out_trained: int
 
 
 def questions() -> list[tuple[str, str]]:
@@ -158,15 +171,21 @@ def greedy_answers(model_dir: Path, adapter: Path | None, asked: list[str]) -> l
 
 
 def compare_answers(tour: Tour, adapter: Path, shown: int = 4) -> Answers:
-    asked = questions()
+    """Greedy answers before and after training, on each distinct training question (in file
+    order) and on the held-out ones."""
+    asked = list(dict.fromkeys(questions())) + list(HELD_OUT)
     prompts = [q for q, _ in asked]
     base = greedy_answers(tour.model, None, prompts)
     trained = greedy_answers(tour.model, adapter, prompts)
     rows = [(q, b, t, want) for (q, want), b, t in zip(asked, base, trained, strict=True)]
+    seen, held = rows[: -len(HELD_OUT)], rows[-len(HELD_OUT) :]
     return Answers(
-        rows=rows[:shown],
-        base_right=sum(b == want for _, b, _, want in rows),
-        trained_right=sum(t == want for _, _, t, want in rows),
+        rows=seen[:shown],
+        base_right=sum(b == want for _, b, _, want in seen),
+        trained_right=sum(t == want for _, _, t, want in seen),
+        distinct=len(seen),
+        held_out_base=sum(b == want for _, b, _, want in held),
+        held_out_trained=sum(t == want for _, _, t, want in held),
     )
 
 

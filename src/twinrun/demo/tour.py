@@ -17,6 +17,7 @@ from rich.table import Table
 
 from twinrun.core.errors import ContractError
 from twinrun.demo.steps import (
+    HELD_OUT,
     QUESTIONS,
     REAL_BUDGET,
     TOY_BUDGET,
@@ -104,9 +105,12 @@ def learn(tour: Tour, console: Console) -> str:
     for question, base, trained, expected in answers.rows:
         table.add_row(question, repr(clip(base)), repr(clip(trained)), repr(expected))
     console.print(table)
+    n, held = answers.distinct, len(HELD_OUT)
     console.print(
-        f"   exact answers over all {QUESTIONS} questions: base {answers.base_right}, "
-        f"with the adapter {answers.trained_right}"
+        f"   exact answers on the {n} distinct questions of the {QUESTIONS} training examples: "
+        f"base {answers.base_right}, with the adapter {answers.trained_right}; on {held} "
+        f"held-out questions: base {answers.held_out_base}, with the adapter "
+        f"{answers.held_out_trained} (a model this small memorises; it does not generalise)"
     )
     from twinrun.diag.curves import write_curves
     from twinrun.train.outputs import CURVES_PICTURE
@@ -114,14 +118,15 @@ def learn(tour: Tour, console: Console) -> str:
     curves = tour.root / "run-a" / CURVES_PICTURE
     write_curves([tour.root / "run-a", tour.root / "run-b"], curves)
     console.print(f"   training curves of run-a and run-b: {curves} (`twinrun plot`)")
+    held_out = f"; held out: {answers.held_out_trained}/{held}"
     if answers.trained_right > answers.base_right:
         return (
-            f"the adapter learned: {answers.trained_right}/{QUESTIONS} exact answers where the "
-            f"base model gave {answers.base_right}/{QUESTIONS}"
+            f"the adapter learned its examples: {answers.trained_right}/{n} trained questions "
+            f"exact where the base model gave {answers.base_right}/{n}{held_out}"
         )
     return (
-        f"this short run did not change the exact answers ({answers.base_right}/{QUESTIONS} "
-        f"before, {answers.trained_right}/{QUESTIONS} after); on the toy the tour trains long "
+        f"this short run did not change the exact answers ({answers.base_right}/{n} before, "
+        f"{answers.trained_right}/{n} after{held_out}); on the toy the tour trains long "
         "enough to learn them all"
     )
 
