@@ -52,7 +52,7 @@ class RunConfig:
         required=True, shapes=False,
     )  # fmt: skip
     examples: str | None = _s(
-        "str", "--examples", "data.examples", "Examples: JSONL or a JSON array.",
+        "str", "--examples", "data.examples", "Examples: JSONL, a JSON array or CSV.",
         required=True, shapes=False, objectives=EXAMPLES,
     )  # fmt: skip
     output: str | None = _s(

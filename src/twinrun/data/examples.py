@@ -45,14 +45,19 @@ def load_rows(path: str | Path, limits: Limits = EXAMPLES) -> list[SourcedRow]:
     """Read an examples file. Raises DataError naming the file (and line) on any problem; rows
     and the file are bounded by `limits` (bytes per row and per file, integer digits, nesting)."""
     p = Path(path)
+    refuse_other_formats(p)
     with reading.open_regular(p, "examples file", hint="check the --examples path") as fh:
         head = fh.read(4096)
         while head.strip() == b"" and (more := fh.read(4096)):
             head = more
     if not head.strip():
         raise DataError(f"{p}: the examples file is empty", "give at least one example")
+    if head.startswith(PARQUET_MAGIC):
+        refuse_other_formats(p, parquet=True)
     rows: list[SourcedRow] = []
-    if head.lstrip().startswith(b"["):
+    if p.suffix.lower() == ".csv":
+        rows = csv_rows(p, limits)
+    elif head.lstrip().startswith(b"["):
         whole = Limits(**{**limits.__dict__, "max_bytes": limits.max_file_bytes})
         items = parse_json(read_limited(p, "examples file", limits.max_file_bytes), str(p), whole)
         for i, item in enumerate(items):
@@ -67,6 +72,56 @@ def load_rows(path: str | Path, limits: Limits = EXAMPLES) -> list[SourcedRow]:
             rows.append(_as_object(item, f"{p}:{lineno}"))
     if not rows:
         raise DataError(f"{p}: the examples file has no rows", "give at least one example")
+    return rows
+
+
+READS = "twinrun reads JSONL, a JSON array or CSV (a header row, then one example a line)"
+PARQUET_MAGIC = b"PAR1"
+
+
+def refuse_other_formats(p: Path, parquet: bool = False) -> None:
+    """A DataError that names what twinrun reads and how to convert, for a Parquet file or a
+    `datasets` `save_to_disk` directory (read by neither the standard library nor twinrun)."""
+    if parquet or p.suffix.lower() == ".parquet":
+        raise DataError(
+            f"{p} is a Parquet file; {READS}",
+            "convert it: datasets.load_dataset('parquet', data_files=PATH)['train']"
+            ".to_json('examples.jsonl')",
+        )
+    if p.is_dir() and any((p / n).is_file() for n in ("dataset_info.json", "state.json",
+                                                        "dataset_dict.json")):  # fmt: skip
+        raise DataError(
+            f"{p} is a datasets save_to_disk directory; {READS}",
+            "convert it: datasets.load_from_disk(PATH).to_json('examples.jsonl') (a DatasetDict:"
+            " pick a split first)",
+        )
+
+
+def csv_rows(p: Path, limits: Limits) -> list[SourcedRow]:
+    """The rows of a CSV file (UTF-8, a header row naming the fields, every value a string),
+    each named `FILE:LINE`; bounded as a JSONL file is."""
+    import csv
+    import io
+
+    text = read_limited(p, "examples file", limits.max_file_bytes)
+    try:
+        decoded = text.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{p}: not UTF-8 text (byte {exc.start}); {READS}") from None
+    reader = csv.DictReader(io.StringIO(decoded, newline=""), strict=True)
+    rows = []
+    try:
+        for record in reader:
+            where = f"{p}:{reader.line_num}"
+            if None in record or any(v is None for v in record.values()):
+                raise DataError(f"{where}: the row has another number of fields than the header")
+            if sum(len(k) + len(v) for k, v in record.items()) > limits.max_bytes:
+                raise DataError(f"{where}: a row over the limit of {limits.max_bytes} bytes")
+            rows.append(SourcedRow(dict(record), where))
+    except csv.Error as exc:
+        raise DataError(f"{p}:{reader.line_num}: not valid CSV ({exc})") from None
+    if not reader.fieldnames:
+        raise DataError(f"{p}: the CSV file has no header row", "name the fields on line 1")
     return rows
 
 
@@ -121,10 +176,38 @@ def sft_parts(row: SourcedRow) -> tuple[list[dict[str, str]], str]:
             f"{row.where}: a row needs 'prompt' and 'completion', or 'messages'",
             f"found fields: {', '.join(sorted(row.data)) or 'none'}",
         )
+    if isinstance(row.data["prompt"], list) or isinstance(row.data["completion"], list):
+        return conversational_parts(row)
     return (
         [{"role": "user", "content": require_str(row, "prompt")}],
         require_str(row, "completion", allow_empty=True),
     )
+
+
+def message_list(row: SourcedRow, key: str) -> list[dict[str, str]]:
+    """`row[key]` as a list of {role, content} string messages (a DataError naming the row)."""
+    msgs = row.data.get(key)
+    if not isinstance(msgs, list) or not msgs:
+        raise DataError(f"{row.where}: '{key}' must be a non-empty list of messages")
+    for i, m in enumerate(msgs):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)):  # fmt: skip
+            raise DataError(f"{row.where}: {key}[{i}] needs string 'role' and 'content'")
+    return [{"role": m["role"], "content": m["content"]} for m in msgs]
+
+
+def conversational_parts(row: SourcedRow) -> tuple[list[dict[str, str]], str]:
+    """TRL's conversational prompt-completion row: `prompt` the conversation so far, `completion`
+    one assistant message — the same tokens as {messages: prompt + completion}."""
+    prompt, completion = message_list(row, "prompt"), message_list(row, "completion")
+    if len(completion) != 1 or completion[0]["role"] != "assistant":
+        raise DataError(
+            f"{row.where}: 'completion' must be one message with role 'assistant'",
+            "a conversational row's completion is the assistant's answer",
+        )
+    if prompt[-1]["role"] == "assistant":
+        raise DataError(f"{row.where}: the prompt's last message has role 'assistant'")
+    return prompt, completion[0]["content"]
 
 
 def encode_prompt_completion(

@@ -4,6 +4,8 @@ A pair row is one of
 
     {"prompt": str, "chosen": str, "rejected": str}
     {"messages": [{"role": str, "content": str}, ...], "chosen": str, "rejected": str}
+    {"prompt": [messages], "chosen": [one assistant message], "rejected": [one ...]}  (TRL's
+    conversational preference rows)
 
 where `messages` is the prompt conversation only (its last message must not be the assistant's:
 the two answers are `chosen` and `rejected`). Each side is encoded exactly like an SFT row
@@ -25,6 +27,7 @@ from twinrun.data.examples import (
     Tokenizer,
     check_length,
     encode_prompt_completion,
+    message_list,
     require_str,
 )
 
@@ -46,6 +49,11 @@ def _prompt_messages(row: SourcedRow) -> list[dict[str, str]]:
             f"{row.where}: a pair row has both 'prompt' and 'messages'",
             "give the prompt one way only",
         )
+    if has_prompt and isinstance(row.data["prompt"], list):  # TRL's conversational format
+        msgs = message_list(row, "prompt")
+        if msgs[-1]["role"] == "assistant":
+            raise DataError(f"{row.where}: the prompt's last message has role 'assistant'")
+        return msgs
     if has_prompt:
         return [{"role": "user", "content": require_str(row, "prompt")}]
     if not has_messages:
@@ -85,8 +93,7 @@ def pair_parts(row: SourcedRow) -> tuple[list[dict[str, str]], str, str]:
             f"found fields: {', '.join(sorted(row.data)) or 'none'}",
         )
     messages = _prompt_messages(row)
-    chosen = require_str(row, "chosen")
-    rejected = require_str(row, "rejected")
+    chosen, rejected = answer_text(row, "chosen"), answer_text(row, "rejected")
     if chosen == rejected:
         raise DataError(
             f"{row.where}: 'chosen' and 'rejected' are the same text, so the pair teaches nothing",
@@ -110,3 +117,17 @@ def encode_pairs(
         check_length(pair.rejected, f"{row.where} (rejected)", max_length)
         out.append(pair)
     return out
+
+
+def answer_text(row: SourcedRow, key: str) -> str:
+    """A pair's answer: a string, or (TRL's conversational format) one assistant message."""
+    value = row.data.get(key)
+    if not isinstance(value, list):
+        return require_str(row, key)
+    one = value[0] if len(value) == 1 and isinstance(value[0], dict) else {}
+    msgs = message_list(row, key) if one else []
+    if len(msgs) != 1 or msgs[0]["role"] != "assistant" or not msgs[0]["content"].strip():
+        raise DataError(
+            f"{row.where}: '{key}' must be a string or one non-empty message with role 'assistant'"
+        )
+    return msgs[0]["content"]
