@@ -543,6 +543,7 @@ def main() -> None:
 
     py = trl_python()
     load0 = os.getloadavg()[0]
+    commit0, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--", "src")
     t_start = time.perf_counter()
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -564,17 +565,19 @@ def main() -> None:
         cmd += f" --rounds {a.rounds} --steps {a.steps} --diag-pairs {a.diag_pairs}"
     if a.smollm2 and (a.smollm2_rounds, a.smollm2_steps) != (1, 3):
         cmd += f" --smollm2-rounds {a.smollm2_rounds} --smollm2-steps {a.smollm2_steps}"
-    dirty = git("status", "--porcelain", "--", "src")
     meta = {
         "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "command": cmd,
         "cpu": cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
         **package_versions("torch", "transformers", "peft"), "trl": TRL_VERSION,
-        "git_commit": git("rev-parse", "--short", "HEAD"), "src_uncommitted": bool(dirty),
+        "git_commit": commit0, "src_uncommitted": bool(dirty),
+        "git_commit_at_end": git("rev-parse", "--short", "HEAD"),
         "load_avg_start": load0, "load_avg_end": os.getloadavg()[0],
         "rounds": rounds, "steps_per_process": steps,
         "wall_s": round(time.perf_counter() - t_start, 1),
     }  # fmt: skip
     commit = meta["git_commit"] + (" + uncommitted changes in src/" if dirty else "")
+    if meta["git_commit_at_end"] != commit0:
+        commit += f" at the start, {meta['git_commit_at_end']} at the end"
     lines = [
         f"Measured {meta['when']} by `{cmd}` on {meta['cpu_count']} CPUs ({meta['cpu']}), torch "
         f"{meta['torch']}, transformers {meta['transformers']}, peft {meta['peft']}, TRL "
