@@ -39,9 +39,10 @@ def write_curves(runs: list[Path], out: str | os.PathLike[str]) -> list[str]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from twinrun.harness.metrics import read_metrics
+    from twinrun.diag.metrics_file import read_metrics
 
-    table = {run: read_metrics(run) for run in runs}
+    hint = "name run directories a training command wrote"
+    table = {run: read_metrics(run, hint) for run in runs}
     keys = [k for k in CURVES if any(series(rows, k)[0] for rows in table.values())]
     if not keys:
         raise DataError(

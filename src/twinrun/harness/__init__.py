@@ -39,6 +39,7 @@ from typing import Any
 from twinrun.core.errors import ConfigError, DataError, OutputError, TwinrunError
 from twinrun.core.owned import Layout
 from twinrun.diag.compare import divergence_line
+from twinrun.diag.metrics_file import read_metrics
 from twinrun.diag.recorded import recorded_between
 from twinrun.harness.metrics import (
     DEFAULT_SEEDS,
@@ -54,7 +55,6 @@ from twinrun.harness.metrics import (
     format_verdict,
     is_ignored_metric,
     judge,
-    read_metrics,
     step0,
 )
 from twinrun.harness.plan import PlannedRun, RunResult

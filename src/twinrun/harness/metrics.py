@@ -30,24 +30,6 @@ _IGNORED_NAMES = frozenset(
 _IGNORED_SUFFIXES = ("_s", "_ms", "_seconds", "_time", "_timestamp")
 
 
-def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The rows of `run_dir/metrics.jsonl` (blank lines skipped). DataError (exit 2) when the
-    file is missing, empty or has a line that is not a JSON object."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise DataError(f"{path}: the run wrote no metrics.jsonl", "does the command honour {out}?")
-    from twinrun.core.jsonlimits import DIAG, iter_jsonl
-
-    rows: list[dict[str, Any]] = []
-    for lineno, obj in iter_jsonl(path, "metrics file", DIAG):
-        if not isinstance(obj, dict):
-            raise DataError(f"{path}:{lineno}: a metrics row must be a JSON object")
-        rows.append(obj)
-    if not rows:
-        raise DataError(f"{path}: the run wrote no metrics rows", "did it train at all?")
-    return rows
-
-
 def is_ignored_metric(name: str) -> bool:
     """Wall-clock and machine measurements (never compared): `wall_s`, `*_s`, timestamps."""
     n = name.rsplit("/", 1)[-1].lower()
