@@ -21,7 +21,7 @@ from twinrun.config.run import RunConfig, valid
 from twinrun.data.corpus import check_window, read_corpus, tokenize_corpus, window_row
 from twinrun.data.corpus import window_start as start_of
 from twinrun.train.driver import drive, make_loop, spikes_of
-from twinrun.train.loop import StepForwards
+from twinrun.train.loop import StepForwards, StepRecipe
 from twinrun.train.recipes.sft import sft_forwards
 from twinrun.train.session import Session, finish_session, open_session
 
@@ -54,7 +54,7 @@ def train_text(cfg: RunConfig) -> dict[str, Any]:
     session, ids = open_session(cfg, encode, read)
     recipe = TextRecipe(session, ids)
     steps = int(valid(cfg).steps)
-    loop = make_loop(session, recipe, steps)
+    loop = make_loop(session, steps)
     drive(session, loop, recipe)
     last = loop.metrics[-1]
     summary = {
@@ -67,7 +67,7 @@ def train_text(cfg: RunConfig) -> dict[str, Any]:
 
 
 @dataclass
-class TextRecipe:
+class TextRecipe(StepRecipe):
     s: Session
     ids: list[int]
 
@@ -80,6 +80,7 @@ class TextRecipe:
 
     def forwards(self, step: int, batch: TextBatch) -> StepForwards:
         outcome = yield from sft_forwards(self.s, batch.forwards, step)
+        assert outcome.batch is not None
         outcome.batch.objective = "text"
         outcome.leaves = {"batch.sample_indices": torch.tensor(batch.starts), **outcome.leaves}
         return outcome
