@@ -63,7 +63,6 @@ from twinrun.train.adamw import AdamW
 
 if TYPE_CHECKING:
     from twinrun.capture.batch import OptimizerBatch
-    from twinrun.train.policies import SpikeRerun, StrayDraw
 
 Params = list[tuple[str, torch.nn.Parameter]]
 Grads = list[torch.Tensor | None]
@@ -112,8 +111,7 @@ class StepRecipe:
         pass
 
 
-# the backward and the gradient combination: the loop's policies (a spike rerun and the
-# planted stray draw are in train/policies.py)
+# the loop's policies: the defaults here, the others in train/policies.py and train/gather.py
 
 
 class BackwardPolicy(Protocol):
@@ -137,6 +135,23 @@ class LocalSum:
 
     def combine(self, params: Params, per_forward: list[Grads]) -> list[torch.Tensor]:
         return sum_in_forward_order(params, per_forward)
+
+
+class SpikePolicy(Protocol):
+    spikes: list[dict[str, Any]]  # the reruns of the run so far, one record each
+
+    def exceeded(self, history: Sequence[dict[str, Any]], loss: float) -> float | None:
+        """The baseline `loss` spikes above (the step is rerun), or None."""
+        ...
+
+    def judge(self, step: int, median: float, first: Attempt, rerun: Attempt) -> str:
+        """What the rerun says of the spike (its `spike` metric)."""
+        ...
+
+
+class PlantedDraw(Protocol):
+    def before_step(self, step: int) -> None:
+        """Draw from a generator before the step, where a fault is planted."""
 
 
 @dataclass
@@ -293,8 +308,8 @@ class Loop:
     hooks: list[Hook] = field(default_factory=list)
     backward: BackwardPolicy = field(default_factory=PlainBackward)
     combine: GradientCombiner = field(default_factory=LocalSum)
-    spike: SpikeRerun | None = None
-    stray_draw: StrayDraw | None = None
+    spike: SpikePolicy | None = None
+    stray_draw: PlantedDraw | None = None
     schedule: str = "cosine"
     decay_steps: int | None = None
     stop_after: int | None = None  # run only the first N steps (the schedule is still T steps)
