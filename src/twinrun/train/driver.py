@@ -21,6 +21,7 @@ from twinrun.train.checkpoint import check_same_run, newest_checkpoint, restore,
 from twinrun.train.hooks.checkpoint import Checkpointer, CheckpointHook, ObjectiveState
 from twinrun.train.hooks.nonfinite import NonFiniteHook
 from twinrun.train.loop import (
+    B,
     BackwardPolicy,
     GradientCombiner,
     Hook,
@@ -104,7 +105,9 @@ def make_loop(s: Session, total_steps: int, objective: ObjectiveState | None = N
     )
 
 
-def drive(s: Session, loop: Loop, recipe: Recipe, objective: ObjectiveState | None = None) -> None:
+def drive(
+    s: Session, loop: Loop, recipe: Recipe[B], objective: ObjectiveState | None = None
+) -> None:
     """Run the loop's steps (from the newest checkpoint with --resume), then close the hooks."""
     cfg = s.cfg
     start = 0

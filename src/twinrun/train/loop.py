@@ -52,7 +52,7 @@ import time
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 import torch
 
@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 
 Params = list[tuple[str, torch.nn.Parameter]]
 Grads = list[torch.Tensor | None]
+B = TypeVar("B")  # a recipe's prepared batch
 
 
 @dataclass
@@ -95,10 +96,10 @@ class StepOutcome:
 StepForwards = Generator[Forward, None, StepOutcome]
 
 
-class Recipe(Protocol):
-    def prepare(self, step: int) -> Any: ...
+class Recipe(Protocol[B]):
+    def prepare(self, step: int) -> B: ...
 
-    def forwards(self, step: int, batch: Any) -> StepForwards: ...
+    def forwards(self, step: int, batch: B) -> StepForwards: ...
 
     def after_update(self, step: int, outcome: StepOutcome) -> None:
         """The step's update is applied: keep what later steps use (GRPO's replay buffer)."""
@@ -161,7 +162,6 @@ class StepState:
     step: int
     lr: float
     rng_before: torch.Tensor  # the torch CPU generator before anything of the step ran
-    batch: Any = None
     outcome: StepOutcome | None = None
     grads: list[torch.Tensor] = field(default_factory=list)  # combined, one per parameter
     attempt: int = 0  # 1 for the step's forwards, 2 for a spike rerun of them
@@ -191,11 +191,6 @@ class StepView:
     @property
     def rng_before(self) -> torch.Tensor:
         return self._state.rng_before
-
-    @property
-    def batch(self) -> Any:
-        """The recipe's prepared batch of the step."""
-        return self._state.batch
 
     @property
     def outcome(self) -> StepOutcome:
@@ -320,7 +315,7 @@ class Loop:
     def __post_init__(self) -> None:
         self.at = by_point(self.hooks)
 
-    def run(self, recipe: Recipe, start: int, prefetch: int = 0) -> None:
+    def run(self, recipe: Recipe[B], start: int, prefetch: int = 0) -> None:
         """Steps `start` .. total_steps - 1 (or up to `stop_after`); each batch is taken from the
         prefetcher once."""
         stop = (
@@ -333,7 +328,7 @@ class Loop:
         finally:
             ahead.close()
 
-    def run_step(self, step: int, recipe: Recipe, batch: Any) -> dict[str, Any]:
+    def run_step(self, step: int, recipe: Recipe[B], batch: B) -> dict[str, Any]:
         t0 = time.perf_counter()
         lr = lr_at(
             step, self.base_lr, self.warmup_steps, self.total_steps, self.schedule,
@@ -341,19 +336,19 @@ class Loop:
         )  # fmt: skip
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        state = StepState(step, lr, torch.get_rng_state(), batch)
+        state = StepState(step, lr, torch.get_rng_state())
         view = StepView(self, state)
         if self.stray_draw is not None:
             self.stray_draw.before_step(step)
         for hook in self.at["before_step"]:
             hook.before_step(view)
-        self.compute(state, view, recipe)
+        self.compute(state, view, recipe, batch)
         for hook in self.at["computed"]:
             hook.computed(view)
         if self.spike is not None:
             median = self.spike.exceeded(self.metrics, view.outcome.loss)
             if median is not None:
-                self.rerun(state, view, recipe, median)
+                self.rerun(state, view, recipe, batch, median)
         for hook in self.at["at_boundary"]:
             hook.at_boundary(view)
         outcome = view.outcome
@@ -381,14 +376,14 @@ class Loop:
             self.progress.update(step + 1, f"loss {outcome.loss:.4f} lr {lr:.2e}")
         return row
 
-    def compute(self, state: StepState, view: StepView, recipe: Recipe) -> None:
+    def compute(self, state: StepState, view: StepView, recipe: Recipe[B], batch: B) -> None:
         """The step's forwards and backwards: each forward's gradient apart, then combined into
         `.grad` (also what a spike rerun calls again, on the same batch)."""
         state.attempt += 1
         for _, p in self.params:
             p.grad = None
         per_forward: list[Grads] = []
-        steps = recipe.forwards(state.step, state.batch)
+        steps = recipe.forwards(state.step, batch)
         while True:
             t0 = time.perf_counter()
             try:
@@ -410,14 +405,16 @@ class Loop:
         for (_, p), g in zip(self.params, state.grads, strict=True):
             p.grad = g
 
-    def rerun(self, state: StepState, view: StepView, recipe: Recipe, median: float) -> None:
+    def rerun(
+        self, state: StepState, view: StepView, recipe: Recipe[B], batch: B, median: float
+    ) -> None:
         """The spiking step computed again from its pre-step generator state, on the same batch
         (planted faults off); the spike policy judges the two attempts, training continues with
         the rerun's gradients."""
         assert self.spike is not None
         first = Attempt(view.outcome.loss, state.grads, torch.get_rng_state())
         torch.set_rng_state(state.rng_before)
-        self.compute(state, view, recipe)
+        self.compute(state, view, recipe, batch)
         second = Attempt(view.outcome.loss, state.grads, torch.get_rng_state())
         view.metrics["spike"] = self.spike.judge(state.step, median, first, second)
 

@@ -5,10 +5,10 @@ at the end write the adapter, metrics and sidecar atomically."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from twinrun.config.run import RunConfig, shaping_numbers, valid, validate
 from twinrun.config.values import resolve_max_length
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from twinrun.model.build import CausalLM
     from twinrun.model.tokens import CheckpointTokenizer
     from twinrun.train.loop import Params
+
+
+E = TypeVar("E")  # what a recipe's data encodes to (rows, pairs, token ids)
 
 
 class ModelSession(Protocol):
@@ -97,9 +100,9 @@ def read_examples(cfg: RunConfig) -> tuple[list[SourcedRow], str]:
 
 def open_session(
     cfg: RunConfig,
-    encode: Callable[[CheckpointTokenizer, Any, int], list[Any]],
+    encode: Callable[[CheckpointTokenizer, Any, int], list[E]],
     read: Callable[[RunConfig], tuple[Any, str]] = read_examples,
-) -> tuple[Session, list[Any]]:
+) -> tuple[Session, list[E]]:
     """Validate config, model, data and output; then build. Nothing is written before every
     input has been checked; the output directory is locked for the whole session (by the
     process that writes it: rank 0 under torchrun). `read` gives the raw data `encode`
@@ -131,11 +134,11 @@ def open_session(
 
 def _open_locked(
     cfg: RunConfig,
-    encode: Callable[[CheckpointTokenizer, Any, int], list[Any]],
+    encode: Callable[[CheckpointTokenizer, Any, int], list[E]],
     read: Callable[[RunConfig], tuple[Any, str]],
     faults: Faults,
     lock: Path | None,
-) -> tuple[Session, list[Any]]:
+) -> tuple[Session, list[E]]:
     if not cfg.resume:
         check_output_dir(valid(cfg).output, cfg.overwrite)
     out = Path(valid(cfg).output)
@@ -240,7 +243,7 @@ def read_eval_rows(cfg: RunConfig, tok: CheckpointTokenizer, max_length: int) ->
     return rows
 
 
-def check_run_schedule(cfg: RunConfig, encoded: list[Any]) -> None:
+def check_run_schedule(cfg: RunConfig, encoded: Sequence[object]) -> None:
     """The learning-rate schedule fits the run's steps (checked before anything is written):
     `--steps`, or the epochs over the encoded examples (pairs for dpo/reward)."""
     from twinrun.config.schedule import check_schedule

@@ -31,6 +31,7 @@ from twinrun.train.distributed import in_global_order, is_root, mine
 from twinrun.train.driver import drive, make_loop, spikes_of
 from twinrun.train.faults import unseeded_plans
 from twinrun.train.loop import Forward, StepForwards, StepOutcome, StepRecipe
+from twinrun.train.recipes.sft import Padded
 from twinrun.train.session import ModelSession, Session, finish_session, open_session
 
 
@@ -42,7 +43,7 @@ class PairBatch:
     indices: tuple[tuple[int, ...], ...]
     epoch: int
     groups: list[list[EncodedPair]]
-    sides: list[Any]
+    sides: list[Padded]
 
 
 def train_pairs(cfg: RunConfig) -> dict[str, Any]:
@@ -83,7 +84,7 @@ def train_pairs(cfg: RunConfig) -> dict[str, Any]:
     return finish_session(session, loop.metrics, summary, extra)
 
 
-def pad_sides(groups: list[list[EncodedPair]], pad_id: int) -> list[Any]:
+def pad_sides(groups: list[list[EncodedPair]], pad_id: int) -> list[Padded]:
     """Each group's chosen rows padded, then its rejected rows."""
     return [pad_rows([p.chosen if k == 0 else p.rejected for p in g], pad_id)
             for g in groups for k in (0, 1)]  # fmt: skip
@@ -110,7 +111,7 @@ class PairRecipe(StepRecipe):
 
 
 def side_forward(
-    s: ModelSession, padded: Any, head: torch.nn.Module | None
+    s: ModelSession, padded: Padded, head: torch.nn.Module | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One forward over one side of the pairs: (values [B], ids, logits, reference values)."""
     ids, attn, mask = (t.to(s.cfg.device) for t in padded)
@@ -131,7 +132,7 @@ def pair_forwards(
     groups: list[list[EncodedPair]],
     step: int,
     head: torch.nn.Module | None,
-    sides: list[Any] | None = None,
+    sides: list[Padded] | None = None,
 ) -> StepForwards:
     """A chosen and a rejected forward per group, one loss per group, for one step (replay runs
     this); `sides` are the padded chosen/rejected tensors per group (else padded here)."""

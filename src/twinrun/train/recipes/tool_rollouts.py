@@ -44,7 +44,7 @@ import torch
 from twinrun.config.run import RunConfig, valid
 from twinrun.core.errors import ModelError
 from twinrun.core.rng import stream
-from twinrun.data.examples import EncodedRow, check_length
+from twinrun.data.examples import EncodedRow, SourcedRow, check_length
 from twinrun.model.decoding import generate_block
 from twinrun.rl.tool_calls import canonical_json, template_takes_tools, tools_system_text
 from twinrun.rl.tool_calls import check_tool_template as check_rendering
@@ -122,7 +122,7 @@ def first_messages(s: Session, episode: Episode) -> tuple[list[Message], list[di
 
 
 def start_episode(
-    s: Session, env: ToolEnvironment, row: Any, example: int, k: int, step: int, slot: int
+    s: Session, env: ToolEnvironment, row: SourcedRow, example: int, k: int, step: int, slot: int
 ) -> EpisodeRun:
     """A fresh environment instance for rollout (slot, k) and its turn-0 prompt."""
     seed = valid(s.cfg).seed
@@ -219,7 +219,7 @@ def finish(run: EpisodeRun, prompt_length: int) -> EpisodeResult:
 def tool_block(
     s: Session,
     env: ToolEnvironment,
-    rows: list[Any],
+    rows: list[SourcedRow],
     step: int,
     examples: list[int],
     slots: list[int],
