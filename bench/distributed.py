@@ -119,7 +119,7 @@ def worker(numel: int, params: int, forwards: int, iters: int, out: str) -> None
     import torch
     import torch.distributed as dist
 
-    from twinrun.train.hooks.gather import gather_gradients
+    from twinrun.train.gather import gather_gradients
     from twinrun.train.loop import sum_in_forward_order
 
     dist.init_process_group("gloo")

@@ -11,7 +11,7 @@ import torch
 
 from twinrun.core.errors import ConfigError
 from twinrun.train import distributed
-from twinrun.train.hooks.gather import gather_gradients, pack, unpack
+from twinrun.train.gather import gather_gradients, pack, unpack
 
 LAUNCH = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
 

@@ -18,6 +18,7 @@ import torch
 
 from twinrun.core.errors import DataError, ModelError
 from twinrun.core.jsonlimits import SMALL, load_json_file
+from twinrun.model.output import ModuleTree
 
 OPTIMIZER_FORMAT = "twinrun.adamw-state.v1"
 HEAD_PARAM = "reward_head.score.weight"
@@ -32,7 +33,7 @@ class HasAdamState(Protocol):
     state: dict[Any, dict[str, Any]]
 
 
-def adapter_bytes(model: torch.nn.Module) -> bytes:
+def adapter_bytes(model: ModuleTree) -> bytes:
     """What `save_adapter` writes as adapter_model.safetensors for this model, now."""
     from safetensors.torch import save
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,7 +29,7 @@ from twinrun.capture.digests import effective_rows_sha256, logical_sha256, paddi
 from twinrun.capture.payload import BatchArrays
 from twinrun.capture.source import FINAL, RESOLVED
 from twinrun.capture.state import HEAD_PARAM, load_optimizer_state
-from twinrun.config.run import valid
+from twinrun.config.run import RunConfig, valid
 from twinrun.config.schedule import lr_at
 from twinrun.config.toml import TomlRun, resolved_tree
 from twinrun.core.determinism import establish, runtime_versions
@@ -39,29 +39,44 @@ from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.core.rng import float_bits, restore_torch_rng
 from twinrun.objectives.registry import objective
 from twinrun.replay.identity import write_identity
+from twinrun.train.adamw import AdamW
 from twinrun.train.hooks.capture import SKIPPED
 from twinrun.train.hooks.timing import TimingHook, peak_memory
-from twinrun.train.loop import Hook, Loop, StepContext, StepForwards, make_optimizer
+from twinrun.train.loop import (
+    Hook,
+    Loop,
+    Params,
+    Phase,
+    StepForwards,
+    StepRecipe,
+    StepView,
+    make_optimizer,
+)
 from twinrun.train.outputs import REPLAY_INPUTS_FORMAT, begin_output_dir
+
+if TYPE_CHECKING:
+    from twinrun.model.build import CausalLM
+    from twinrun.model.tokens import CheckpointTokenizer
 
 
 @dataclass
 class ReplaySession:
-    """What the objectives' forwards use of a Session — and nothing that reads data."""
+    """What the objectives' forwards use of a Session (train/session.py `ModelSession`) — and
+    nothing that reads data."""
 
-    cfg: Any
-    tok: Any
-    model: Any
+    cfg: RunConfig
+    tok: CheckpointTokenizer
+    model: CausalLM
 
 
 @dataclass
-class ReplayRecipe:
+class ReplayRecipe(StepRecipe):
     """The captured step as a recipe: its batch is the captured OptimizerBatch, its forwards
     the objective's own."""
 
     s: ReplaySession
     batch: OptimizerBatch
-    head: Any
+    head: torch.nn.Linear | None
 
     def prepare(self, step: int) -> OptimizerBatch:
         return self.batch
@@ -77,6 +92,7 @@ class ReplayRecipe:
             from twinrun.train.recipes.sft import rows_from_batch, sft_forwards
 
             outcome = yield from sft_forwards(self.s, rows_from_batch(batch), step)
+            assert outcome.batch is not None
             outcome.batch.objective = name
             return outcome
         from twinrun.train.recipes.pairs import pair_forwards, pairs_from_batch
@@ -87,27 +103,30 @@ class ReplayRecipe:
 class ReplayDigestHook(Hook):
     """At the boundary: the digests of what this replay actually trained on."""
 
+    points = {"at_boundary": Phase.RECORD}
+
     def __init__(self, pad_id: int) -> None:
         self.pad_id = pad_id
 
-    def at_boundary(self, ctx: StepContext) -> None:
-        assert ctx.outcome is not None
-        used = BatchArrays.from_batch(ctx.outcome.batch)
-        ctx.outcome.metrics |= {
+    def at_boundary(self, view: StepView) -> None:
+        batch = view.outcome.batch
+        assert batch is not None  # the forwards of every objective describe their batch
+        used = BatchArrays.from_batch(batch)
+        view.metrics.update({
             "optimizer/logical_batch_sha256": logical_sha256(used),
             "optimizer/effective_rows_sha256": effective_rows_sha256(used, self.pad_id),
             "padding_fraction": padding_fraction(used),
-        }
+        })  # fmt: skip
 
 
 @dataclass
 class Built:
     """The model, tokenizer, trainable parameters (and reward head) of a replay."""
 
-    tok: Any
-    model: Any
-    params: list[Any]
-    head: Any
+    tok: CheckpointTokenizer
+    model: CausalLM
+    params: Params
+    head: torch.nn.Linear | None
     provenance: dict[str, Any]
 
 
@@ -177,6 +196,7 @@ def build(v: Verified) -> Built:
     params = lora_parameters(model)
     head = build_head(v, model) if objective(cfg.objective).head else None
     if head is not None:
+        assert isinstance(head.weight, torch.nn.Parameter)  # typed as a Tensor by torch
         params = [*params, (HEAD_PARAM, head.weight)]
     return Built(tok, model, params, head, provenance)
 
@@ -200,7 +220,7 @@ def check_schedule(v: Verified) -> None:
         )
 
 
-def replay_step(v: Verified, built: Built, optimizer: Any, out: Path) -> dict[str, Any]:
+def replay_step(v: Verified, built: Built, optimizer: AdamW, out: Path) -> dict[str, Any]:
     """The captured step, once, through the training loop, from the captured generator states."""
     assert v.decoded is not None
     cfg, m = v.run.cfg, v.manifest
@@ -233,7 +253,7 @@ def replay_step(v: Verified, built: Built, optimizer: Any, out: Path) -> dict[st
             hook.close()
 
 
-def build_head(v: Verified, model: Any) -> Any:
+def build_head(v: Verified, model: CausalLM) -> torch.nn.Linear:
     """The reward head the captured step started from: from the seed (a fresh run), or the
     verified bytes of the captured state."""
     from safetensors.torch import load
@@ -251,7 +271,7 @@ def build_head(v: Verified, model: Any) -> Any:
     return head.to(cfg.device)
 
 
-def save_final(folder: Path, model: Any, head: Any, cfg: Any) -> str:
+def save_final(folder: Path, model: CausalLM, head: torch.nn.Linear | None, cfg: RunConfig) -> str:
     from twinrun.model.lora import save_adapter
     from twinrun.model.reward_head import save_reward_head
 
@@ -263,7 +283,9 @@ def save_final(folder: Path, model: Any, head: Any, cfg: Any) -> str:
     return sha256_file(folder / "adapter_model.safetensors")
 
 
-def replay_metrics(v: Verified, row: dict[str, Any], final_sha: str, model: Any) -> dict[str, Any]:
+def replay_metrics(
+    v: Verified, row: dict[str, Any], final_sha: str, model: CausalLM
+) -> dict[str, Any]:
     m, cfg = v.manifest, v.run.cfg
     peak, kind = peak_memory(cfg.device)
     return {

@@ -1,8 +1,9 @@
-"""Build a run's step loop with its hooks, and drive it: resume from the newest checkpoint,
-run the steps, close what the hooks opened. Shared by every objective.
+"""Build a run's step loop with its policies and hooks, and drive it: resume from the newest
+checkpoint, run the steps, close what the hooks opened. Shared by every objective.
 
-`make_loop` is where a reader sees which hooks a run has and in which order they run at each
-point (train/loop.py says what the points are).
+`make_loop` is where a reader sees how this run's step is computed (the loop's backward,
+gradient combination, spike rerun and planted stray draw) and which hooks observe it; each hook
+declares its points and phases itself (train/loop.py says what they are).
 """
 
 from __future__ import annotations
@@ -18,10 +19,19 @@ from twinrun.core.progress import Progress
 from twinrun.train import distributed
 from twinrun.train.checkpoint import check_same_run, newest_checkpoint, restore, resume_point
 from twinrun.train.hooks.checkpoint import Checkpointer, CheckpointHook, ObjectiveState
-from twinrun.train.hooks.faults import FaultHook
 from twinrun.train.hooks.nonfinite import NonFiniteHook
-from twinrun.train.hooks.spike import SpikeHook
-from twinrun.train.loop import Hook, Loop, Recipe, make_optimizer
+from twinrun.train.loop import (
+    B,
+    BackwardPolicy,
+    GradientCombiner,
+    Hook,
+    LocalSum,
+    Loop,
+    PlainBackward,
+    Recipe,
+    make_optimizer,
+)
+from twinrun.train.policies import ReductionFault, SpikeRerun, StrayDraw
 from twinrun.train.session import Session
 
 LOGS = ("diag.jsonl", "trace.jsonl")
@@ -29,23 +39,29 @@ LOGS = ("diag.jsonl", "trace.jsonl")
 __all__ = ["ObjectiveState", "drive", "make_loop", "spikes_of", "truncate_logs"]
 
 
-def make_loop(
-    s: Session, recipe: Recipe, total_steps: int, objective: ObjectiveState | None = None
-) -> Loop:
-    """The loop of this run and its hooks, in the order they run at each point."""
+def make_loop(s: Session, total_steps: int, objective: ObjectiveState | None = None) -> Loop:
+    """The loop of this run: its policies, and the hooks that observe it."""
     cfg = s.cfg
     check_schedule(valid(cfg).warmup_steps, total_steps, valid(cfg).lr_schedule, cfg.decay_steps)
     progress = Progress(total_steps, f"{cfg.objective} step", quiet=cfg.quiet)
-    checkpointer = Checkpointer(s.out, s.shaping(), objective)
     root = distributed.is_root()
     if cfg.resume and root:
         truncate_logs(s.out, resume_point(s.out))
-    hooks: list[Hook] = [FaultHook(s.faults)]
+    planted = {fault for fault, _ in s.faults.planted}
+    backward: BackwardPolicy = PlainBackward()
+    if "reduction" in planted:
+        backward = ReductionFault(s.faults)
+    combine: GradientCombiner = LocalSum()
     if distributed.active():  # per-forward gradients of every process, in global order
-        from twinrun.train.hooks.gather import GatherHook
+        from twinrun.train.gather import OrderedGather
 
-        hooks.append(GatherHook())
-    if cfg.trace_step is not None:  # closes at the boundary before a spike rerun
+        combine = OrderedGather()
+    spike = None
+    if cfg.spike_factor is not None and cfg.spike_window is not None:
+        spike = SpikeRerun(cfg.spike_factor, cfg.spike_window, progress)
+    hooks: list[Hook] = []
+    checkpointer = Checkpointer(s.out, s.shaping(), objective, flush=hooks)
+    if cfg.trace_step is not None:
         from twinrun.train.hooks.trace import TraceHook
 
         hooks.append(TraceHook(s.model, s.out / "trace.jsonl", cfg.trace_step))
@@ -56,14 +72,12 @@ def make_loop(
 
         recorder = DiagRecorder(s.out / "diag.jsonl", append=cfg.resume) if root else None
         hooks.append(DiagHook(recorder))
-    if cfg.spike_factor is not None and cfg.spike_window is not None:
-        hooks.append(SpikeHook(recipe, cfg.spike_factor, cfg.spike_window, progress))
     hooks.append(NonFiniteHook(checkpointer))
-    if cfg.capture and root:  # at the boundary after the spike rerun and the finite check
+    if cfg.capture and root:
         from twinrun.train.hooks.capture import capture_hook
 
         hooks.append(capture_hook(s, total_steps))
-    if s.eval_rows:  # before checkpoints: a checkpoint's metrics hold the eval numbers
+    if s.eval_rows:
         from twinrun.train.hooks.evaluation import EvaluationHook
 
         every = int(cfg.eval_every)  # type: ignore[arg-type]  # given with eval_examples
@@ -80,6 +94,10 @@ def make_loop(
         warmup_steps=valid(cfg).warmup_steps,
         total_steps=total_steps,
         hooks=hooks,
+        backward=backward,
+        combine=combine,
+        spike=spike,
+        stray_draw=StrayDraw(s.faults) if "rng" in planted else None,
         schedule=valid(cfg).lr_schedule,
         decay_steps=cfg.decay_steps,
         stop_after=cfg.stop_after,
@@ -87,7 +105,9 @@ def make_loop(
     )
 
 
-def drive(s: Session, loop: Loop, recipe: Recipe, objective: ObjectiveState | None = None) -> None:
+def drive(
+    s: Session, loop: Loop, recipe: Recipe[B], objective: ObjectiveState | None = None
+) -> None:
     """Run the loop's steps (from the newest checkpoint with --resume), then close the hooks."""
     cfg = s.cfg
     start = 0
@@ -113,7 +133,7 @@ def drive(s: Session, loop: Loop, recipe: Recipe, objective: ObjectiveState | No
 
 def spikes_of(loop: Loop) -> list[dict[str, Any]]:
     """The spike reruns of the run (empty without --spike-factor)."""
-    return [spike for h in loop.hooks if isinstance(h, SpikeHook) for spike in h.spikes]
+    return list(loop.spike.spikes) if loop.spike is not None else []
 
 
 def truncate_logs(out: Path, steps_done: int) -> None:

@@ -7,9 +7,10 @@
 - observation: a wall-clock timestamp enters a GRPO observation     -> rollout.tokens
 - replay: the prioritized buffer's draws (--replay per) are unseeded -> replay.draws
 
-`rng` and `reduction` act on the step (train/hooks/faults.py); `sampler`, `observation` and
-`replay` act on the data a recipe draws (`unseeded_plans`, `Faults.once`); with `--replay per`
-a `sampler` fault also makes that step's buffer draws unseeded. A planted fault fires once: a
+`rng` and `reduction` act on the step (the loop's stray draw and backward, train/policies.py);
+`sampler`, `observation` and `replay` act on the data a recipe draws (`unseeded_plans`,
+`Faults.once`); with `--replay per` a `sampler` fault also makes that step's buffer draws
+unseeded. A planted fault fires once: a
 spike rerun of its step runs without it. Which faults an objective takes is its record's
 `faults` (objectives/registry.py).
 """

@@ -1,25 +1,43 @@
-"""The optimizer-step loop shared by every objective: it owns the step, everything else is a hook.
+"""The optimizer-step loop shared by every objective: it owns the step and its policies; hooks
+observe it.
 
 A recipe (train/recipes/) supplies data and forwards, never behaviour around the step:
 - `prepare(step)` -> the step's batch (pure data; may run ahead on the prefetch thread);
 - `forwards(step, batch)` -> a generator that yields one `Forward` per forward (its loss, and the
   tensors diagnostics may want) and returns the step's `StepOutcome` (loss, counts, data leaves,
-  metrics, the `OptimizerBatch`).
+  metrics, the `OptimizerBatch`);
+- `after_update(step, outcome)` -> what the recipe keeps once the update is applied (GRPO's
+  replay buffer takes the step's rollouts); `StepRecipe` gives the default, nothing.
 
-The loop takes each step's batch exactly once, runs every forward's backward itself, keeps each
-forward's LoRA gradient apart and sums them in forward order (the bits autograd's `.grad +=` gives
-in that order from zero), steps AdamW and writes the metrics row. Hooks (train/hooks/) attach at
-named points, in the order they were registered:
+The loop takes each step's batch exactly once and runs every forward's backward itself. What the
+step computes is decided by the loop's own fields, chosen when the run is built
+(train/driver.py `make_loop`) and named where they act:
 
-    before_step     nothing computed yet (generator states, planted stray draws, a trace opens)
-    backward        a hook may run a forward's backward itself (the planted reduction fault)
+    backward    one forward's backward: `PlainBackward`, or the planted reduction fault
+                (train/policies.py `ReductionFault`)
+    combine     the per-forward gradients into the step's: `LocalSum` (zeros, + forward 0,
+                + forward 1, ...: the bits autograd's `.grad +=` gives in that order), or the
+                distributed ordered gather that sums every process's forwards in global order
+                (train/gather.py `OrderedGather`)
+    spike       `SpikeRerun` or None: a step whose loss spikes is computed again on the same
+                batch from the same generator state (train/policies.py)
+    stray_draw  `StrayDraw` or None: the planted `rng` fault's draw before its step
+
+Then AdamW steps and the metrics row is written. Hooks (train/hooks/) observe the step at named
+points, through a read-only `StepView`:
+
+    before_step     nothing computed yet (generator states are taken, a trace opens)
     after_forward   a forward's gradient is computed (diag keeps its tokens and logits)
-    gather          the per-forward gradients, before they are summed (the place where a
-                    distributed run all-gathers every process's forwards into global order)
-    at_boundary     gradients summed, optimizer not stepped (trace closes, spike rerun,
-                    non-finite stop, capture)
-    after_update    AdamW stepped (diag writes its row)
-    after_step      the metrics row is complete (capture's final pins, checkpoints, timings)
+    computed        the step's gradients combined, before a spike rerun (the trace closes)
+    at_boundary     the gradients final, optimizer not stepped (non-finite stop, capture)
+    after_update    AdamW stepped and the recipe's `after_update` run (diag writes its row)
+    after_step      the metrics row is complete (capture's final pins, eval, checkpoints, timings)
+
+A hook declares the points it attaches to and its phase at each (`Hook.points`); at a point the
+loop calls its hooks by phase — `CHECK` (may stop the run), `RECORD` (adds its fields to the
+step's metrics), `PERSIST` (writes the step out, every field added) — and hooks sharing a phase
+do not depend on one another. A hook's only writes into the step are the metrics fields it adds
+(`StepView.metrics` up to the boundary, the row after the step).
 
 A hook that works in the background (diag computes its rows on a thread) finishes in `flush`,
 which every checkpoint calls first, and in `close`, at the end of the run.
@@ -29,10 +47,12 @@ Nothing is replaced at run time: a hook is an object in `Loop.hooks`, called whe
 
 from __future__ import annotations
 
+import enum
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 import torch
 
@@ -41,8 +61,12 @@ from twinrun.core.progress import Progress
 from twinrun.data.prefetch import Prefetcher
 from twinrun.train.adamw import AdamW
 
+if TYPE_CHECKING:
+    from twinrun.capture.batch import OptimizerBatch
+
 Params = list[tuple[str, torch.nn.Parameter]]
 Grads = list[torch.Tensor | None]
+B = TypeVar("B")  # a recipe's prepared batch
 
 
 @dataclass
@@ -66,60 +90,183 @@ class StepOutcome:
     rows: int
     leaves: dict[str, Any] = field(default_factory=dict)  # data leaves before the forwards
     metrics: dict[str, Any] = field(default_factory=dict)  # objective-specific metrics
-    batch: Any = None  # the OptimizerBatch (capture/batch.py), for capture and replay
-    on_commit: Any = None  # a callable run once the step's update is applied
+    batch: OptimizerBatch | None = None  # what the step trained on, for capture and replay
 
 
 StepForwards = Generator[Forward, None, StepOutcome]
 
 
-class Recipe(Protocol):
-    def prepare(self, step: int) -> Any: ...
+class Recipe(Protocol[B]):
+    def prepare(self, step: int) -> B: ...
 
-    def forwards(self, step: int, batch: Any) -> StepForwards: ...
+    def forwards(self, step: int, batch: B) -> StepForwards: ...
+
+    def after_update(self, step: int, outcome: StepOutcome) -> None:
+        """The step's update is applied: keep what later steps use (GRPO's replay buffer)."""
+
+
+class StepRecipe:
+    """A recipe's base: `after_update` keeps nothing."""
+
+    def after_update(self, step: int, outcome: StepOutcome) -> None:
+        pass
+
+
+# the loop's policies: the defaults here, the others in train/policies.py and train/gather.py
+
+
+class BackwardPolicy(Protocol):
+    def run(self, step: int, fw: Forward, rerun: bool) -> None:
+        """Accumulate `fw`'s gradient into the parameters' `.grad` (from None)."""
+
+
+class PlainBackward:
+    def run(self, step: int, fw: Forward, rerun: bool) -> None:
+        fw.loss.backward()
+
+
+class GradientCombiner(Protocol):
+    def combine(self, params: Params, per_forward: list[Grads]) -> list[torch.Tensor]:
+        """The step's gradient per parameter, from each forward's."""
+        ...
+
+
+class LocalSum:
+    """This process's forwards, summed in forward order."""
+
+    def combine(self, params: Params, per_forward: list[Grads]) -> list[torch.Tensor]:
+        return sum_in_forward_order(params, per_forward)
+
+
+class SpikePolicy(Protocol):
+    spikes: list[dict[str, Any]]  # the reruns of the run so far, one record each
+
+    def exceeded(self, history: Sequence[dict[str, Any]], loss: float) -> float | None:
+        """The baseline `loss` spikes above (the step is rerun), or None."""
+        ...
+
+    def judge(self, step: int, median: float, first: Attempt, rerun: Attempt) -> str:
+        """What the rerun says of the spike (its `spike` metric)."""
+        ...
+
+
+class PlantedDraw(Protocol):
+    def before_step(self, step: int) -> None:
+        """Draw from a generator before the step, where a fault is planted."""
 
 
 @dataclass
-class StepContext:
-    """One step as the hooks see it."""
+class StepState:
+    """One step as the loop computes it (hooks see it through a `StepView`)."""
 
-    loop: Loop
     step: int
     lr: float
     rng_before: torch.Tensor  # the torch CPU generator before anything of the step ran
-    batch: Any = None
     outcome: StepOutcome | None = None
-    grads: list[torch.Tensor] = field(default_factory=list)  # summed, one per parameter
+    grads: list[torch.Tensor] = field(default_factory=list)  # combined, one per parameter
     attempt: int = 0  # 1 for the step's forwards, 2 for a spike rerun of them
-    rerunning: bool = False  # planted faults stay off in a rerun
     timings: dict[str, float] = field(
         default_factory=lambda: {"forward_s": 0.0, "backward_s": 0.0, "optimizer_s": 0.0}
     )
 
 
+class StepView:
+    """What a hook reads of the step and of the loop's state. The parameters and the optimizer
+    are the loop's own objects: hooks read them (diag copies, capture and checkpoints write
+    bytes of them) and never change them."""
+
+    __slots__ = ("_loop", "_state")
+
+    def __init__(self, loop: Loop, state: StepState) -> None:
+        self._loop, self._state = loop, state
+
+    @property
+    def step(self) -> int:
+        return self._state.step
+
+    @property
+    def lr(self) -> float:
+        return self._state.lr
+
+    @property
+    def rng_before(self) -> torch.Tensor:
+        return self._state.rng_before
+
+    @property
+    def outcome(self) -> StepOutcome:
+        """What the forwards returned (from `computed` on; a spike rerun replaces it)."""
+        assert self._state.outcome is not None, "the step has not computed yet"
+        return self._state.outcome
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The step's objective metrics, where boundary hooks add their fields."""
+        return self.outcome.metrics
+
+    @property
+    def grads(self) -> Sequence[torch.Tensor]:
+        return tuple(self._state.grads)
+
+    @property
+    def attempt(self) -> int:
+        return self._state.attempt
+
+    @property
+    def timings(self) -> Mapping[str, float]:
+        return MappingProxyType(self._state.timings)
+
+    @property
+    def params(self) -> Sequence[tuple[str, torch.nn.Parameter]]:
+        return tuple(self._loop.params)
+
+    @property
+    def optimizer(self) -> AdamW:
+        return self._loop.optimizer
+
+    @property
+    def total_steps(self) -> int:
+        return self._loop.total_steps
+
+    @property
+    def history(self) -> Sequence[dict[str, Any]]:
+        """The metrics rows written so far: the steps before this one, and from `after_step` on
+        this step's row last."""
+        return tuple(self._loop.metrics)
+
+
+class Phase(enum.IntEnum):
+    """When a hook runs at a point, relative to the other hooks there."""
+
+    CHECK = 10  # may stop the run before anything of the step is recorded
+    RECORD = 20  # reads the step and adds its fields to the step's metrics
+    PERSIST = 30  # writes the step out, once every field has been added
+
+
+POINTS = ("before_step", "after_forward", "computed", "at_boundary", "after_update", "after_step")
+
+
 class Hook:
-    """A step hook: override the points it attaches to (each default does nothing)."""
+    """A step hook: `points` names the points it attaches to, with its phase at each; it
+    overrides exactly those (each default does nothing)."""
 
-    def before_step(self, ctx: StepContext) -> None:
+    points: ClassVar[Mapping[str, Phase]] = {}
+
+    def before_step(self, view: StepView) -> None:
         pass
 
-    def backward(self, ctx: StepContext, fw: Forward) -> bool:
-        """Run `fw`'s backward here and return True, or return False to leave it to the loop."""
-        return False
-
-    def after_forward(self, ctx: StepContext, fw: Forward) -> None:
+    def after_forward(self, view: StepView, fw: Forward) -> None:
         pass
 
-    def gather(self, ctx: StepContext, per_forward: list[Grads]) -> list[Grads]:
-        return per_forward
-
-    def at_boundary(self, ctx: StepContext) -> None:
+    def computed(self, view: StepView) -> None:
         pass
 
-    def after_update(self, ctx: StepContext) -> None:
+    def at_boundary(self, view: StepView) -> None:
         pass
 
-    def after_step(self, ctx: StepContext, row: dict[str, Any]) -> None:
+    def after_update(self, view: StepView) -> None:
+        pass
+
+    def after_step(self, view: StepView, row: dict[str, Any]) -> None:
         pass
 
     def flush(self) -> None:
@@ -127,6 +274,23 @@ class Hook:
 
     def close(self) -> None:
         """The run ended (finished or raised): release what the hook holds open."""
+
+
+def by_point(hooks: Sequence[Hook]) -> dict[str, list[Hook]]:
+    """Each point's hooks in phase order (registration order only among hooks of one phase,
+    which do not depend on one another). A hook must declare every point it overrides."""
+    for hook in hooks:
+        unknown = set(hook.points) - set(POINTS)
+        overridden = {p for p in POINTS if getattr(type(hook), p) is not getattr(Hook, p)}
+        if unknown or overridden != set(hook.points):
+            raise TypeError(
+                f"{type(hook).__name__} declares points {sorted(hook.points)} but overrides "
+                f"{sorted(overridden)}"
+            )
+    return {
+        point: sorted((h for h in hooks if point in h.points), key=lambda h: h.points[point])
+        for point in POINTS
+    }
 
 
 @dataclass
@@ -137,13 +301,21 @@ class Loop:
     warmup_steps: int
     total_steps: int
     hooks: list[Hook] = field(default_factory=list)
+    backward: BackwardPolicy = field(default_factory=PlainBackward)
+    combine: GradientCombiner = field(default_factory=LocalSum)
+    spike: SpikePolicy | None = None
+    stray_draw: PlantedDraw | None = None
     schedule: str = "cosine"
     decay_steps: int | None = None
     stop_after: int | None = None  # run only the first N steps (the schedule is still T steps)
     progress: Progress | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    at: dict[str, list[Hook]] = field(init=False)  # each point's `hooks`, in phase order
 
-    def run(self, recipe: Recipe, start: int, prefetch: int = 0) -> None:
+    def __post_init__(self) -> None:
+        self.at = by_point(self.hooks)
+
+    def run(self, recipe: Recipe[B], start: int, prefetch: int = 0) -> None:
         """Steps `start` .. total_steps - 1 (or up to `stop_after`); each batch is taken from the
         prefetcher once."""
         stop = (
@@ -156,7 +328,7 @@ class Loop:
         finally:
             ahead.close()
 
-    def run_step(self, step: int, recipe: Recipe, batch: Any) -> dict[str, Any]:
+    def run_step(self, step: int, recipe: Recipe[B], batch: B) -> dict[str, Any]:
         t0 = time.perf_counter()
         lr = lr_at(
             step, self.base_lr, self.warmup_steps, self.total_steps, self.schedule,
@@ -164,22 +336,29 @@ class Loop:
         )  # fmt: skip
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        ctx = StepContext(self, step, lr, torch.get_rng_state(), batch)
-        for hook in self.hooks:
-            hook.before_step(ctx)
-        self.compute(ctx, recipe)
-        for hook in self.hooks:
-            hook.at_boundary(ctx)
-        outcome = ctx.outcome
-        assert outcome is not None
-        grad_norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in ctx.grads])))
+        state = StepState(step, lr, torch.get_rng_state())
+        view = StepView(self, state)
+        if self.stray_draw is not None:
+            self.stray_draw.before_step(step)
+        for hook in self.at["before_step"]:
+            hook.before_step(view)
+        self.compute(state, view, recipe, batch)
+        for hook in self.at["computed"]:
+            hook.computed(view)
+        if self.spike is not None:
+            median = self.spike.exceeded(self.metrics, view.outcome.loss)
+            if median is not None:
+                self.rerun(state, view, recipe, batch, median)
+        for hook in self.at["at_boundary"]:
+            hook.at_boundary(view)
+        outcome = view.outcome
+        grad_norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in state.grads])))
         t1 = time.perf_counter()
         self.optimizer.step()
-        ctx.timings["optimizer_s"] = time.perf_counter() - t1
-        if outcome.on_commit is not None:
-            outcome.on_commit()
-        for hook in self.hooks:
-            hook.after_update(ctx)
+        state.timings["optimizer_s"] = time.perf_counter() - t1
+        recipe.after_update(step, outcome)
+        for hook in self.at["after_update"]:
+            hook.after_update(view)
         row = {
             "step": step,
             "loss": outcome.loss,
@@ -191,48 +370,61 @@ class Loop:
             "wall_s": time.perf_counter() - t0,  # the diag row's cost included
         }
         self.metrics.append(row)
-        for hook in self.hooks:
-            hook.after_step(ctx, row)
+        for hook in self.at["after_step"]:
+            hook.after_step(view, row)
         if self.progress is not None:
             self.progress.update(step + 1, f"loss {outcome.loss:.4f} lr {lr:.2e}")
         return row
 
-    def compute(self, ctx: StepContext, recipe: Recipe) -> None:
-        """The step's forwards and backwards: each forward's gradient apart, then summed in
-        forward order into `.grad` (also what a spike rerun calls again, on the same batch)."""
-        ctx.attempt += 1
+    def compute(self, state: StepState, view: StepView, recipe: Recipe[B], batch: B) -> None:
+        """The step's forwards and backwards: each forward's gradient apart, then combined into
+        `.grad` (also what a spike rerun calls again, on the same batch)."""
+        state.attempt += 1
         for _, p in self.params:
             p.grad = None
         per_forward: list[Grads] = []
-        steps = recipe.forwards(ctx.step, ctx.batch)
+        steps = recipe.forwards(state.step, batch)
         while True:
             t0 = time.perf_counter()
             try:
                 fw = next(steps)
             except StopIteration as done:
-                ctx.outcome = done.value
+                state.outcome = done.value
                 break
             finally:
-                ctx.timings["forward_s"] += time.perf_counter() - t0
+                state.timings["forward_s"] += time.perf_counter() - t0
             t1 = time.perf_counter()
-            per_forward.append(self.backward(ctx, fw))
-            ctx.timings["backward_s"] += time.perf_counter() - t1
-            for hook in self.hooks:
-                hook.after_forward(ctx, fw)
-        for hook in self.hooks:
-            per_forward = hook.gather(ctx, per_forward)
-        ctx.grads = sum_in_forward_order(self.params, per_forward)
-        for (_, p), g in zip(self.params, ctx.grads, strict=True):
+            self.backward.run(state.step, fw, rerun=state.attempt > 1)
+            per_forward.append([p.grad for _, p in self.params])
+            for _, p in self.params:
+                p.grad = None
+            state.timings["backward_s"] += time.perf_counter() - t1
+            for hook in self.at["after_forward"]:
+                hook.after_forward(view, fw)
+        state.grads = self.combine.combine(self.params, per_forward)
+        for (_, p), g in zip(self.params, state.grads, strict=True):
             p.grad = g
 
-    def backward(self, ctx: StepContext, fw: Forward) -> Grads:
-        """One forward's gradient per parameter (None where it does not reach a parameter)."""
-        if not any(hook.backward(ctx, fw) for hook in self.hooks):
-            fw.loss.backward()
-        grads = [p.grad for _, p in self.params]
-        for _, p in self.params:
-            p.grad = None
-        return grads
+    def rerun(
+        self, state: StepState, view: StepView, recipe: Recipe[B], batch: B, median: float
+    ) -> None:
+        """The spiking step computed again from its pre-step generator state, on the same batch
+        (planted faults off); the spike policy judges the two attempts, training continues with
+        the rerun's gradients."""
+        assert self.spike is not None
+        first = Attempt(view.outcome.loss, state.grads, torch.get_rng_state())
+        torch.set_rng_state(state.rng_before)
+        self.compute(state, view, recipe, batch)
+        second = Attempt(view.outcome.loss, state.grads, torch.get_rng_state())
+        view.metrics["spike"] = self.spike.judge(state.step, median, first, second)
+
+
+class Attempt(NamedTuple):
+    """One computation of a step: its loss, gradients and the generator state after it."""
+
+    loss: float
+    grads: list[torch.Tensor]
+    rng_after: torch.Tensor
 
 
 def sum_in_forward_order(params: Params, per_forward: list[Grads]) -> list[torch.Tensor]:

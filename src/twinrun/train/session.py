@@ -5,10 +5,10 @@ at the end write the adapter, metrics and sidecar atomically."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from twinrun.config.run import RunConfig, shaping_numbers, valid, validate
 from twinrun.config.values import resolve_max_length
@@ -24,21 +24,39 @@ from twinrun.train.faults import Faults, parse_faults
 from twinrun.train.outputs import begin_output_dir, check_output_dir, sidecar
 from twinrun.train.resume_check import check_resume, run_inputs
 
+if TYPE_CHECKING:
+    from twinrun.data.examples import EncodedRow
+    from twinrun.model.build import CausalLM
+    from twinrun.model.tokens import CheckpointTokenizer
+    from twinrun.train.loop import Params
+
+
+E = TypeVar("E")  # what a recipe's data encodes to (rows, pairs, token ids)
+
+
+class ModelSession(Protocol):
+    """What an objective's forwards use of a run: its config, tokenizer and model (a `Session`,
+    or the `ReplaySession` replay builds without any data)."""
+
+    cfg: RunConfig
+    tok: CheckpointTokenizer
+    model: CausalLM
+
 
 @dataclass
 class Session:
     cfg: RunConfig
     out: Path
-    tok: Any
-    model: Any
-    params: list[Any]
+    tok: CheckpointTokenizer
+    model: CausalLM
+    params: Params
     provenance: dict[str, Any]
     runtime: dict[str, Any]
     model_sha256: str
     data_sha256: str
     faults: Faults
     max_length: int  # tokens per row at most: --max-length, else the model's positions
-    eval_rows: list[Any] = field(default_factory=list)  # --eval-examples, encoded (and limited)
+    eval_rows: list[EncodedRow] = field(default_factory=list)  # --eval-examples, encoded, limited
     eval_sha256: str | None = None
     progress: Progress | None = None
     started: float = field(default_factory=time.perf_counter)
@@ -82,9 +100,9 @@ def read_examples(cfg: RunConfig) -> tuple[list[SourcedRow], str]:
 
 def open_session(
     cfg: RunConfig,
-    encode: Callable[[Any, Any, int], list[Any]],
+    encode: Callable[[CheckpointTokenizer, Any, int], list[E]],
     read: Callable[[RunConfig], tuple[Any, str]] = read_examples,
-) -> tuple[Session, list[Any]]:
+) -> tuple[Session, list[E]]:
     """Validate config, model, data and output; then build. Nothing is written before every
     input has been checked; the output directory is locked for the whole session (by the
     process that writes it: rank 0 under torchrun). `read` gives the raw data `encode`
@@ -116,11 +134,11 @@ def open_session(
 
 def _open_locked(
     cfg: RunConfig,
-    encode: Callable[[Any, Any, int], list[Any]],
+    encode: Callable[[CheckpointTokenizer, Any, int], list[E]],
     read: Callable[[RunConfig], tuple[Any, str]],
     faults: Faults,
     lock: Path | None,
-) -> tuple[Session, list[Any]]:
+) -> tuple[Session, list[E]]:
     if not cfg.resume:
         check_output_dir(valid(cfg).output, cfg.overwrite)
     out = Path(valid(cfg).output)
@@ -212,7 +230,7 @@ def eval_digest(cfg: RunConfig) -> str | None:
     return sha256_file(cfg.eval_examples)
 
 
-def read_eval_rows(cfg: RunConfig, tok: Any, max_length: int) -> list[Any]:
+def read_eval_rows(cfg: RunConfig, tok: CheckpointTokenizer, max_length: int) -> list[EncodedRow]:
     """The `--eval-examples` rows (SFT rows, the run's chat template; a text run's plain),
     encoded and cut to `--eval-limit`; checked like training examples, before anything is
     written."""
@@ -225,7 +243,7 @@ def read_eval_rows(cfg: RunConfig, tok: Any, max_length: int) -> list[Any]:
     return rows
 
 
-def check_run_schedule(cfg: RunConfig, encoded: list[Any]) -> None:
+def check_run_schedule(cfg: RunConfig, encoded: Sequence[object]) -> None:
     """The learning-rate schedule fits the run's steps (checked before anything is written):
     `--steps`, or the epochs over the encoded examples (pairs for dpo/reward)."""
     from twinrun.config.schedule import check_schedule
@@ -239,7 +257,7 @@ def check_run_schedule(cfg: RunConfig, encoded: list[Any]) -> None:
     check_schedule(valid(cfg).warmup_steps, total, valid(cfg).lr_schedule, cfg.decay_steps)
 
 
-def check_adapter_shape(model: Any, cfg: RunConfig) -> None:
+def check_adapter_shape(model: CausalLM, cfg: RunConfig) -> None:
     """A run that starts from an existing adapter (e.g. `twinrun init-adapter`) has its shape."""
     from twinrun.core.errors import ConfigError
     from twinrun.model.lora import read_adapter_config

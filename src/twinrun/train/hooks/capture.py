@@ -20,24 +20,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twinrun.capture import manifest as mf
 from twinrun.capture.digests import effective_rows_sha256, logical_sha256, padding_fraction
 from twinrun.capture.payload import BatchArrays, encode, validate
 from twinrun.capture.state import HEAD_PARAM, adapter_bytes, head_bytes, optimizer_bytes
 from twinrun.capture.store import check_free, new_dir, write_new
+from twinrun.config.run import RunConfig, valid
 from twinrun.core.digest import sha256_bytes, sha256_file, sha256_json
 from twinrun.core.errors import ConfigError, ContractError
 from twinrun.core.fileio import atomic_write_json
 from twinrun.core.rng import capture_torch_rng, float_bits
 from twinrun.train.hooks.timing import step_timing_fields
-from twinrun.train.loop import Hook, StepContext
+from twinrun.train.loop import Hook, Phase, StepOutcome, StepView
+
+if TYPE_CHECKING:
+    from twinrun.train.session import Session
 
 SKIPPED = ("dataset", "environment", "rollout", "sampling")
 
 
-def resolved_config(cfg: Any) -> dict[str, Any]:
+def resolved_config(cfg: RunConfig) -> dict[str, Any]:
     """The redacted resolved config of a run given as a RunConfig."""
     from twinrun.config.toml import RunExtras, TomlRun, resolved_tree
 
@@ -47,25 +51,26 @@ def resolved_config(cfg: Any) -> dict[str, Any]:
 
 @dataclass
 class CaptureHook(Hook):
-    s: Any  # the Session
+    # at the boundary after the finite check (and the loop's spike rerun)
+    points = {"before_step": Phase.RECORD, "at_boundary": Phase.RECORD, "after_step": Phase.RECORD}
+
+    s: Session
     steps: set[int]
     within_run: bool  # capture_steps: pin the AdamW state and adapter the step starts from
     rng_before: dict[int, dict[str, Any]] = field(default_factory=dict)
-    loop: Any = None  # the Loop of the step being captured
 
-    def before_step(self, ctx: StepContext) -> None:
-        if ctx.step in self.steps:
-            self.rng_before[ctx.step] = capture_torch_rng()
+    def before_step(self, view: StepView) -> None:
+        if view.step in self.steps:
+            self.rng_before[view.step] = capture_torch_rng()
 
-    def at_boundary(self, ctx: StepContext) -> None:
-        if ctx.step in self.steps:
-            self.loop = ctx.loop
-            self.capture(ctx.step, ctx.outcome)
+    def at_boundary(self, view: StepView) -> None:
+        if view.step in self.steps:
+            self.capture(view, view.outcome)
 
-    def after_step(self, ctx: StepContext, row: dict[str, Any]) -> None:
-        if ctx.step in self.steps:
-            self.after(ctx.step, row)
-            row.update(step_timing_fields(ctx, row, self.s.cfg.device))
+    def after_step(self, view: StepView, row: dict[str, Any]) -> None:
+        if view.step in self.steps:
+            self.after(view.step, row)
+            row.update(step_timing_fields(view, row, self.s.cfg.device))
 
     def files(self, step: int) -> list[Path]:
         out = self.s.out
@@ -74,19 +79,19 @@ class CaptureHook(Hook):
             names += [mf.state_dir_name(step), mf.final_dir_name(step)]
         return [out / n for n in names]
 
-    def capture(self, step: int, outcome: Any) -> None:
-        s, cfg = self.s, self.s.cfg
+    def capture(self, view: StepView, outcome: StepOutcome) -> None:
+        s, cfg, step = self.s, self.s.cfg, view.step
         if outcome.batch is None:
             raise ContractError(f"{cfg.objective} step {step} did not describe its optimizer batch")
         check_free(self.files(step))
         arrays = BatchArrays.from_batch(outcome.batch)
         validate(arrays)
         rng = self.rng_before.pop(step, None) or capture_torch_rng()
-        payload = encode(arrays, rng, cfg.seed)
+        payload = encode(arrays, rng, valid(cfg).seed)
         logical = logical_sha256(arrays)
         effective = effective_rows_sha256(arrays, s.tok.pad_id)
-        initial = self.initial_state(step)
-        lr = float(self.loop.optimizer.param_groups[0]["lr"])
+        initial = self.initial_state(view)
+        lr = float(view.optimizer.param_groups[0]["lr"])
         from twinrun.config.contract import optimizer_contract
         from twinrun.core.determinism import runtime_versions
 
@@ -96,7 +101,7 @@ class CaptureHook(Hook):
             "format": mf.FORMAT,
             "objective": cfg.objective,
             "step": step,
-            "schedule": {"total_steps": self.loop.total_steps, "lr": lr, "lr_bits": float_bits(lr)},
+            "schedule": {"total_steps": view.total_steps, "lr": lr, "lr_bits": float_bits(lr)},
             "payload": {
                 "file": mf.payload_name(step),
                 "sha256": sha256_bytes(payload),
@@ -127,13 +132,14 @@ class CaptureHook(Hook):
         )
         outcome.metrics.setdefault("padding_fraction", padding_fraction(arrays))
 
-    def initial_state(self, step: int) -> dict[str, Any]:
-        """Pins of the state step `step` starts from (written first when inside a run)."""
-        s, cfg = self.s, self.s.cfg
+    def initial_state(self, view: StepView) -> dict[str, Any]:
+        """Pins of the state the step starts from (written first when inside a run)."""
+        s, cfg, step = self.s, self.s.cfg, view.step
         head = dict(s.params).get(HEAD_PARAM)
         if not self.within_run:
             from twinrun.capture.state import read_trainer_state
 
+            assert cfg.init_adapter is not None  # a capture outside a run starts from one
             adapter_dir = Path(cfg.init_adapter)
             state = read_trainer_state(adapter_dir)
             pins: dict[str, Any] = {
@@ -151,7 +157,7 @@ class CaptureHook(Hook):
             return pins
         folder = new_dir(s.out / mf.state_dir_name(step))
         s.save_adapter(folder)
-        files = {"optimizer": optimizer_bytes(self.loop.params, self.loop.optimizer)}
+        files = {"optimizer": optimizer_bytes(list(view.params), view.optimizer)}
         if head is not None:
             files["reward_head"] = head_bytes(head)
         pins = {"resume_step": step - 1, "dir": folder.name, "reward_head": None}
@@ -190,7 +196,7 @@ class CaptureHook(Hook):
         row["optimizer_batch/final_adapter_sha256"] = sha256_bytes(data)
 
 
-def capture_hook(s: Any, total_steps: int) -> CaptureHook:
+def capture_hook(s: Session, total_steps: int) -> CaptureHook:
     """Capture the configured steps of this run (`capture_steps`, or step 0 for a v1 capture)."""
     cfg = s.cfg
     steps = set(cfg.capture_steps or [0])

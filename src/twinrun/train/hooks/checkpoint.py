@@ -3,15 +3,15 @@ complete checkpoint of the run (train/checkpoint.py), objective state included."
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from twinrun.train.checkpoint import checkpoint_dir, write_checkpoint
-from twinrun.train.loop import Hook, Loop, StepContext
+from twinrun.train.loop import Hook, Phase, StepView
 
 
 @dataclass
@@ -30,13 +30,15 @@ class Checkpointer:
     out: Path
     shaping: dict[str, Any]
     objective: ObjectiveState | None = None
+    flush: Sequence[Hook] = field(default_factory=list)  # the run's hooks, flushed first
 
-    def write(self, loop: Loop, steps_done: int, rng_state: torch.Tensor | None = None) -> Path:
-        for hook in loop.hooks:  # the logs cover every step the checkpoint holds
+    def write(self, view: StepView, steps_done: int, rng_state: torch.Tensor | None = None) -> Path:
+        """The loop's state after `steps_done` steps, with the metrics rows written so far."""
+        for hook in self.flush:  # the logs cover every step the checkpoint holds
             hook.flush()
         return write_checkpoint(
-            self.out, steps_done, loop.params, loop.optimizer,
-            {"train": self.shaping, "metrics": loop.metrics,
+            self.out, steps_done, list(view.params), view.optimizer,
+            {"train": self.shaping, "metrics": list(view.history),
              "objective": self.objective.get() if self.objective else {}},
             rng_state,
         )  # fmt: skip
@@ -46,10 +48,12 @@ class Checkpointer:
 
 
 class CheckpointHook(Hook):
+    points = {"after_step": Phase.PERSIST}  # the row complete: a checkpoint holds eval numbers
+
     def __init__(self, checkpointer: Checkpointer, every: int) -> None:
         self.checkpointer, self.every = checkpointer, every
 
-    def after_step(self, ctx: StepContext, row: dict[str, Any]) -> None:
-        done = ctx.step + 1
-        if done % self.every == 0 and done < ctx.loop.total_steps:
-            self.checkpointer.write(ctx.loop, done)
+    def after_step(self, view: StepView, row: dict[str, Any]) -> None:
+        done = view.step + 1
+        if done % self.every == 0 and done < view.total_steps:
+            self.checkpointer.write(view, done)

@@ -18,34 +18,38 @@ loop's checkpoints flush it first, and closing the hook at the end of the run wr
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from twinrun.diag.flat import FlatLeaf, FlatLeaves
 from twinrun.train.distributed import in_global_order
-from twinrun.train.loop import Forward, Hook, StepContext, rng_state_leaf
+from twinrun.train.loop import Forward, Hook, Phase, StepView, rng_state_leaf
+
+if TYPE_CHECKING:
+    from twinrun.diag.recorder import DiagRecorder
 
 Parts = tuple[list[torch.Tensor], list[torch.Tensor]]
 
 
 class DiagHook(Hook):
-    def __init__(self, recorder: Any) -> None:
-        self.recorder = recorder  # a DiagRecorder; None on a process that does not write
+    points = {"after_forward": Phase.RECORD, "after_update": Phase.RECORD}
+
+    def __init__(self, recorder: DiagRecorder | None) -> None:
+        self.recorder = recorder  # None on a process that does not write
         self.attempt = 0
         self.forwards: list[Parts] = []  # this process's forwards: (tokens, logits)
 
-    def after_forward(self, ctx: StepContext, fw: Forward) -> None:
-        if ctx.attempt != self.attempt:  # a new step, or a spike rerun of this one
-            self.attempt, self.forwards = ctx.attempt, []
+    def after_forward(self, view: StepView, fw: Forward) -> None:
+        if view.attempt != self.attempt:  # a new step, or a spike rerun of this one
+            self.attempt, self.forwards = view.attempt, []
         tokens = [t.cpu() for t in fw.tokens]
         logits = [t.detach().float().cpu() for t in fw.logits]
         self.forwards.append((tokens, logits))
 
-    def after_update(self, ctx: StepContext) -> None:
-        outcome = ctx.outcome
-        assert outcome is not None
-        if ctx.attempt != self.attempt:  # a step whose forwards this process had none of
+    def after_update(self, view: StepView) -> None:
+        outcome = view.outcome
+        if view.attempt != self.attempt:  # a step whose forwards this process had none of
             self.forwards = []
         forwards = in_global_order(self.forwards, "gathering the diag tokens and logits")
         self.attempt, self.forwards = 0, []
@@ -56,9 +60,9 @@ class DiagHook(Hook):
             "batch.tokens": [t for tokens, _ in forwards for t in tokens],
             "forward.logits": [t for _, logits in forwards for t in logits],
             "loss": torch.tensor([outcome.loss], dtype=torch.float64),
-            **late_leaves(ctx),
+            **late_leaves(view),
         }
-        self.recorder.record_later(ctx.step, leaves)
+        self.recorder.record_later(view.step, leaves)
 
     def flush(self) -> None:
         if self.recorder is not None:
@@ -72,20 +76,19 @@ class DiagHook(Hook):
 LORA_LEAVES = ("grads.lora", "adam.exp_avg", "adam.exp_avg_sq", "params.lora")
 
 
-def late_leaves(ctx: StepContext) -> dict[str, Any]:
+def late_leaves(view: StepView) -> dict[str, Any]:
     """The leaves after the backward: gradients, Adam moments, parameters, lr, RNG state — copies,
     since the next step updates them in place while the row is computed."""
-    loop = ctx.loop
-    states = [loop.optimizer.state.get(p, {}) for _, p in loop.params]
+    states = [view.optimizer.state.get(p, {}) for _, p in view.params]
     parts: list[list[torch.Tensor]] = [
-        list(ctx.grads),
+        list(view.grads),
         [s["exp_avg"] for s in states if "exp_avg" in s],
         [s["exp_avg_sq"] for s in states if "exp_avg_sq" in s],
-        [p for _, p in loop.params],
+        [p for _, p in view.params],
     ]
     return {
         **dict(zip(LORA_LEAVES, copied(parts), strict=True)),
-        "lr": torch.tensor([ctx.lr], dtype=torch.float64),
+        "lr": torch.tensor([view.lr], dtype=torch.float64),
         "rng.state": rng_state_leaf(),
     }
 

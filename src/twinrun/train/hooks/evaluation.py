@@ -12,28 +12,38 @@ run's training bytes do not depend on whether it evaluates.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from twinrun.config.run import valid
 from twinrun.infer.evaluate import score_batches
-from twinrun.train.loop import Hook, StepContext
+from twinrun.train.loop import Hook, Phase, StepView
+
+if TYPE_CHECKING:
+    from twinrun.data.examples import EncodedRow
+    from twinrun.diag.recorder import DiagRecorder
+    from twinrun.train.session import Session
 
 
 class EvaluationHook(Hook):
-    def __init__(self, s: Any, rows: list[Any], every: int, recorder: Any = None) -> None:
-        self.s = s  # the Session (model, tokenizer, cfg)
+    points = {"after_step": Phase.RECORD}
+
+    def __init__(
+        self, s: Session, rows: list[EncodedRow], every: int, recorder: DiagRecorder | None = None
+    ) -> None:
+        self.s = s
         self.rows = rows
         self.every = every
         self.recorder = recorder  # the run's DiagRecorder, with --diag
 
-    def after_step(self, ctx: StepContext, row: dict[str, Any]) -> None:
-        if (ctx.step + 1) % self.every:
+    def after_step(self, view: StepView, row: dict[str, Any]) -> None:
+        if (view.step + 1) % self.every:
             return
         cfg = self.s.cfg
         batches = list(
             score_batches(
-                self.s.model, self.rows, self.s.tok.pad_id, cfg.batch_size, cfg.device,
+                self.s.model, self.rows, self.s.tok.pad_id, valid(cfg).batch_size, cfg.device,
                 cfg.batch_invariant,
             )
         )  # fmt: skip
@@ -47,4 +57,4 @@ class EvaluationHook(Hook):
                 "forward.logits": [b.logits for b in batches],
                 "loss": torch.cat([b.losses() for b in batches]),
             }
-            self.recorder.record(ctx.step, leaves, phase="eval")
+            self.recorder.record(view.step, leaves, phase="eval")

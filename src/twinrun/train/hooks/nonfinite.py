@@ -10,7 +10,7 @@ import torch
 
 from twinrun.core.errors import TwinrunError
 from twinrun.train.hooks.checkpoint import Checkpointer
-from twinrun.train.loop import Hook, StepContext
+from twinrun.train.loop import Hook, Phase, StepView
 
 
 class NonFiniteError(TwinrunError, ArithmeticError):
@@ -18,23 +18,24 @@ class NonFiniteError(TwinrunError, ArithmeticError):
 
 
 class NonFiniteHook(Hook):
+    points = {"at_boundary": Phase.CHECK}  # before the boundary's records: capture, digests
+
     def __init__(self, checkpointer: Checkpointer) -> None:
         self.checkpointer = checkpointer
 
-    def at_boundary(self, ctx: StepContext) -> None:
-        assert ctx.outcome is not None
-        loss = ctx.outcome.loss
+    def at_boundary(self, view: StepView) -> None:
+        loss = view.outcome.loss
         bad = [] if math.isfinite(loss) else [f"loss {loss}"]
-        if not all(bool(torch.isfinite(g).all()) for g in ctx.grads):
+        if not all(bool(torch.isfinite(g).all()) for g in view.grads):
             bad.append("gradient")
         if not bad:
             return
         where = "no checkpoint (it was the first step)"
-        if ctx.step > 0:
-            if not self.checkpointer.exists(ctx.step):
-                self.checkpointer.write(ctx.loop, ctx.step, ctx.rng_before)
-            where = f"checkpoint of the {ctx.step} good steps written"
+        if view.step > 0:
+            if not self.checkpointer.exists(view.step):
+                self.checkpointer.write(view, view.step, view.rng_before)
+            where = f"checkpoint of the {view.step} good steps written"
         raise NonFiniteError(
-            f"step {ctx.step}: non-finite {' and '.join(bad)}; {where}",
+            f"step {view.step}: non-finite {' and '.join(bad)}; {where}",
             "lower --learning-rate (or check the data of this step)",
         )

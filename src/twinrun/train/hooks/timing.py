@@ -8,7 +8,7 @@ from __future__ import annotations
 import resource
 from typing import Any
 
-from twinrun.train.loop import Hook, StepContext
+from twinrun.train.loop import Hook, Phase, StepView
 
 
 def peak_memory(device: str) -> tuple[int, str]:
@@ -28,11 +28,11 @@ def peak_memory(device: str) -> tuple[int, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process_max_rss"
 
 
-def step_timing_fields(ctx: StepContext, row: dict[str, Any], device: str) -> dict[str, Any]:
+def step_timing_fields(view: StepView, row: dict[str, Any], device: str) -> dict[str, Any]:
     """The timing and memory fields of a step's metrics row."""
     peak, kind = peak_memory(device)
     return {
-        **ctx.timings,
+        **view.timings,
         "local_train_wall_s": row["wall_s"],
         "peak_memory_bytes": peak,
         "peak_memory_kind": kind,
@@ -40,8 +40,10 @@ def step_timing_fields(ctx: StepContext, row: dict[str, Any], device: str) -> di
 
 
 class TimingHook(Hook):
+    points = {"after_step": Phase.RECORD}
+
     def __init__(self, device: str = "cpu") -> None:
         self.device = device
 
-    def after_step(self, ctx: StepContext, row: dict[str, Any]) -> None:
-        row.update(step_timing_fields(ctx, row, self.device))
+    def after_step(self, view: StepView, row: dict[str, Any]) -> None:
+        row.update(step_timing_fields(view, row, self.device))

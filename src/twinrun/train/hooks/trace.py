@@ -1,26 +1,33 @@
 """`--trace-step K`: per-module checksums of step K's forwards and backwards (diag/trace.py),
-opened before the step and closed at the optimizer boundary, once the gradients are summed."""
+opened before the step and closed once its gradients are combined (a spike rerun of the step is
+not traced)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from twinrun.train.loop import Hook, StepContext
+from twinrun.train.loop import Hook, Phase, StepView
+
+if TYPE_CHECKING:
+    from twinrun.diag.trace import StepTrace
+    from twinrun.model.build import CausalLM
 
 
 class TraceHook(Hook):
-    def __init__(self, model: Any, path: Path, step: int) -> None:
-        self.model, self.path, self.step = model, path, step
-        self.open: Any = None
+    points = {"before_step": Phase.RECORD, "computed": Phase.RECORD}
 
-    def before_step(self, ctx: StepContext) -> None:
-        if ctx.step == self.step:
+    def __init__(self, model: CausalLM, path: Path, step: int) -> None:
+        self.model, self.path, self.step = model, path, step
+        self.open: StepTrace | None = None
+
+    def before_step(self, view: StepView) -> None:
+        if view.step == self.step:
             from twinrun.diag.trace import StepTrace
 
-            self.open = StepTrace(self.model, self.path, ctx.step).__enter__()
+            self.open = StepTrace(self.model, self.path, view.step).__enter__()
 
-    def at_boundary(self, ctx: StepContext) -> None:
+    def computed(self, view: StepView) -> None:
         if self.open is not None:
             trace, self.open = self.open, None
             trace.__exit__(None, None, None)

@@ -54,9 +54,9 @@ from twinrun.rl.tool_settings import check_tool_rows
 from twinrun.train.distributed import in_global_order, mine
 from twinrun.train.driver import ObjectiveState, drive, make_loop, spikes_of
 from twinrun.train.faults import unseeded_plans
-from twinrun.train.loop import Forward, StepForwards, StepOutcome
+from twinrun.train.loop import Forward, StepForwards, StepOutcome, StepRecipe
 from twinrun.train.recipes.tool_rollouts import check_tool_template, tool_block, tool_environment
-from twinrun.train.session import Session, finish_session, open_session
+from twinrun.train.session import ModelSession, Session, finish_session, open_session
 
 
 @dataclass
@@ -141,7 +141,7 @@ def train_grpo(cfg: RunConfig) -> dict[str, Any]:
     plans = [[state.example_at(seed, step * p + i) for i in range(p)] for step in range(cfg.steps)]
     recipe = GrpoRecipe(session, state, unseeded_plans(session.faults, plans, len(rows)))
     objective = ObjectiveState(state.replay_state, state.set_replay_state)
-    loop = make_loop(session, recipe, cfg.steps, objective)
+    loop = make_loop(session, cfg.steps, objective)
     drive(session, loop, recipe, objective)
     last = loop.metrics[-1]
     summary = {
@@ -163,11 +163,12 @@ def replay_pending(state: GrpoState) -> bool:
 
 
 @dataclass
-class GrpoRecipe:
+class GrpoRecipe(StepRecipe):
     s: Session
     state: GrpoState
     plans: list[list[int]]  # the example indices of each step
     warned_no_signal: bool = False
+    fresh: list[Rollout] = field(default_factory=list)  # the last forwards' sampled rollouts
 
     def prepare(self, step: int) -> list[int]:
         return self.plans[step]
@@ -222,9 +223,12 @@ class GrpoRecipe:
             "rollout_s": rollout_s,
             "update_s": time.perf_counter() - t1,
         }
-        if state.replay is not None:
-            update.on_commit = lambda: remember(state, fresh)
+        self.fresh = fresh
         return update
+
+    def after_update(self, step: int, outcome: StepOutcome) -> None:
+        if self.state.replay is not None:
+            remember(self.state, self.fresh)
 
 
 def checked_tool_rows(name: str, rows: list[SourcedRow]) -> list[SourcedRow]:
@@ -461,7 +465,7 @@ class UpdateRows:
     weights: torch.Tensor  # [N] float64
 
 
-def update_rows(s: Any, batch: list[Rollout]) -> UpdateRows:
+def update_rows(s: ModelSession, batch: list[Rollout]) -> UpdateRows:
     n, width = len(batch), max(len(r.tokens) for r in batch)
     ids = torch.full((n, width), s.tok.pad_id, dtype=torch.long)
     attn = torch.zeros((n, width), dtype=torch.long)
@@ -473,7 +477,7 @@ def update_rows(s: Any, batch: list[Rollout]) -> UpdateRows:
         attn[i, :t] = 1
         comp[i, p:t] = torch.tensor(r.completion_mask(), dtype=torch.bool)
         old[i, p:t] = torch.tensor(r.old_logprobs, dtype=torch.float64)
-    kept, _, denominator = apply_token_cap(comp[:, 1:], s.cfg.token_cap)
+    kept, _, denominator = apply_token_cap(comp[:, 1:], valid(s.cfg).token_cap)
     return UpdateRows(
         ids, attn, old[:, 1:], kept, denominator,
         torch.tensor([r.advantage for r in batch], dtype=torch.float64),
@@ -495,7 +499,7 @@ def kept_logprobs(
     return out.masked_scatter(kept, picked.squeeze(-1))
 
 
-def update_forwards(s: Any, batch: list[Rollout], step: int) -> StepForwards:
+def update_forwards(s: ModelSession, batch: list[Rollout], step: int) -> StepForwards:
     """The PPO-clip update on `batch`, in forwards of `batch_size` rows (replay runs this)."""
     cfg, device = s.cfg, s.cfg.device
     u = update_rows(s, batch)
@@ -511,7 +515,7 @@ def update_forwards(s: Any, batch: list[Rollout], step: int) -> StepForwards:
         logp = kept_logprobs(logits, f_ids, kept, cfg.temperature)
         out = grpo_loss(
             logp, u.old[sl, : w - 1].to(device), u.advantages[sl].to(device),
-            kept, u.denominator, cfg.clip_eps, u.weights[sl].to(device),
+            kept, u.denominator, valid(cfg).clip_eps, u.weights[sl].to(device),
         )  # fmt: skip
         yield Forward(out.loss, out.row_losses, [f_ids], [logits])
         parts.append((float(out.loss.detach()), out.clipped_tokens, out.active_tokens))

@@ -30,8 +30,9 @@ from twinrun.objectives.reward import bradley_terry_loss
 from twinrun.train.distributed import in_global_order, is_root, mine
 from twinrun.train.driver import drive, make_loop, spikes_of
 from twinrun.train.faults import unseeded_plans
-from twinrun.train.loop import Forward, StepForwards, StepOutcome
-from twinrun.train.session import Session, finish_session, open_session
+from twinrun.train.loop import Forward, StepForwards, StepOutcome, StepRecipe
+from twinrun.train.recipes.sft import Padded
+from twinrun.train.session import ModelSession, Session, finish_session, open_session
 
 
 @dataclass
@@ -42,7 +43,7 @@ class PairBatch:
     indices: tuple[tuple[int, ...], ...]
     epoch: int
     groups: list[list[EncodedPair]]
-    sides: list[Any]
+    sides: list[Padded]
 
 
 def train_pairs(cfg: RunConfig) -> dict[str, Any]:
@@ -55,6 +56,7 @@ def train_pairs(cfg: RunConfig) -> dict[str, Any]:
         from twinrun.model.reward_head import new_reward_head
 
         head = new_reward_head(session.model.hidden_size, valid(cfg).seed).to(cfg.device)
+        assert isinstance(head.weight, torch.nn.Parameter)  # typed as a Tensor by torch
         session.params = [*session.params, ("reward_head.score.weight", head.weight)]
     plans = plan_steps(
         len(pairs),
@@ -64,7 +66,7 @@ def train_pairs(cfg: RunConfig) -> dict[str, Any]:
         valid(cfg).seed,
     )
     recipe = PairRecipe(session, pairs, unseeded_plans(session.faults, plans, len(pairs)), head)
-    loop = make_loop(session, recipe, len(plans))
+    loop = make_loop(session, len(plans))
     drive(session, loop, recipe)
     last = loop.metrics[-1]
     summary = {
@@ -82,15 +84,15 @@ def train_pairs(cfg: RunConfig) -> dict[str, Any]:
     return finish_session(session, loop.metrics, summary, extra)
 
 
-def pad_sides(groups: list[list[EncodedPair]], pad_id: int) -> list[Any]:
+def pad_sides(groups: list[list[EncodedPair]], pad_id: int) -> list[Padded]:
     """Each group's chosen rows padded, then its rejected rows."""
     return [pad_rows([p.chosen if k == 0 else p.rejected for p in g], pad_id)
             for g in groups for k in (0, 1)]  # fmt: skip
 
 
 @dataclass
-class PairRecipe:
-    s: Session | Any  # a Session, or what replay gives (cfg, tok, model)
+class PairRecipe(StepRecipe):
+    s: Session
     pairs: list[EncodedPair]
     plans: list[StepPlan]
     head: torch.nn.Module | None
@@ -109,7 +111,7 @@ class PairRecipe:
 
 
 def side_forward(
-    s: Any, padded: Any, head: torch.nn.Module | None
+    s: ModelSession, padded: Padded, head: torch.nn.Module | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One forward over one side of the pairs: (values [B], ids, logits, reference values)."""
     ids, attn, mask = (t.to(s.cfg.device) for t in padded)
@@ -126,11 +128,11 @@ def side_forward(
 
 
 def pair_forwards(
-    s: Any,
+    s: ModelSession,
     groups: list[list[EncodedPair]],
     step: int,
     head: torch.nn.Module | None,
-    sides: list[Any] | None = None,
+    sides: list[Padded] | None = None,
 ) -> StepForwards:
     """A chosen and a rejected forward per group, one loss per group, for one step (replay runs
     this); `sides` are the padded chosen/rejected tensors per group (else padded here)."""

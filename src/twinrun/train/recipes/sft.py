@@ -21,8 +21,8 @@ from twinrun.objectives.sft import completion_nll
 from twinrun.train.distributed import in_global_order, mine
 from twinrun.train.driver import drive, make_loop, spikes_of
 from twinrun.train.faults import unseeded_plans
-from twinrun.train.loop import Forward, StepForwards, StepOutcome
-from twinrun.train.session import Session, finish_session, open_session
+from twinrun.train.loop import Forward, StepForwards, StepOutcome, StepRecipe
+from twinrun.train.session import ModelSession, Session, finish_session, open_session
 
 Padded = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -50,7 +50,7 @@ def train_sft(cfg: RunConfig) -> dict[str, Any]:
         valid(cfg).seed,
     )
     recipe = SftRecipe(session, rows, unseeded_plans(session.faults, plans, len(rows)))
-    loop = make_loop(session, recipe, len(plans))
+    loop = make_loop(session, len(plans))
     drive(session, loop, recipe)
     last = loop.metrics[-1]
     summary = {"final_loss": last["loss"], "steps": len(plans), "spikes": spikes_of(loop)}
@@ -58,8 +58,8 @@ def train_sft(cfg: RunConfig) -> dict[str, Any]:
 
 
 @dataclass
-class SftRecipe:
-    s: Session | Any  # a Session, or what replay gives (cfg, tok, model)
+class SftRecipe(StepRecipe):
+    s: Session
     rows: list[EncodedRow]
     plans: list[StepPlan]
 
@@ -78,7 +78,7 @@ class SftRecipe:
 
 
 def sft_forwards(
-    s: Any, forwards: list[list[EncodedRow]], step: int, padded: list[Padded] | None = None
+    s: ModelSession, forwards: list[list[EncodedRow]], step: int, padded: list[Padded] | None = None
 ) -> StepForwards:
     """The forwards of one step over these rows (also what replay runs); `padded` are the rows
     already padded (by `prepare`), else they are padded here."""

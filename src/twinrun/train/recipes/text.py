@@ -20,8 +20,10 @@ import torch
 from twinrun.config.run import RunConfig, valid
 from twinrun.data.corpus import check_window, read_corpus, tokenize_corpus, window_row
 from twinrun.data.corpus import window_start as start_of
+from twinrun.data.examples import EncodedRow
+from twinrun.model.tokens import CheckpointTokenizer
 from twinrun.train.driver import drive, make_loop, spikes_of
-from twinrun.train.loop import StepForwards
+from twinrun.train.loop import StepForwards, StepRecipe
 from twinrun.train.recipes.sft import sft_forwards
 from twinrun.train.session import Session, finish_session, open_session
 
@@ -31,7 +33,7 @@ class TextBatch:
     """One step's windows: their starts in the token stream, and their rows per forward."""
 
     starts: tuple[int, ...]
-    forwards: list[list[Any]]
+    forwards: list[list[EncodedRow]]
 
 
 def window_starts(cfg: RunConfig, step: int, tokens: int) -> tuple[int, ...]:
@@ -46,7 +48,7 @@ def train_text(cfg: RunConfig) -> dict[str, Any]:
     def read(c: RunConfig) -> tuple[list[str], str]:
         return read_corpus(list(c.corpus or []))
 
-    def encode(tok: Any, texts: list[str], max_length: int) -> list[int]:
+    def encode(tok: CheckpointTokenizer, texts: list[str], max_length: int) -> list[int]:
         ids = tokenize_corpus(tok, texts)
         check_window(len(ids), int(valid(cfg).window), max_length)
         return ids
@@ -54,7 +56,7 @@ def train_text(cfg: RunConfig) -> dict[str, Any]:
     session, ids = open_session(cfg, encode, read)
     recipe = TextRecipe(session, ids)
     steps = int(valid(cfg).steps)
-    loop = make_loop(session, recipe, steps)
+    loop = make_loop(session, steps)
     drive(session, loop, recipe)
     last = loop.metrics[-1]
     summary = {
@@ -67,7 +69,7 @@ def train_text(cfg: RunConfig) -> dict[str, Any]:
 
 
 @dataclass
-class TextRecipe:
+class TextRecipe(StepRecipe):
     s: Session
     ids: list[int]
 
@@ -80,6 +82,7 @@ class TextRecipe:
 
     def forwards(self, step: int, batch: TextBatch) -> StepForwards:
         outcome = yield from sft_forwards(self.s, batch.forwards, step)
+        assert outcome.batch is not None
         outcome.batch.objective = "text"
         outcome.leaves = {"batch.sample_indices": torch.tensor(batch.starts), **outcome.leaves}
         return outcome

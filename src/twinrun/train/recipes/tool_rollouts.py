@@ -37,14 +37,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from twinrun.config.run import valid
+from twinrun.config.run import RunConfig, valid
 from twinrun.core.errors import ModelError
 from twinrun.core.rng import stream
-from twinrun.data.examples import EncodedRow, check_length
+from twinrun.data.examples import EncodedRow, SourcedRow, check_length
 from twinrun.model.decoding import generate_block
 from twinrun.rl.tool_calls import canonical_json, template_takes_tools, tools_system_text
 from twinrun.rl.tool_calls import check_tool_template as check_rendering
@@ -55,6 +55,10 @@ from twinrun.rl.tool_envs import (
     make_tool_environment,
 )
 from twinrun.rl.tool_settings import check_tool_settings
+
+if TYPE_CHECKING:
+    from twinrun.model.tokens import CheckpointTokenizer
+    from twinrun.train.session import Session
 
 Message = dict[str, str]
 
@@ -101,13 +105,13 @@ class EpisodeResult:
     turns: list[Turn]
 
 
-def render(s: Any, messages: list[Message], tools: list[dict[str, Any]]) -> str:
+def render(s: Session, messages: list[Message], tools: list[dict[str, Any]]) -> str:
     """The conversation as the chat template renders it, with the generation prompt."""
     passed = tools if tools and template_takes_tools(str(s.tok.chat_template)) else None
     return str(s.tok.render_chat(messages, True, passed))
 
 
-def first_messages(s: Any, episode: Episode) -> tuple[list[Message], list[dict[str, Any]]]:
+def first_messages(s: Session, episode: Episode) -> tuple[list[Message], list[dict[str, Any]]]:
     """Turn 0's messages and the episode's tool schemas."""
     tools = [dict(t) for t in episode.tools]
     messages: list[Message] = []
@@ -118,7 +122,7 @@ def first_messages(s: Any, episode: Episode) -> tuple[list[Message], list[dict[s
 
 
 def start_episode(
-    s: Any, env: ToolEnvironment, row: Any, example: int, k: int, step: int, slot: int
+    s: Session, env: ToolEnvironment, row: SourcedRow, example: int, k: int, step: int, slot: int
 ) -> EpisodeRun:
     """A fresh environment instance for rollout (slot, k) and its turn-0 prompt."""
     seed = valid(s.cfg).seed
@@ -134,7 +138,7 @@ def start_episode(
     return run
 
 
-def continuation(s: Any, run: EpisodeRun, sampled: list[int], said: str,
+def continuation(s: Session, run: EpisodeRun, sampled: list[int], said: str,
                  reply: Sequence[Message]) -> tuple[str, list[int]]:  # fmt: skip
     """The next prompt's text and the environment's tokens after the model's turn: the template's
     text after `said`, less the end-of-turn marker the model sampled itself. A template that
@@ -157,7 +161,7 @@ def continuation(s: Any, run: EpisodeRun, sampled: list[int], said: str,
 
 
 def decode_turn(
-    s: Any, runs: list[EpisodeRun], step: int, turn: int
+    s: Session, runs: list[EpisodeRun], step: int, turn: int
 ) -> list[tuple[list[int], list[float]]]:
     """The model's turn of every run, decoded as one left-padded batch (one row per run)."""
     seed = valid(s.cfg).seed
@@ -173,7 +177,9 @@ def decode_turn(
     return [(list(g[0].tokens), [float(x) for x in g[0].logprobs]) for g in results]
 
 
-def advance(s: Any, run: EpisodeRun, sampled: list[int], logprobs: list[float], last: bool) -> None:
+def advance(
+    s: Session, run: EpisodeRun, sampled: list[int], logprobs: list[float], last: bool
+) -> None:
     """Append the model's turn to the run, ask the environment, and either end the episode or
     append the environment's reply for the next turn."""
     run.turns[-1].prompt = run.pending
@@ -211,7 +217,12 @@ def finish(run: EpisodeRun, prompt_length: int) -> EpisodeResult:
 
 
 def tool_block(
-    s: Any, env: ToolEnvironment, rows: list[Any], step: int, examples: list[int], slots: list[int]
+    s: Session,
+    env: ToolEnvironment,
+    rows: list[SourcedRow],
+    step: int,
+    examples: list[int],
+    slots: list[int],
 ) -> list[EpisodeResult]:
     """The episodes of one rollout block (its prompt groups, `group_size` samples each), turn
     by turn, in group then sample order."""
@@ -222,6 +233,7 @@ def tool_block(
         for k in range(cfg.group_size)
     ]
     prompt_lengths = [len(r.ids) for r in runs]
+    assert s.cfg.max_turns is not None  # a tool environment's run has it (check_tool_settings)
     max_turns = int(s.cfg.max_turns)
     try:
         for turn in range(max_turns):
@@ -247,14 +259,17 @@ def close_quietly(episode: Episode) -> None:
         pass
 
 
-def tool_environment(cfg: Any) -> ToolEnvironment | None:
+def tool_environment(cfg: RunConfig) -> ToolEnvironment | None:
     """The run's tool environment, or None for a single-turn one (`check_tool_settings`)."""
     name, args = cfg.env or "", cfg.env_args or {}
     tool = is_tool_environment(name, args, cfg.tool_timeout or 60.0)
     check_tool_settings(cfg, tool)
-    return make_tool_environment(name, args, float(cfg.tool_timeout)) if tool else None
+    if not tool:
+        return None
+    assert cfg.tool_timeout is not None  # checked just above
+    return make_tool_environment(name, args, float(cfg.tool_timeout))
 
 
-def check_tool_template(tok: Any, cfg: Any) -> None:
+def check_tool_template(tok: CheckpointTokenizer, cfg: RunConfig) -> None:
     """The chat template renders tool messages (a ModelError naming the model otherwise)."""
     check_rendering(lambda messages, gen: str(tok.render_chat(messages, gen)), tok.source)

@@ -1,10 +1,10 @@
-"""The ordered gradient gather of a data-parallel run (the loop's `gather` point).
+"""The ordered gradient gather of a data-parallel run (the loop's `combine` policy there).
 
 Each process computed the LoRA gradients of its own forwards (forward i on rank i % world). This
-hook all-gathers every forward's gradients as raw bytes, with one byte per parameter saying
-whether the forward reached it, and returns them to the loop in global forward order; the loop
-then sums them from zero, forward 0 first — the very additions one process makes — so the summed
-gradient has the same bits on any number of processes.
+policy all-gathers every forward's gradients as raw bytes, with one byte per parameter saying
+whether the forward reached it, puts them in global forward order and sums them from zero,
+forward 0 first — the very additions one process makes — so the summed gradient has the same
+bits on any number of processes.
 
 A plain all-reduce would move 1x the gradient bytes per process instead of the forwards' count
 times, but it sums in an order the backend picks (and per-process partial sums first), which
@@ -16,18 +16,19 @@ from __future__ import annotations
 import torch
 
 from twinrun.train.distributed import _dist, collective, interleave, world
-from twinrun.train.loop import Grads, Hook, Params, StepContext
+from twinrun.train.loop import Grads, Params, sum_in_forward_order
 
 
-class GatherHook(Hook):
-    """All-gather per-forward gradients into global forward order (every process gets all)."""
+class OrderedGather:
+    """Every process's per-forward gradients in global forward order, summed (every process
+    gets the same sum)."""
 
     def __init__(self) -> None:
         self.bytes_sent = 0  # this process's contribution to the last step's gather
 
-    def gather(self, ctx: StepContext, per_forward: list[Grads]) -> list[Grads]:
-        out, self.bytes_sent = gather_gradients(ctx.loop.params, per_forward)
-        return out
+    def combine(self, params: Params, per_forward: list[Grads]) -> list[torch.Tensor]:
+        gathered, self.bytes_sent = gather_gradients(params, per_forward)
+        return sum_in_forward_order(params, gathered)
 
 
 def pack(params: Params, grads: Grads) -> torch.Tensor:
