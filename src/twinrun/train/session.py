@@ -174,6 +174,8 @@ def _open_locked(
     from twinrun.model.build import FreshLora, build_model
     from twinrun.model.lora import lora_parameters
 
+    loading = Progress(1, "", quiet=cfg.quiet or not distributed.is_root())
+    loading.note(f"{cfg.objective}: loading {model_dir} ...")  # a large model takes minutes
     model = build_model(
         model_dir,
         precision=valid(cfg).precision,
