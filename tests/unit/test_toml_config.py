@@ -163,9 +163,9 @@ def test_resolved_tree_is_redacted(tmp_path: Path) -> None:
 
 
 def contract(tmp_path: Path, **over: Any) -> dict[str, Any]:
-    cfg = load(tmp_path, source(tmp_path)).cfg
-    for k, v in over.items():
-        setattr(cfg, k, v)
+    import dataclasses
+
+    cfg = dataclasses.replace(load(tmp_path, source(tmp_path)).cfg, **over)
     return optimizer_contract(cfg, "grpo", "f" * 64, ["v_proj", "q_proj"])
 
 

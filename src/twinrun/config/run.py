@@ -42,9 +42,11 @@ def _s(kind: Kind, flag: str, toml: str, help: str = "", **more: Any) -> Any:
     return declare(Setting(kind=kind, flag=flag, toml=toml, help=help, **more))
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class RunConfig:
-    """Everything that shapes a training run. `None` means "not given"."""
+    """Everything that shapes a training run. `None` means "not given". Frozen: what the CLI or
+    the TOML gave is what every part of the run reads (a derived value is a new config, made
+    once where it is derived: `dataclasses.replace`)."""
 
     objective: str = _s("str", "", "training.trainer", "sft | dpo | reward | grpo | text")
     model: str | None = _s(

@@ -132,8 +132,9 @@ def _shown(key: str) -> str:
     return key if len(key) <= NEAREST_MAX_CHARS else key[:NEAREST_MAX_CHARS] + "..."
 
 
-def load_toml(path: str | Path, output: str | None = None) -> TomlRun:
-    """Read and check a TOML config; every problem in one ConfigError."""
+def load_toml(path: str | Path, output: str | None = None, quiet: bool = False) -> TomlRun:
+    """Read and check a TOML config; every problem in one ConfigError. `output` and `quiet`
+    (the command line's) override the file's."""
     p = Path(reading.check_path_text(path, "config", ConfigError))
     text = reading.read_text(p, "config file", MAX_CONFIG_BYTES, ConfigError)
     try:
@@ -182,6 +183,8 @@ def load_toml(path: str | Path, output: str | None = None) -> TomlRun:
         cfg_values.pop("steps", None)
     if output is not None:
         cfg_values["output"] = output
+    if quiet:
+        cfg_values["quiet"] = True
     run = TomlRun(
         p,
         trainer,  # type: ignore[arg-type]  # one of TRAINERS: checked above

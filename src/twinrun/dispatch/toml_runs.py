@@ -27,8 +27,7 @@ from twinrun.train.recipes import train
 
 def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -> dict[str, Any]:
     """Run a TOML config; returns the run's sidecar record."""
-    run = load_toml(path, output)
-    run.cfg.quiet = quiet
+    run = load_toml(path, output, quiet=quiet)
     if run.trainer == "optimizer_replay":
         from twinrun.replay.runner import replay
         from twinrun.train.distributed import launched

@@ -66,15 +66,16 @@ def run_preflight(run: Any) -> Check:
     """What `twinrun run` checks before it builds a model, by the same functions: the config's
     numbers, the output location, the model's config.json and tokenizer, every examples row
     (and, for GRPO, against a built-in environment), the initial adapter."""
+    from dataclasses import replace
+
     from twinrun.config.run import validate
     from twinrun.data.examples import load_rows
     from twinrun.model.loading import read_model_config
     from twinrun.train.faults import parse_faults
     from twinrun.train.outputs import check_output_dir
 
-    cfg = run.cfg
+    cfg = replace(run.cfg, objective=run.trainer)
     try:
-        cfg.objective = run.trainer
         validate(cfg)
         parse_faults(cfg.inject, cfg.objective)
         from twinrun.core.paths import output_path

@@ -17,6 +17,7 @@ row, in the replay vocabulary of docs/capture.md), `resolved_config.json` (redac
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -134,8 +135,10 @@ def replay(run: TomlRun) -> dict[str, Any]:
     """Verify, then perform exactly one optimizer update; returns the sidecar record."""
     _, v = run_checks(run, stop=True)
     assert v.decoded is not None
-    cfg, m = run.cfg, v.manifest
-    cfg.objective = m["objective"]
+    m = v.manifest
+    # the replay trains the captured objective: the verified run's config says so from here on
+    v.run = dataclasses.replace(run, cfg=dataclasses.replace(run.cfg, objective=m["objective"]))
+    cfg = v.run.cfg
     built = build(v)
     optimizer = make_optimizer(
         built.params,

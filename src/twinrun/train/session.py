@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -107,9 +107,9 @@ def open_session(
     input has been checked; the output directory is locked for the whole session (by the
     process that writes it: rank 0 under torchrun). `read` gives the raw data `encode`
     tokenizes and its SHA256 (the examples file by default; the text corpus for `tune text`)."""
-    cfg.device = distributed.setup(cfg.device)  # joins torchrun's process group, if any
-    if not distributed.is_root():
-        cfg.quiet = True  # rank 0 reports; the others only compute
+    # joins torchrun's process group, if any; rank 0 reports, the others only compute
+    device = distributed.setup(cfg.device)
+    cfg = replace(cfg, device=device, quiet=cfg.quiet or not distributed.is_root())
     if cfg.shard_base:
         raise distributed.shard_base_unavailable()
     if cfg.trace_step is not None and distributed.world().size > 1:
@@ -160,8 +160,8 @@ def _open_locked(
     # a resume with other inputs is refused before they are tokenized (a changed tokenizer
     # would warn about rows first) and before any file is touched
     if cfg.resume and check_resume(out, inputs) == 0:
-        cfg.resume = False  # killed before its first checkpoint: start again from step 0
-        cfg.overwrite = True
+        # killed before its first checkpoint: start again from step 0
+        cfg = replace(cfg, resume=False, overwrite=True)
         check_output_dir(out, cfg.overwrite)  # its partial logs go; anything foreign stops it
     max_length = resolve_max_length(cfg.max_length, model_config)
     encoded = encode(tok, rows, max_length)

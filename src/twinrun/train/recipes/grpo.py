@@ -130,6 +130,7 @@ def train_grpo(cfg: RunConfig) -> dict[str, Any]:
             tools is not None,
         ),
     )  # every row is checked before the output directory is made
+    cfg = session.cfg  # as the session resolved it (the device under torchrun)
     replay: PrioritizedReplay[Any] | None = None
     if cfg.replay == "per":
         replay = PrioritizedReplay(

@@ -51,6 +51,7 @@ def train_pairs(cfg: RunConfig) -> dict[str, Any]:
     session, pairs = open_session(
         cfg, lambda tok, raw, max_len: encode_pairs(tok, raw, cfg.chat_template == "on", max_len)
     )
+    cfg = session.cfg  # as the session resolved it (the device under torchrun)
     head = None
     if objective(cfg.objective).head:  # reward: a scalar head trains with the adapter
         from twinrun.model.reward_head import new_reward_head

@@ -42,6 +42,7 @@ def train_sft(cfg: RunConfig) -> dict[str, Any]:
     session, rows = open_session(
         cfg, lambda tok, raw, max_len: encode_sft_rows(tok, raw, cfg.chat_template == "on", max_len)
     )
+    cfg = session.cfg  # as the session resolved it (the device under torchrun)
     plans = plan_steps(
         len(rows),
         valid(cfg).epochs,

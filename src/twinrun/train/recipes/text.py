@@ -54,6 +54,7 @@ def train_text(cfg: RunConfig) -> dict[str, Any]:
         return ids
 
     session, ids = open_session(cfg, encode, read)
+    cfg = session.cfg  # as the session resolved it (the device under torchrun)
     recipe = TextRecipe(session, ids)
     steps = int(valid(cfg).steps)
     loop = make_loop(session, steps)
