@@ -227,8 +227,9 @@ def sweep_outputs(work: Path, model: Path) -> dict[str, Any]:
     from tests.integration.conftest import sft_args
 
     finished = work / "finished"
-    ex = shipped_rows(work / "ex.jsonl", 4)
-    assert twinrun(*sft_args(model, ex, finished, 1)).returncode == 0
+    ex = shipped_rows(work / "ex.jsonl", 8)
+    res = twinrun(*sft_args(model, ex, finished, 1))
+    assert res.returncode == 0, res.stderr
     trap = work / "trap-model"  # read first, it would say so: the refusal came too late
     trap.mkdir()
     (trap / "config.json").write_text("{ a trap: loading this model is the work }")
@@ -346,7 +347,8 @@ def sweep_checkpoints(work: Path, model: Path, rng: random.Random, flips: int) -
     ex = shipped_rows(work / "ex.jsonl", 16)
     extra = ("--diag", "--checkpoint-every", "1")
     ref = work / "ref"
-    assert twinrun(*sft_args(model, ex, ref, 1, *extra)).returncode == 0
+    res = twinrun(*sft_args(model, ex, ref, 1, *extra))
+    assert res.returncode == 0, res.stderr
     killed = work / "killed"  # SIGKILLed writing checkpoint 3: step-1 and step-2 complete
     res = twinrun(*sft_args(model, ex, killed, 1, *extra),
                   env={"TWINRUN_CRASH_AT": "checkpoint-mid-write:3"})  # fmt: skip
