@@ -1,6 +1,6 @@
 """The full hostile sweep: what a new user and an attacker would try, counted.
 
-`python bench/hostile_sweep.py [--per-parser 1500] [--kills 6] [--seed 0]`
+`python bench/hostile_sweep.py [--per-parser 1500] [--kills 6] [--seed 0] [--quick]`
 
 1. inputs: every parser of a user-supplied file (tests/hostile.py) fed the hostile snippets,
    random bytes and seeded mutations of valid files; an outcome other than a result or one
@@ -14,7 +14,12 @@
    line and exit 2, never a hang or a read without end;
 5. canaries: a secret passed as an --env-arg value, URL userinfo, a secret query value and a
    secret-named flag, through `check --json` and failing commands: grepped in every line printed
-   and every file written.
+   and every file written;
+6.-10. overwrite of foreign directories, outputs refused before the work, flag-value canaries,
+   flipped checkpoint bytes on resume, copied replay directories at gate A: see
+   `bench/hostile_reliability.py`.
+
+`--quick` runs every section with small counts (a minute or two, not five).
 
 Writes bench/results/hostile_sweep.json and .md.
 """
@@ -38,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
+from bench import hostile_reliability as rel  # noqa: E402
 from tests.hostile import HOSTILE, PARSERS, mutate, outcome, seeds  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -90,10 +96,11 @@ def make_capture(work: Path, model: Path) -> tuple[Path, dict[str, Any]]:
     return init, cap.replay_config(work / "replay")
 
 
-def sweep_flips(work: Path, model: Path, rng: random.Random, per_file: int) -> dict[str, Any]:
+def sweep_flips(
+    work: Path, init: Path, doc: dict[str, Any], rng: random.Random, per_file: int
+) -> dict[str, Any]:
     from tests.capture_helpers import write_toml
 
-    init, doc = make_capture(work, model)
     source = work / "source"
     manifest = Path(doc["optimizer_batch"]["replay_path"])
     files = [manifest, source / "optimizer_batch_step_000000.safetensors",
@@ -240,8 +247,15 @@ def main() -> None:
     ap.add_argument("--per-parser", type=int, default=1500)
     ap.add_argument("--flips-per-file", type=int, default=4)
     ap.add_argument("--kills", type=int, default=6)
+    ap.add_argument("--overwrite-cases", type=int, default=8)
+    ap.add_argument("--checkpoint-flips", type=int, default=6)
+    ap.add_argument("--replay-copies", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="small counts for every section")
     a = ap.parse_args()
+    if a.quick:
+        a.per_parser, a.flips_per_file, a.kills = 100, 1, 2
+        a.overwrite_cases, a.checkpoint_flips, a.replay_copies = 4, 3, 1
     rng = random.Random(a.seed)
     t0 = time.perf_counter()
     result: dict[str, Any] = {"seed": a.seed}
@@ -253,13 +267,25 @@ def main() -> None:
         model = work / "model"
         write_toy_checkpoint(model, seed=0)
         (work / "flips").mkdir()
-        result["flips"] = sweep_flips(work / "flips", model, rng, a.flips_per_file)
+        init, replay_doc = make_capture(work / "flips", model)
+        result["flips"] = sweep_flips(work / "flips", init, replay_doc, rng, a.flips_per_file)
         (work / "kills").mkdir()
         result["crashes"] = sweep_kills(work / "kills", model, rng, a.kills)
         (work / "reads").mkdir()
         result["reads"] = sweep_reads(work / "reads", model)
         (work / "canaries").mkdir()
         result["canaries"] = sweep_canaries(work / "canaries", model)
+        for name in ("overwrite", "outputs", "flags", "checkpoints", "copies"):
+            (work / name).mkdir()
+        result["overwrite"] = rel.sweep_overwrite(work / "overwrite", model, rng,
+                                                  a.overwrite_cases)  # fmt: skip
+        result["outputs"] = rel.sweep_outputs(work / "outputs", model)
+        result["flag_values"] = rel.sweep_flag_values(work / "flags", model)
+        result["checkpoints"] = rel.sweep_checkpoints(work / "checkpoints", model, rng,
+                                                      a.checkpoint_flips)  # fmt: skip
+        result["replay_copies"] = rel.sweep_replay_copies(
+            work / "copies", work / "flips" / "source", replay_doc, rng, a.replay_copies
+        )
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     summary = {
         "inputs tried": result["inputs"]["inputs_tried"],
@@ -270,6 +296,27 @@ def main() -> None:
         "hostile reads refused in one line":
             f"{result['reads']['reads_refused']}/{result['reads']['reads_tried']}",
         "canaries leaked": result["canaries"]["canaries_leaked"],
+        "--overwrite of a foreign directory refused, nothing changed":
+            f"{result['overwrite']['overwrites_refused_untouched']}/"
+            f"{result['overwrite']['overwrites_tried']}",
+        "bad outputs refused before the work":
+            f"{result['outputs']['outputs_refused_before_work']}/"
+            f"{result['outputs']['outputs_tried']}"
+            + (f" ({result['outputs']['unwritable_skipped_as_root']} unwritable cases skipped: "
+               "run as root)" if result["outputs"]["unwritable_skipped_as_root"] else ""),
+        "flag-value canaries leaked":
+            f"{result['flag_values']['flag_canaries_leaked']} of "
+            f"{result['flag_values']['flag_cases_tried']} cases",
+        "flag errors not one line (exit 2)": result["flag_values"]["flag_errors_not_one_line"],
+        "flipped checkpoints refused / resumed bit-exactly / trained on":
+            f"{result['checkpoints']['refused_one_line']} / "
+            f"{result['checkpoints']['resumed_bit_exact']} / "
+            f"{result['checkpoints']['trained_on_corrupt']} of "
+            f"{result['checkpoints']['checkpoint_flips_tried']}",
+        "copied replays refused by gate A":
+            f"{result['replay_copies']['copies_refused_by_name']}/"
+            f"{result['replay_copies']['copies_tried']} (fresh pair counted: "
+            f"{result['replay_copies']['fresh_pair_counted']})",
     }  # fmt: skip
     result["summary"] = summary
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -282,7 +329,9 @@ def main() -> None:
     (RESULTS / "hostile_sweep.md").write_text(
         f"# Hostile sweep (seed {a.seed}, {result['wall_s']} s)\n\n"
         f"`python bench/hostile_sweep.py --per-parser {a.per_parser} --flips-per-file "
-        f"{a.flips_per_file} --kills {a.kills} --seed {a.seed}`\n\n"
+        f"{a.flips_per_file} --kills {a.kills} --overwrite-cases {a.overwrite_cases} "
+        f"--checkpoint-flips {a.checkpoint_flips} --replay-copies {a.replay_copies} "
+        f"--seed {a.seed}`" + (" (`--quick`)" if a.quick else "") + "\n\n"
         f"| count | value |\n|---|---|\n{rows}\n\n"
         f"Files a replay reads, each flipped at {a.flips_per_file} seeded offsets: "
         f"{', '.join(result['flips']['files'])}.\n\n"

@@ -229,7 +229,10 @@ def test_observation_fault_localised(
         ),
         (("--env", "arithmetic", "--replay", "per"), "--replay per needs"),
         (("--env", "arithmetic", "--rollout-block", "0"), "--rollout-block must be >= 1, got 0"),
-        (("--env", "arithmetic", "--rollout-block", "x"), "'x' is not a valid integer"),
+        (
+            ("--env", "arithmetic", "--rollout-block", "x"),
+            "Invalid value for '--rollout-block': needs an integer",
+        ),
     ],
 )
 def test_grpo_config_errors(

@@ -11,7 +11,7 @@ from twinrun.core.errors import ConfigError
 
 
 def test_an_unknown_mode_is_refused() -> None:
-    with pytest.raises(ConfigError, match="--cpu-kernels must be portable or native, got 'fast'"):
+    with pytest.raises(ConfigError, match="--cpu-kernels must be portable or native$"):
         portable.check_mode("fast")
 
 

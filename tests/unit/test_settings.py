@@ -200,7 +200,7 @@ def s_(**kw: object) -> Setting:
          "--x must be in [0, 2**63), got an integer too large to show"),
         (s_(kind="int", low=0), -(10**5000), "--x must be >= 0, got an integer too large to show"),
         (s_(kind="pair", low=0, high=1, high_open=True), (0.9, 1.0), "--x must be in [0, 1)"),
-        (s_(kind="str", choices=("f32", "bf16")), "fp16", "--x must be f32 or bf16, got 'fp16'"),
+        (s_(kind="str", choices=("f32", "bf16")), "fp16", "--x must be f32 or bf16"),
         (s_(kind="str", choices=("a", "b", "c")), "hf_SECRET_TOKEN_123",
          "--x must be one of a, b, c"),
     ],

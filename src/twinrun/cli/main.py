@@ -117,8 +117,10 @@ def run_cli(args: list[str] | None = None) -> int:
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.UsageError as exc:
+        from twinrun.cli.usage import usage_line
+
         where = exc.ctx.command_path if exc.ctx is not None else "twinrun"
-        say(f"twinrun: error: {exc.format_message()} — see '{where} --help'")
+        say(f"twinrun: error: {usage_line(exc)} — see '{where} --help'")  # no value echoed
         return exc.exit_code
     except click.ClickException as exc:
         say(f"twinrun: error: {exc.format_message()}")

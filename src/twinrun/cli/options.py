@@ -27,6 +27,7 @@ class FiniteFloat(click.ParamType):
     so is a value below `low` (or equal to it when `low_open`)."""
 
     name = "float"
+    value_free_messages = True  # its messages never repeat the value (cli.usage shows them)
 
     def __init__(self, low: float | None = None, low_open: bool = False) -> None:
         self.low, self.low_open = low, low_open

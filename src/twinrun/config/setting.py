@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,8 +35,6 @@ KIND_WORDS: dict[str, str] = {
     "pair": "a list of two numbers",
     "targets": "a list of module names or the string all-linear",
 }
-
-_PLAIN = re.compile(r"^[A-Za-z0-9_.:-]{1,16}$")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,7 +96,7 @@ class Setting:
                     return p
             return None
         if self.choices and value not in self.choices:
-            return f"{name} must be {_either(self.choices)}{_got(value)}"
+            return f"{name} must be {_either(self.choices)}"  # the value is not shown: a secret?
         return None
 
     def range_words(self) -> str:
@@ -167,13 +164,6 @@ def _either(choices: tuple[str, ...]) -> str:
     if len(choices) == 2:
         return f"{choices[0]} or {choices[1]}"
     return "one of " + ", ".join(choices)
-
-
-def _got(value: Any) -> str:
-    """`, got 'fp16'` for a short plain word; nothing for anything that could be a secret."""
-    if isinstance(value, str) and _PLAIN.match(value):
-        return f", got {value!r}"
-    return ""
 
 
 def declare(setting: Setting) -> Any:

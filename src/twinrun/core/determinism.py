@@ -60,9 +60,7 @@ def parse_device(device: str) -> int | None:
         return None
     m = _DEVICE_RE.fullmatch(device) if isinstance(device, str) else None
     if m is None:
-        raise ConfigError(
-            f"--device must be cpu or cuda:N, got {device!r}", "use --device cpu or --device cuda:0"
-        )
+        raise ConfigError("--device must be cpu or cuda:N", "use --device cpu or --device cuda:0")
     return int(m.group(1))
 
 

@@ -1,5 +1,7 @@
-"""Output locations checked before anything is written: a path under a regular file, on a
-symlink loop, or too long gives one clear line instead of an OSError from deep inside a write."""
+"""Output locations checked before anything is written (and before any model loads): a symbolic
+link (dangling or not), a path under a regular file, on a symlink loop, too long, or in a
+directory this process cannot write gives one clear line instead of an OSError from deep inside
+a write, after the work."""
 
 from __future__ import annotations
 
@@ -8,10 +10,27 @@ from pathlib import Path
 
 from twinrun.core.errors import OutputError
 
+NO_LINK_HINT = "give the directory itself, or a new path: twinrun never writes through a link"
+
+
+def _inspect_error(what: str, p: Path, where: Path, exc: OSError) -> OutputError:
+    return OutputError(
+        f"{what} {p}: cannot inspect {where} ({exc.strerror or exc})",
+        "choose a path in a readable, writable directory",
+    )
+
 
 def output_path(output: str | os.PathLike[str], what: str = "--output") -> Path:
-    """`output` as an absolute path whose existing ancestors are all directories."""
+    """`output` as an absolute path: not a symbolic link itself, its existing ancestors all
+    directories, and the directory that receives it (the output itself when it is an existing
+    directory, and the nearest existing ancestor) writable by this process."""
     p = Path(output)
+    try:
+        link = p.is_symlink()
+    except OSError as exc:  # a name too long, a parent that cannot be searched
+        raise _inspect_error(what, p, p, exc) from exc
+    if link:
+        raise OutputError(f"{what} {p} is a symbolic link (to {os.readlink(p)})", NO_LINK_HINT)
     try:
         resolved = p.resolve()
     except (RuntimeError, OSError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
@@ -24,10 +43,7 @@ def output_path(output: str | os.PathLike[str], what: str = "--output") -> Path:
             is_dir = parent.is_dir()
             exists = is_dir or parent.exists()
         except OSError as exc:
-            raise OutputError(
-                f"{what} {p}: cannot inspect {parent} ({exc.strerror or exc})",
-                "choose a path in a readable, writable directory",
-            ) from exc
+            raise _inspect_error(what, p, parent, exc) from exc
         if not exists:
             continue
         if parent != resolved and not is_dir:
@@ -35,5 +51,25 @@ def output_path(output: str | os.PathLike[str], what: str = "--output") -> Path:
                 f"{what} {p} is under {parent}, which is a file and not a directory",
                 "choose a path whose parents are directories",
             )
+        receivers = [parent] if parent != resolved else [resolved.parent]
+        if parent == resolved and is_dir:
+            receivers.append(resolved)  # a run writes into it; its lock goes beside it
+        for d in receivers:
+            if not os.access(d, os.W_OK | os.X_OK):
+                raise OutputError(
+                    f"{what} {p}: the directory {d} is not writable by this process",
+                    "choose a path in a writable directory, or change its permissions",
+                )
         break
+    return resolved
+
+
+def output_file(output: str | os.PathLike[str], overwrite: bool, what: str = "--output") -> Path:
+    """A file output (a report, an extract): as `output_path`, and not an existing directory;
+    an existing file only with `overwrite`. Changes nothing on disk."""
+    resolved = output_path(output, what)
+    if resolved.is_dir():
+        raise OutputError(f"{what} {output} is a directory, not a file", "give a file path")
+    if resolved.exists() and not overwrite:
+        raise OutputError(f"{output} exists", f"choose another {what} or pass --overwrite")
     return resolved

@@ -51,7 +51,7 @@ _pinned_here: dict[str, str] = {}  # what pin_environment set (so `native` can t
 def check_mode(mode: str) -> None:
     if mode not in MODES:
         raise ConfigError(
-            f"--cpu-kernels must be portable or native, got {mode!r}",
+            "--cpu-kernels must be portable or native",  # the value is not shown: a secret?
             "use --cpu-kernels portable (the same bytes on every x86-64 CPU) or native",
         )
 

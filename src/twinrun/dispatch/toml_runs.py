@@ -38,6 +38,10 @@ def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -
                 "run it as `twinrun run CONFIG.toml` (a capture from any process count replays)",
             )
         return replay(run)
+    if run.cfg.output is not None and not run.cfg.resume:  # before the examples are read
+        from twinrun.train.outputs import check_output_dir
+
+        check_output_dir(run.cfg.output, run.cfg.overwrite)
     problems = source_problems(run)
     if problems:
         hint = "see docs/capture.md (capture a source step)"

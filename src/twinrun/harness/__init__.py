@@ -236,7 +236,10 @@ def run_check(
     if not (tol >= 0) or math.isinf(tol):
         raise ConfigError(f"--tol {tol!r} must be a finite non-negative number")
     if keep is not None:
+        from twinrun.core.paths import output_path
+
         root = Path(keep)
+        output_path(root, "--keep")  # a link, under a file, unwritable: before any run
         if root.exists() and not root.is_dir():
             raise OutputError(f"--keep {root}: exists and is not a directory")
         plan = plan_runs(cmd, seeds, root.resolve())

@@ -15,7 +15,7 @@ from typing import Any
 
 from twinrun.config.run import common_problems, require_flags
 from twinrun.config.values import resolve_max_length
-from twinrun.core.errors import ConfigError, OutputError
+from twinrun.core.errors import ConfigError
 
 REPORT_FORMAT = "twinrun.infer.evaluate.v1"
 
@@ -58,9 +58,12 @@ class EvalConfig:
         )
         if problems:
             raise ConfigError("; ".join(problems))
-        out = Path(self.output)  # type: ignore[arg-type]  # validate() requires it
-        if out.exists() and not self.overwrite:
-            raise OutputError(f"report {out} exists", "choose another --output or pass --overwrite")
+        from twinrun.core.paths import output_file
+
+        # before the model loads: a link, a directory, a path under a file, an unwritable place
+        output_file(self.output, self.overwrite)  # type: ignore[arg-type]  # required above
+        if self.diag is not None:
+            output_file(self.diag, self.overwrite, "--diag")
 
 
 def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from typing import Any
 
 from twinrun.config.run import common_problems, require_flags
 from twinrun.config.values import resolve_max_length
-from twinrun.core.errors import ConfigError, DataError, OutputError
+from twinrun.core.errors import ConfigError, DataError
 
 HIDDEN_FORMAT = "twinrun.hidden.v1"
 STEERING_FORMAT = "twinrun.infer.steering.v1"
@@ -88,14 +88,15 @@ class ExtractConfig:
         if self.layer is not None and self.layer < 0:
             problems.append(f"--layer must be >= 0, got {self.layer}")
         if self.pool not in POOLS:
-            problems.append(f"--pool must be last or mean, got {self.pool!r}")
+            problems.append("--pool must be last or mean")  # no value shown: a secret?
         if not str(self.output).endswith(".safetensors"):
-            problems.append(f"--output must end in .safetensors, got {self.output!r}")
+            problems.append("--output must end in .safetensors")
         if problems:
             raise ConfigError("; ".join(problems))
-        for path in (self.out_path, self.sidecar_path):
-            if path.exists() and not self.overwrite:
-                raise OutputError(f"{path} exists", "choose another --output or pass --overwrite")
+        from twinrun.core.paths import output_file
+
+        for path in (self.out_path, self.sidecar_path):  # before the model loads
+            output_file(path, self.overwrite)
 
     @property
     def out_path(self) -> Path:

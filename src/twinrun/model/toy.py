@@ -134,11 +134,9 @@ def toy_state_dict(
 
 
 def _check_out_dir(out: Path, overwrite: bool) -> None:
-    if out.is_symlink():
-        raise OutputError(
-            f"{out} is a symbolic link (to {os.readlink(out)})",
-            "give the directory itself, or a new path: twinrun never writes through a link",
-        )
+    from twinrun.core.paths import output_path
+
+    output_path(out, "toy-model directory")  # a link, under a file, unwritable: one line
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out} exists and is not a directory", "choose another output path")
     if out.is_dir() and any(out.iterdir()):

@@ -44,7 +44,10 @@ def init_adapter(
         problems.append(f"--lora-alpha must be > 0, got {alpha!r}")
     if problems:
         raise ConfigError("; ".join(problems))
+    from twinrun.core.paths import output_path
+
     path = Path(out)
+    output_path(path, "init-adapter directory")  # a link, under a file, unwritable: refused
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ConfigError(f"{path} exists and is not empty", "choose a new directory")
     base = build_model(

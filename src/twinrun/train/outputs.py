@@ -12,7 +12,6 @@ refuses — before any model is loaded or any file touched — a directory holdi
 from __future__ import annotations
 
 import functools
-import os
 import re
 import sys
 from pathlib import Path
@@ -112,12 +111,10 @@ def clear_run_dir(p: Path) -> None:
 def check_output_dir(path: str | Path, overwrite: bool) -> Path:
     """Refuse a symbolic link, a file, or an existing non-empty directory unless `overwrite` and
     it is a twinrun run directory holding nothing else; changes nothing on disk."""
+    from twinrun.core.paths import output_path
+
     p = Path(path)
-    if p.is_symlink():
-        raise OutputError(
-            f"--output {p} is a symbolic link (to {os.readlink(p)})",
-            "give the directory itself, or a new path: twinrun never writes through a link",
-        )
+    output_path(p)  # a link (dangling too), under a file, in an unwritable directory
     if p.exists() and not p.is_dir():
         raise OutputError(f"--output {p} exists and is not a directory", "choose another path")
     if p.is_dir() and any(p.iterdir()):
