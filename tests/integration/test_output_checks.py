@@ -74,13 +74,17 @@ def argv(command: str, model: Path, inputs: dict[str, Path], out: Path) -> list[
     if command == "check":
         return ["check", "--keep", str(out), "--", "twinrun", "tune", "sft", "--seed",
                 "{seed}", "--output", "{out}"]  # fmt: skip
+    if command == "export":
+        return ["export", str(inputs["finished"]), "--output", str(out), "--overwrite"]
+    if command == "plot":
+        return ["plot", str(inputs["finished"]), "--output", str(out)]
     assert command == "reproduce"
     return ["reproduce", str(inputs["finished"]), "--output", str(out), "--overwrite"]
 
 
-FILE_OUTPUTS = {"evaluate": "report.json", "extract": "hidden.safetensors"}
+FILE_OUTPUTS = {"evaluate": "report.json", "extract": "hidden.safetensors", "plot": "curves.png"}
 COMMANDS = ("sft", "grpo", "run", "evaluate", "extract", "init-adapter", "toy-model", "check",
-            "reproduce")  # fmt: skip
+            "reproduce", "export", "plot")  # fmt: skip
 EXPECTED = {
     "symlink": "is a symbolic link (to ",
     "dangling": "is a symbolic link (to ",

@@ -18,6 +18,8 @@ def export(run: str, output: str, model: str | None, overwrite: bool) -> None:
     """Merge RUN's LoRA adapter into its base model and write the checkpoint."""
     from twinrun.model.export import export_merged
 
-    click.echo(f"export: merging {run} into its base model ...", err=True)
-    info = export_merged(run, output, model, overwrite)
+    def loading(base: object) -> None:
+        click.echo(f"export: merging {run} into {base} ...", err=True)
+
+    info = export_merged(run, output, model, overwrite, loading)
     click.echo(f"export: {output} (merged sha256 {info['merged_sha256']})")

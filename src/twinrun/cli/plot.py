@@ -10,7 +10,7 @@ import click
 
 @click.command("plot")
 @click.argument("runs", nargs=-1, required=True, type=click.Path(file_okay=False))
-@click.option("--output", required=True, type=click.Path(dir_okay=False), help="PNG to write.")
+@click.option("--output", required=True, type=click.Path(), help="PNG to write.")
 def plot(runs: tuple[str, ...], output: str) -> None:
     """Draw the training curves of RUNS (one line per run) into a PNG."""
     from twinrun.diag.curves import write_curves

@@ -39,7 +39,10 @@ def write_curves(runs: list[Path], out: str | os.PathLike[str]) -> list[str]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from twinrun.core.paths import output_file
     from twinrun.diag.metrics_file import read_metrics
+
+    output_file(out, overwrite=True)  # a link, a directory or an unwritable place: refused
 
     hint = "name run directories a training command wrote"
     table = {run: read_metrics(run, hint) for run in runs}

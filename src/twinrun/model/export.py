@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,27 +67,34 @@ def base_of(run: Path, record: dict[str, Any], model: str | None) -> Path:
 
 
 def export_merged(run: str | os.PathLike[str], output: str | os.PathLike[str],
-                  model: str | None = None, overwrite: bool = False) -> dict[str, Any]:  # fmt: skip
+                  model: str | None = None, overwrite: bool = False,
+                  loading: Callable[[Path], None] | None = None) -> dict[str, Any]:  # fmt: skip
     """Merge RUN's adapter into its base and write the checkpoint to `output`; returns the
-    export record."""
+    export record. `loading(base)` is called once every input is checked, before the model
+    loads (a progress line)."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from twinrun.core.determinism import runtime_versions
     from twinrun.core.digest import sha256_file, sha256_files
+    from twinrun.core.paths import output_path
     from twinrun.model.loading import model_files
 
-    run_dir, out = Path(run), Path(output)
-    record = run_record(run_dir)
+    run_dir = Path(run)
+    out = output_path(output)  # a link, a path under a file or an unwritable place: refused
     if out.exists() and not overwrite:
         raise ConfigError(f"{out} already exists", "choose a new --output, or pass --overwrite")
     if out.exists() and not (out / EXPORT_RECORD).is_file():
         raise ConfigError(
-            f"{out} exists and is not a twinrun export; --overwrite replaces only an export",
+            f"{out} holds files which twinrun did not write (it is not an earlier export); "
+            "--overwrite replaces only an export",
             "choose a new --output",
         )
+    record = run_record(run_dir)
     base = base_of(run_dir, record, model)
+    if loading is not None:
+        loading(base)
     merged = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(
             base, dtype=torch.float32, attn_implementation="eager"
