@@ -102,7 +102,7 @@ def _evidence_rows(p: Path) -> Any:
 
 
 def _harness_rows(p: Path) -> Any:
-    from twinrun.harness.metrics import read_metrics
+    from twinrun.diag.metrics_file import read_metrics
 
     return read_metrics(p.parent)
 

@@ -18,7 +18,7 @@ def tune() -> None:
 
 
 def print_run_summary(record: dict[str, Any], quiet: bool) -> None:
-    if quiet:
+    if quiet or not record:  # no record: a data-parallel process other than rank 0
         return
     m = record["metrics"]
     click.echo(
