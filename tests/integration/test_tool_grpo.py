@@ -228,7 +228,7 @@ def test_timestamp_step_captured_once_replays_twice_bit_for_bit(
 
     for target in ("twinrun.train.recipes.grpo.collect_episodes",
                    "twinrun.train.recipes.grpo.tool_environment",
-                   "twinrun.train.recipes.tool_rollouts.make_tool_environment",
+                   "twinrun.train.recipes.tool_rollouts.tool_environment_of",
                    "twinrun.data.examples.load_rows"):  # fmt: skip
         monkeypatch.setattr(target, no)
     for name in ("r1", "r2"):

@@ -54,6 +54,7 @@ from twinrun.rl.tool_calls import parse_tool_calls, tool_schema
 from twinrun.rl.tool_plugins import (
     EPISODES,
     HttpToolEnvironment,
+    PluginToolEnvironment,
     make_plugin_tool_environment,
     plugin_shape,
 )
@@ -61,6 +62,7 @@ from twinrun.rl.tool_plugins import (
 __all__ = [
     "CallRecord", "EnvReply", "Episode", "ToolEnvironment", "ToolEnvironmentError",
     "TOOL_ENVIRONMENTS", "calculate", "evaluate", "is_tool_environment", "lookup",
+    "tool_environment_of",
     "make_tool_environment",
 ]  # fmt: skip
 
@@ -242,6 +244,22 @@ def make_tool_environment(
             "http://127.0.0.1:PORT",
         )
     return make_plugin_tool_environment(name, args, timeout)
+
+
+def tool_environment_of(
+    name: str, args: Mapping[str, Any] | None, timeout_s: float
+) -> ToolEnvironment | None:
+    """The tool environment `name`, or None when it is single-turn or unknown (make_environment
+    says why) — a plugin is imported and its shape read once (`is_tool_environment` and then
+    `make_tool_environment` would probe a function factory twice)."""
+    if name in TOOL_ENVIRONMENTS or _is_url(name):
+        return make_tool_environment(name, args, timeout_s)
+    if name in BUILTIN_ENVIRONMENTS or is_reward_source(name) or ":" not in name:
+        return None
+    factory, guard, shape = plugin_shape(name, args, timeout_s)
+    if shape not in EPISODES:
+        return None
+    return PluginToolEnvironment(name, factory, dict(args or {}), guard, shape)
 
 
 def is_tool_environment(

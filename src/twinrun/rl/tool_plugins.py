@@ -65,33 +65,39 @@ def shape_of(obj: Any) -> str | None:
 
 
 class _PluginEpisode:
-    """What the three shapes share: the instance, the row, the final model turn, close."""
+    """What the shapes share: the instance, the row, the final model turn, close — and the tool
+    shapes' turns (TRL, MCP): `reset` (or the row's prompt) starts the episode, a model turn with
+    tool calls is answered by `toolbox`, one without ends it. OpenEnv overrides both."""
 
     def __init__(self, guard: Guard, obj: Any, row: dict[str, Any], rng: Stream) -> None:
         self.guard, self.obj, self.row, self.rng = guard, obj, row, rng
         self.final = ""
         self.closed = False
         self.tools: tuple[dict[str, Any], ...] = ()
+        self.toolbox: Toolbox | None = None  # set by the tool shapes
 
     def start(self) -> str:
-        raise NotImplementedError  # each shape's own
+        first = self._reset()
+        return (
+            row_prompt(self.row, self.guard.env)
+            if first is None
+            else self.guard.text("reset", first)
+        )
 
     def answer(self, text: str) -> EnvReply:
-        raise NotImplementedError
+        assert self.toolbox is not None  # every tool shape sets one
+        self.final = text
+        calls = parse_tool_calls(text)
+        if not calls:
+            return EnvReply((), True)
+        records = [self.toolbox.run(c) for c in calls]
+        return EnvReply(tool_messages(records), False, tuple(records))
 
     def _reset(self) -> Any:
         reset = getattr(self.obj, "reset", None)
         if not callable(reset):
             return None
         return self.guard.call("reset", reset, **row_kwargs(reset, self.row, self.rng))
-
-    def _tool_turn(self, toolbox: Toolbox, text: str) -> EnvReply:
-        self.final = text
-        calls = parse_tool_calls(text)
-        if not calls:
-            return EnvReply((), True)
-        records = [toolbox.run(c) for c in calls]
-        return EnvReply(tool_messages(records), False, tuple(records))
 
     def reward(self) -> float:
         return reward_of(self.guard, self.obj, self.row, self.final)
@@ -126,17 +132,6 @@ class TrlEpisode(_PluginEpisode):
             guard, self.tools, lambda name, args: methods[name](**args),
             {name: inspect.signature(fn) for name, fn in methods.items()},
         )  # fmt: skip
-
-    def start(self) -> str:
-        first = self._reset()
-        return (
-            row_prompt(self.row, self.guard.env)
-            if first is None
-            else self.guard.text("reset", first)
-        )
-
-    def answer(self, text: str) -> EnvReply:
-        return self._tool_turn(self.toolbox, text)
 
 
 def _field(obj: Any, key: str) -> Any:
@@ -242,17 +237,6 @@ class McpEpisode(_PluginEpisode):
             schemas.append({"type": "function", "function": function})
         self.tools = tuple(schemas)
         self.toolbox = Toolbox(guard, self.tools, lambda n, a: _mcp_result(obj.call_tool(n, a)))
-
-    def start(self) -> str:
-        first = self._reset()
-        return (
-            row_prompt(self.row, self.guard.env)
-            if first is None
-            else self.guard.text("reset", first)
-        )
-
-    def answer(self, text: str) -> EnvReply:
-        return self._tool_turn(self.toolbox, text)
 
 
 EPISODES: dict[str, type[_PluginEpisode]] = {

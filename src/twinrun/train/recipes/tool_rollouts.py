@@ -51,8 +51,7 @@ from twinrun.rl.tool_calls import check_tool_template as check_rendering
 from twinrun.rl.tool_envs import (
     Episode,
     ToolEnvironment,
-    is_tool_environment,
-    make_tool_environment,
+    tool_environment_of,
 )
 from twinrun.rl.tool_settings import check_tool_settings
 
@@ -262,12 +261,9 @@ def close_quietly(episode: Episode) -> None:
 def tool_environment(cfg: RunConfig) -> ToolEnvironment | None:
     """The run's tool environment, or None for a single-turn one (`check_tool_settings`)."""
     name, args = cfg.env or "", cfg.env_args or {}
-    tool = is_tool_environment(name, args, cfg.tool_timeout or 60.0)
-    check_tool_settings(cfg, tool)
-    if not tool:
-        return None
-    assert cfg.tool_timeout is not None  # checked just above
-    return make_tool_environment(name, args, float(cfg.tool_timeout))
+    env = tool_environment_of(name, args, cfg.tool_timeout or 60.0)  # one probe of a plugin
+    check_tool_settings(cfg, env is not None)
+    return env
 
 
 def check_tool_template(tok: CheckpointTokenizer, cfg: RunConfig) -> None:
