@@ -92,7 +92,7 @@ def test_gather_without_a_group_returns_the_forwards_as_they_are() -> None:
     assert out is per_forward and sent == 0
 
 
-def test_shard_base_is_a_clear_error_and_writes_nothing(
+def test_shard_base_without_torchrun_is_a_clear_error_and_writes_nothing(
     toy_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from tests.integration.toy_runs import run_args, write_examples
@@ -103,11 +103,44 @@ def test_shard_base_is_a_clear_error_and_writes_nothing(
     assert run_cli([*run_args("sft", toy_model_dir, examples, out), "--shard-base"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "twinrun: error: --shard-base is not available yet: a sharded base needs every process "
-        "to run the same forwards in lockstep, and twinrun's data-parallel steps do not — leave "
-        "--shard-base out; the base is replicated on each process (docs/distributed.md)"
+        "twinrun: error: --shard-base shards the base across torchrun's processes, and this "
+        "process was not started by torchrun — run it as torchrun --nproc-per-node N -m twinrun "
+        "..., or leave --shard-base out"
     ]
     assert not out.exists()
+
+
+def test_shard_base_refuses_batch_invariant_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    from twinrun.config.run import RunConfig
+    from twinrun.train.sharding import check_shard_base
+
+    for name in distributed.LAUNCH_ENV:
+        monkeypatch.setenv(name, "0")
+    with pytest.raises(ConfigError, match="--shard-base does not run with --batch-invariant"):
+        check_shard_base(RunConfig(objective="sft", shard_base=True, batch_invariant=True))
+    check_shard_base(RunConfig(objective="sft", shard_base=True))  # launched: nothing to refuse
+
+
+def test_forward_slots_pad_every_process_to_the_most_forwards(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """3 processes, 5 forwards: ranks 0, 1 run 2 each, rank 2 runs forward 2 and a padding
+    repeat of it; unsharded, rank 2 runs forward 2 alone. 2 forwards: rank 2 repeats forward 0."""
+    from types import SimpleNamespace
+
+    from twinrun.train import sharding
+
+    sharded, plain = SimpleNamespace(sharded=True), SimpleNamespace(sharded=False)
+    slots = {}
+    for rank in range(3):
+        monkeypatch.setattr(distributed, "world", lambda r=rank: distributed.World(r, 3, r))
+        slots[rank] = (
+            sharding.forward_slots(5, sharded), sharding.forward_slots(5, plain),
+            sharding.forward_slots(2, sharded),
+        )  # fmt: skip
+    assert slots[0] == ([(0, False), (3, False)], [(0, False), (3, False)], [(0, False)])
+    assert slots[1][0] == [(1, False), (4, False)]
+    assert slots[2] == ([(2, False), (2, True)], [(2, False)], [(0, True)])
 
 
 def test_disagreement_names_the_first_rank_and_its_settings() -> None:

@@ -81,7 +81,9 @@ def show_warning(
     line: str | None = None,
 ) -> None:
     """A warning a command raises, as one redacted line (not Python's two: where, and the
-    source line)."""
+    source line). Under torchrun rank 0 says it: every process computes the same steps."""
+    if os.environ.get("RANK", "0") != "0":
+        return
     say(f"twinrun: warning: {message} ({category.__name__})")
 
 

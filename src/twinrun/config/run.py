@@ -304,8 +304,8 @@ class RunConfig:
     )
     shard_base: bool = _s(
         "bool", "--shard-base", "backend.options.shard_base",
-        "Shard the frozen base with FSDP2 under torchrun (not available yet: see "
-        "docs/distributed.md).", default=False, shapes=False,
+        "Shard the frozen base with FSDP2 across torchrun's processes (same bytes).",
+        default=False, shapes=False,
     )  # fmt: skip
     overwrite: bool = _s(
         "bool", "--overwrite", "", "Replace a run directory twinrun wrote (refuses other files).",

@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,11 @@ class CausalLM:
         self.attention = attention
         self.batch_invariant = False
         self.steering: tuple[int, torch.Tensor] | None = None
+        # `--shard-base`: the base is FSDP2-sharded (its forwards go through the root module)
+        # and, while `pace` is set, every forward first tells the other processes it runs one
+        # (train/sharding.py: processes without work of their own match it with a forward)
+        self.sharded = False
+        self.pace: Callable[[], None] | None = None
 
     # -- what the checkpoint is ---------------------------------------------------------------
     @property
@@ -190,8 +195,17 @@ class CausalLM:
         return hidden
 
     def last_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The final-norm hidden states [B, T, H] (what a sequence-classification head reads)."""
+        """The final-norm hidden states [B, T, H] (what a sequence-classification head reads).
+        A sharded base runs its root module (the unit that holds the embeddings): transformers'
+        last `hidden_states` are these same final-norm states."""
+        if self.pace is not None:
+            self.pace()
         with self.autocast():
+            if self.sharded:
+                whole = self.hf(
+                    input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True
+                )
+                return whole.hidden_states[-1]
             out = self.hf.base_model(input_ids=input_ids, attention_mask=attention_mask)
         return out.last_hidden_state
 
@@ -248,6 +262,8 @@ class CausalLM:
     ) -> ModelOutput:
         """The ordinary batched forward (transformers' model), with the residual-stream taps."""
         captured: list[torch.Tensor] = []
+        if self.pace is not None:
+            self.pace()
         with self._residual_taps(hidden_layer, steer, captured), self.autocast():
             out = self.hf(
                 input_ids=input_ids,

@@ -33,6 +33,7 @@ def agreement_record(cfg: RunConfig, inputs: dict[str, Any]) -> dict[str, Any]:
         raw = json.dumps(cfg.env_args, sort_keys=True, default=repr).encode()
         record["env_args"] = "sha256 " + hashlib.sha256(raw).hexdigest()[:16]
     record["resume"] = bool(cfg.resume)
+    record["shard_base"] = bool(cfg.shard_base)
     for key, name in DIGESTS.items():
         record[name] = inputs.get(key)
     return record

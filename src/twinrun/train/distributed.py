@@ -245,16 +245,3 @@ def in_global_order(local: Sequence[T], what: str = "gathering per-forward value
     with collective(what):
         _dist().all_gather_object(gathered, list(local))
     return interleave(gathered)
-
-
-def shard_base_unavailable() -> ConfigError:
-    """Why `--shard-base` is refused. FSDP2's `fully_shard` runs on gloo/CPU too, but it makes
-    every forward (and backward) a collective that all processes must enter in lockstep, while a
-    twinrun step gives process r the forwards i with i % world == r (unequal counts when the
-    accumulation is not a multiple of the process count) and GRPO's completions end at
-    different lengths per process."""
-    return ConfigError(
-        "--shard-base is not available yet: a sharded base needs every process to run the same "
-        "forwards in lockstep, and twinrun's data-parallel steps do not",
-        "leave --shard-base out; the base is replicated on each process (docs/distributed.md)",
-    )

@@ -8,6 +8,7 @@ declares its points and phases itself (train/loop.py says what they are).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from twinrun.train import distributed
 from twinrun.train.checkpoint import check_same_run, newest_checkpoint, restore, resume_point
 from twinrun.train.hooks.checkpoint import Checkpointer, CheckpointHook, ObjectiveState
 from twinrun.train.hooks.nonfinite import NonFiniteHook
+from twinrun.train.interrupt import InterruptHook, stop_signals
 from twinrun.train.loop import (
     B,
     BackwardPolicy,
@@ -84,6 +86,8 @@ def make_loop(s: Session, total_steps: int, objective: ObjectiveState | None = N
         hooks.append(EvaluationHook(s, s.eval_rows, every, recorder))
     if cfg.checkpoint_every:
         hooks.append(CheckpointHook(checkpointer, cfg.checkpoint_every))
+    # last: it stops the run once every other hook has written the step out
+    hooks.append(InterruptHook(checkpointer if cfg.checkpoint_every else None))
     optimizer = make_optimizer(
         s.params, valid(cfg).learning_rate, cfg.adam_betas, cfg.adam_eps, cfg.weight_decay
     )
@@ -122,8 +126,13 @@ def drive(
         start = ckpt.steps_done
         if loop.progress is not None:
             loop.progress.note(f"resuming {s.out} after step {start - 1} ({ckpt.path.name})")
+    # a sharded base's forwards and backwards are collectives (FSDP's all-gathers): a peer that
+    # died fails them, which is one line like any other collective's, not an internal error
+    sharded = distributed.collective("a step of the sharded base") if s.model.sharded else None
+    interrupt = next(h for h in loop.hooks if isinstance(h, InterruptHook))
     try:
-        loop.run(recipe, start, cfg.prefetch)
+        with sharded or contextlib.nullcontext(), stop_signals(interrupt):
+            loop.run(recipe, start, cfg.prefetch)
     finally:
         if loop.progress is not None:
             loop.progress.close()

@@ -73,12 +73,15 @@ B = TypeVar("B")  # a recipe's prepared batch
 class Forward:
     """One forward of a step: `loss` is what its backward differentiates (already divided by the
     step's denominator); `row_losses` the same loss per row (their sum is `loss` up to rounding);
-    `tokens` / `logits` the tensors of its model calls, for diagnostics (not detached)."""
+    `tokens` / `logits` the tensors of its model calls, for diagnostics (not detached).
+    `padding`: a forward a sharded base runs only to stay in lockstep with the other processes
+    (train/sharding.py); the loop runs its backward and drops its gradient."""
 
     loss: torch.Tensor
     row_losses: torch.Tensor | None = None
     tokens: list[torch.Tensor] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
+    padding: bool = False
 
 
 @dataclass
@@ -395,10 +398,13 @@ class Loop:
                 state.timings["forward_s"] += time.perf_counter() - t0
             t1 = time.perf_counter()
             self.backward.run(state.step, fw, rerun=state.attempt > 1)
-            per_forward.append([p.grad for _, p in self.params])
+            if not fw.padding:
+                per_forward.append([p.grad for _, p in self.params])
             for _, p in self.params:
                 p.grad = None
             state.timings["backward_s"] += time.perf_counter() - t1
+            if fw.padding:
+                continue
             for hook in self.at["after_forward"]:
                 hook.after_forward(view, fw)
         state.grads = self.combine.combine(self.params, per_forward)

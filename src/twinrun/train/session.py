@@ -110,8 +110,9 @@ def open_session(
     # joins torchrun's process group, if any; rank 0 reports, the others only compute
     device = distributed.setup(cfg.device)
     cfg = replace(cfg, device=device, quiet=cfg.quiet or not distributed.is_root())
-    if cfg.shard_base:
-        raise distributed.shard_base_unavailable()
+    from twinrun.train.sharding import check_shard_base
+
+    check_shard_base(cfg)
     if cfg.trace_step is not None and distributed.world().size > 1:
         from twinrun.core.errors import ConfigError
 
@@ -199,6 +200,11 @@ def _open_locked(
     distributed.agree(
         "waiting for every process to check its inputs", agreement_record(cfg, inputs)
     )
+    sharding: dict[str, int] = {}
+    if cfg.shard_base:  # after the agreement: every process shards, or none does
+        from twinrun.train.sharding import shard_base
+
+        sharding = shard_base(model, params, cfg.device)
     if not cfg.resume and distributed.is_root():
         begin_output_dir(out, cfg.overwrite, inputs)  # the inputs record first: the marker
     session = Session(
@@ -208,7 +214,7 @@ def _open_locked(
         model=model,
         params=params,
         provenance=provenance,
-        runtime=runtime_versions() | distributed.runtime_record(),
+        runtime=runtime_versions() | distributed.runtime_record() | sharding,
         model_sha256=inputs["model_sha256"],
         data_sha256=data_sha256,
         faults=faults,

@@ -57,6 +57,7 @@ from twinrun.train.faults import unseeded_plans
 from twinrun.train.loop import Forward, StepForwards, StepOutcome, StepRecipe
 from twinrun.train.recipes.tool_rollouts import check_tool_template, tool_block, tool_environment
 from twinrun.train.session import ModelSession, Session, finish_session, open_session
+from twinrun.train.sharding import forward_slots, paced
 
 
 @dataclass
@@ -295,10 +296,11 @@ def sampled_rollouts(s: Session, state: GrpoState, step: int, examples: list[int
     stamped = s.faults.once("observation", step)  # the planted fault, not in a spike rerun
     blocks = rollout_blocks(len(examples), s.cfg.rollout_block)
     collect = collect_rollouts if state.tools is None else collect_episodes
-    local = [
-        collect(s, state, step, [examples[g] for g in blocks[b]], list(blocks[b]), stamped)
-        for b in mine(len(blocks))
-    ]
+    with paced(s.model):  # a sharded base: every process runs as many forwards as the longest
+        local = [
+            collect(s, state, step, [examples[g] for g in blocks[b]], list(blocks[b]), stamped)
+            for b in mine(len(blocks))
+        ]
     return [r for block in in_global_order(local, "gathering the rollouts") for r in block]
 
 
@@ -507,7 +509,7 @@ def update_forwards(s: ModelSession, batch: list[Rollout], step: int) -> StepFor
     n, bs = len(batch), cfg.batch_size
     assert bs is not None and cfg.temperature is not None
     parts = []  # (loss, clipped, active) of this process's forwards (all without torchrun)
-    for f in mine(-(-n // bs)):
+    for f, padding in forward_slots(-(-n // bs), s.model):
         sl = slice(f * bs, min(n, f * bs + bs))
         w = int(u.attn[sl].sum(dim=1).max())
         f_ids, f_attn = u.ids[sl, :w].to(device), u.attn[sl, :w].to(device)
@@ -518,7 +520,9 @@ def update_forwards(s: ModelSession, batch: list[Rollout], step: int) -> StepFor
             logp, u.old[sl, : w - 1].to(device), u.advantages[sl].to(device),
             kept, u.denominator, valid(cfg).clip_eps, u.weights[sl].to(device),
         )  # fmt: skip
-        yield Forward(out.loss, out.row_losses, [f_ids], [logits])
+        yield Forward(out.loss, out.row_losses, [f_ids], [logits], padding=padding)
+        if padding:
+            continue
         parts.append((float(out.loss.detach()), out.clipped_tokens, out.active_tokens))
     loss_sum = 0.0
     clipped = active = 0

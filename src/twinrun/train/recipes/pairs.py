@@ -27,12 +27,13 @@ from twinrun.model.lora import lora_disabled
 from twinrun.objectives.dpo import dpo_loss, sequence_logprob
 from twinrun.objectives.registry import objective
 from twinrun.objectives.reward import bradley_terry_loss
-from twinrun.train.distributed import in_global_order, is_root, mine
+from twinrun.train.distributed import in_global_order, is_root
 from twinrun.train.driver import drive, make_loop, spikes_of
 from twinrun.train.faults import unseeded_plans
 from twinrun.train.loop import Forward, StepForwards, StepOutcome, StepRecipe
 from twinrun.train.recipes.sft import Padded
 from twinrun.train.session import ModelSession, Session, finish_session, open_session
+from twinrun.train.sharding import forward_slots
 
 
 @dataclass
@@ -141,7 +142,7 @@ def pair_forwards(
         sides = pad_sides(groups, s.tok.pad_id)
     total = sum(len(fw) for fw in groups)
     parts = []  # (loss sum, correct, margin) of this process's groups (all without torchrun)
-    for g in mine(len(groups)):
+    for g, padding in forward_slots(len(groups), s.model):
         fw = groups[g]
         chosen, c_ids, c_logits, c_ref = side_forward(s, sides[2 * g], head)
         rejected, r_ids, r_logits, r_ref = side_forward(s, sides[2 * g + 1], head)
@@ -152,7 +153,11 @@ def pair_forwards(
         else:
             bt = bradley_terry_loss(chosen, rejected)
             losses, accuracy, margin = bt.losses, bt.accuracy, float(bt.margin) * len(fw)
-        yield Forward(losses.sum() / total, losses / total, [c_ids, r_ids], [c_logits, r_logits])
+        yield Forward(
+            losses.sum() / total, losses / total, [c_ids, r_ids], [c_logits, r_logits], padding
+        )
+        if padding:
+            continue
         parts.append((losses.detach().double().sum().cpu(), float(accuracy) * len(fw), margin))
     loss_sum = torch.zeros((), dtype=torch.float64)
     correct = margin = 0.0

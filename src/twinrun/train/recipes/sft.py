@@ -18,11 +18,12 @@ from twinrun.config.run import RunConfig, valid
 from twinrun.data.batching import StepPlan, pad_rows, padding_fraction, plan_steps
 from twinrun.data.examples import EncodedRow, encode_sft_rows
 from twinrun.objectives.sft import completion_nll
-from twinrun.train.distributed import in_global_order, mine
+from twinrun.train.distributed import in_global_order
 from twinrun.train.driver import drive, make_loop, spikes_of
 from twinrun.train.faults import unseeded_plans
 from twinrun.train.loop import Forward, StepForwards, StepOutcome, StepRecipe
 from twinrun.train.session import ModelSession, Session, finish_session, open_session
+from twinrun.train.sharding import forward_slots
 
 Padded = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -88,12 +89,13 @@ def sft_forwards(
     if padded is None:
         padded = [pad_rows(batch, s.tok.pad_id) for batch in forwards]
     sums_of: list[torch.Tensor] = []  # this process's forwards (all of them without torchrun)
-    for i in mine(len(forwards)):
+    for i, padding in forward_slots(len(forwards), s.model):
         ids, attn, mask = (t.to(device) for t in padded[i])
         logits = s.model(ids, attn)
         sums, _ = completion_nll(logits, ids, mask, batch_invariant=s.cfg.batch_invariant)
-        yield Forward(sums.sum() / total, sums / total, [ids], [logits])
-        sums_of.append(sums.detach().double().sum().cpu())
+        yield Forward(sums.sum() / total, sums / total, [ids], [logits], padding=padding)
+        if not padding:
+            sums_of.append(sums.detach().double().sum().cpu())
     loss_sum = torch.zeros((), dtype=torch.float64)
     for part in in_global_order(sums_of):  # from zero, forward 0 first, on any process count
         loss_sum += part

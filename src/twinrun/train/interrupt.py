@@ -1,0 +1,102 @@
+"""Ctrl-C during training: finish the step, stop every process after the same step, and keep it.
+
+While the steps run, SIGINT and SIGTERM only ask the run to stop (`StopSignals`). After each
+step (once every other hook has written the step out) `InterruptHook` asks every process
+whether any of them was asked — one all-reduce under torchrun, so all processes stop after the
+same step, whichever of them got the signal and when — and then, with `--checkpoint-every` on,
+writes the checkpoint of the steps done (unless that step's is already there) and raises
+`Interrupted` (exit status 130). `--resume` continues from it with the bytes of an uninterrupted
+run. A second signal of the same kind stops at once (KeyboardInterrupt), checkpoint or not.
+
+torchrun passes a SIGINT it gets on to every process and kills the ones still running 30 s
+later: the step under way must end within that for the run to be kept.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+import torch
+
+from twinrun.core.errors import TwinrunError
+from twinrun.train import distributed
+from twinrun.train.hooks.checkpoint import Checkpointer
+from twinrun.train.loop import Hook, Phase, StepView
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(TwinrunError):
+    """The run stopped after a finished step because it was asked to (SIGINT / SIGTERM)."""
+
+    exit_code = 130
+
+
+class InterruptHook(Hook):
+    """Stops the run after the step in which a stop was asked (registered last: it runs after
+    every other hook of the step's end)."""
+
+    points = {"after_step": Phase.PERSIST}
+
+    def __init__(self, checkpointer: Checkpointer | None) -> None:
+        self.checkpointer = checkpointer
+        self.asked: str | None = None  # the signal's name, once one arrived
+
+    def ask(self, name: str) -> None:
+        self.asked = self.asked or name
+
+    def after_step(self, view: StepView, row: dict[str, Any]) -> None:
+        done = view.step + 1
+        if not self.agreed() or done >= view.total_steps:
+            return  # the last step: the run's outputs follow, as without a signal
+        kept = "no checkpoint written (--checkpoint-every is off)"
+        hint = "rerun the command to start again"
+        if self.checkpointer is not None:
+            if not self.checkpointer.exists(done):
+                self.checkpointer.write(view, done)
+            kept = f"checkpoint step-{done:06d} written"
+            hint = "rerun the same command with --resume to continue from it"
+        raise Interrupted(
+            f"interrupted ({self.asked or 'another process was'}) after step {view.step} of "
+            f"{view.total_steps}: {kept}",
+            hint,
+        )
+
+    def agreed(self) -> bool:
+        """Whether any process was asked to stop (each process gives the same answer)."""
+        if not distributed.active():
+            return self.asked is not None
+        flag = torch.tensor([int(self.asked is not None)], dtype=torch.int64)
+        dist = distributed._dist()
+        with distributed.collective("agreeing whether to stop"):
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+@contextmanager
+def stop_signals(hook: InterruptHook) -> Iterator[None]:
+    """SIGINT / SIGTERM ask `hook` to stop the run (a second of the same kind stops at once);
+    the previous handlers come back on leaving. Nothing off the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+
+    def asked(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if hook.asked == name:
+            raise KeyboardInterrupt
+        hook.ask(name)
+
+    for sig in SIGNALS:
+        signal.signal(sig, asked)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,141 @@
+"""`--shard-base`: the frozen base sharded across torchrun's processes with FSDP2, in lockstep.
+
+FSDP2 (`torch.distributed.fsdp.fully_shard`) keeps 1/W of every base weight on each process and
+all-gathers a unit's weights inside each forward (and again for its backward), so every process
+must run the same forwards in the same order. The units: each decoder layer, then the root module
+(embeddings, final norm and output head: tied weights stay in one unit). The LoRA factors (and a
+reward head, which is not part of the model) are FSDP's `ignored_params`: plain replicated
+tensors that FSDP neither shards nor reduces; their gradients go through the ordered gather, as
+in an unsharded data-parallel run.
+
+Lockstep, in two forms:
+- a step's forwards: every process runs ceil(forwards / W) of them (`forward_slots`); a process
+  with fewer real forwards runs padding forwards (one of its real forwards again, or forward 0),
+  whose gradients the loop drops before the ordered sum — the bytes do not move;
+- sampling (GRPO's rollouts, tool episodes): how many forwards a process runs depends on the
+  lengths of its completions, so inside `paced(model)` each forward is announced first (an
+  all-reduce of 1), and a process that has finished answers each announcement with a one-token
+  forward of its own (`drain`), until no process announces one.
+
+Evaluation inside training runs every evaluation batch on every process, so it is in lockstep
+as it is. Gathering frozen weights copies them exactly: a sharded forward computes what an
+unsharded one does, bit for bit, and the run writes the bytes of a one-process run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from twinrun.core.errors import ConfigError
+from twinrun.train import distributed
+
+if TYPE_CHECKING:
+    from twinrun.config.run import RunConfig
+    from twinrun.model.build import CausalLM
+    from twinrun.train.loop import Params
+
+
+def check_shard_base(cfg: RunConfig) -> None:
+    """What `--shard-base` needs, checked before anything is read or written."""
+    if not cfg.shard_base:
+        return
+    if not distributed.launched():
+        raise ConfigError(
+            "--shard-base shards the base across torchrun's processes, and this process was not "
+            "started by torchrun",
+            "run it as torchrun --nproc-per-node N -m twinrun ..., or leave --shard-base out",
+        )
+    if cfg.batch_invariant:
+        raise ConfigError(
+            "--shard-base does not run with --batch-invariant (its packed forwards call the "
+            "layers one by one, outside FSDP's units)",
+            "leave one of them out",
+        )
+
+
+def forward_slots(n: int, model: CausalLM) -> list[tuple[int, bool]]:
+    """The forwards (of a step's n) this process runs, as (global index, padding): forward i on
+    rank i % world; with a sharded base each process is padded to ceil(n / world) forwards
+    (a padding forward repeats one of the process's forwards, or forward 0)."""
+    real = [(i, False) for i in distributed.mine(n)]
+    if not model.sharded or n == 0:
+        return real
+    most = -(-n // distributed.world().size)
+    again = real[-1][0] if real else 0
+    return real + [(again, True)] * (most - len(real))
+
+
+def shard_base(model: CausalLM, params: Params, device: str) -> dict[str, int]:
+    """Shard `model`'s frozen base over every process with FSDP2, the LoRA factors replicated
+    (`model.sharded`: its forwards run in lockstep from now on). Returns what the sidecar
+    records: the processes and this process's bytes of base weights before and after."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    size = distributed.world().size
+    whole = base_bytes(model)
+    with distributed.collective("sharding the base"):
+        mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (size,))
+        ignored = {p for _, p in params}
+        for layer in model.decoder_layers():
+            fully_shard(layer, mesh=mesh, ignored_params=ignored)
+        fully_shard(model.hf, mesh=mesh, ignored_params=ignored)
+    model.sharded = True
+    return {"shard_base_processes": size, "base_bytes": whole, "base_bytes_here": base_bytes(model)}
+
+
+def base_bytes(model: CausalLM) -> int:
+    """The bytes of frozen base weights this process holds (its shards, when sharded)."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    for p in model.parameters():
+        if p.requires_grad:
+            continue
+        local = p.to_local() if isinstance(p, DTensor) else p
+        total += local.numel() * local.element_size()
+    return total
+
+
+@contextmanager
+def paced(model: CausalLM) -> Iterator[None]:
+    """Sampling whose forwards differ in number between processes (see the module docstring):
+    every forward inside is announced, and on leaving this process answers the others'
+    forwards until none is left. Nothing without a sharded base."""
+    if not model.sharded:
+        yield
+        return
+    device = model.device  # nccl reduces CUDA tensors
+
+    def announce() -> None:
+        _any_forward(1, device)
+
+    model.pace = announce
+    try:
+        yield
+    finally:
+        model.pace = None
+    drain(model)  # not reached when the block raised: that process stops, torchrun ends all
+
+
+def _any_forward(mine: int, device: torch.device) -> bool:
+    """All-reduce (max) this process's flag: True when some process runs a forward now."""
+    dist: Any = distributed._dist()
+    flag = torch.tensor([mine], dtype=torch.int64, device=device)
+    with distributed.collective("waiting for the other processes' forwards"):
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def drain(model: CausalLM) -> None:
+    """Run one-token forwards while any other process still announces forwards."""
+    device = model.device
+    ids = torch.zeros((1, 1), dtype=torch.long, device=device)
+    mask = torch.ones((1, 1), dtype=torch.long, device=device)
+    while _any_forward(0, device):
+        with torch.no_grad():
+            model.run_batch(ids, mask, None, None, None)
