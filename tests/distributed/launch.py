@@ -35,6 +35,26 @@ class Job:
     seconds: float
 
 
+def launch_env(
+    nproc: int,
+    target: list[str],
+    paths: tuple[Path, ...] = (),
+    env: dict[str, str] | None = None,
+    rdzv: list[str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of `torchrun --nproc-per-node N TARGET...`: on a free
+    loopback port, or at the rendezvous `rdzv` gives (`--nnodes 2 --rdzv-backend c10d ...`)."""
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    path = os.pathsep.join([str(SRC), str(ROOT), *map(str, paths), *inherited])
+    full_env = os.environ | {
+        "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "TWINRUN_DIST_TIMEOUT_S": "60",
+    } | (env or {})  # fmt: skip
+    where = rdzv or ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           *where, *target]  # fmt: skip
+    return cmd, full_env
+
+
 def torchrun(
     nproc: int,
     target: list[str],
@@ -45,13 +65,7 @@ def torchrun(
 ) -> Job:
     """`torchrun --nproc-per-node N --master-port <free> TARGET...` (TARGET: `-m twinrun ...` or
     a script and its arguments); returns its exit status, output and wall seconds."""
-    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    path = os.pathsep.join([str(SRC), str(ROOT), *map(str, paths), *inherited])
-    full_env = os.environ | {
-        "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "TWINRUN_DIST_TIMEOUT_S": "60",
-    } | (env or {})  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *target]  # fmt: skip
+    cmd, full_env = launch_env(nproc, target, paths, env)
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
     return Job(done.returncode, done.stdout, done.stderr, time.perf_counter() - t0)
@@ -60,6 +74,7 @@ def torchrun(
 def torchrun_many(nproc: int, runs: list[list[str]], folder: Path, **kw: object) -> Job:
     """Several twinrun commands, one after the other, in one torchrun job (one process group;
     it saves the start-up of a job per run)."""
+    folder.mkdir(parents=True, exist_ok=True)
     spec = folder / "runs.json"
     spec.write_text(json.dumps(runs))
     return torchrun(nproc, [str(MANY), str(spec)], **kw)  # type: ignore[arg-type]

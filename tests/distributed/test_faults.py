@@ -1,6 +1,6 @@
 """A process that fails ends the whole job: an exception or a SIGKILL on rank 1 stops every
-process well within the collective timeout, with one clear line and no run file written. And
-3 processes, one of which has no forward at all in some steps, still write 1 process's bytes."""
+process well within the collective timeout, with one clear line and no run file written (3
+processes, one without forwards, and a sharded base: test_shard_base.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed.launch import torchrun
-from tests.integration.toy_runs import run_args, sha256_of, write_examples
-from twinrun.cli.main import run_cli
+from tests.integration.toy_runs import run_args, write_examples
 
 FAILING_ENV = '''
 import os
@@ -78,18 +77,3 @@ def test_a_failing_rank_ends_every_process(mode: str, data: Path, toy_model_dir:
         assert cause not in ours and "Signal 9 (SIGKILL)" in job.stderr
     written = sorted(p.name for p in out.iterdir()) if out.exists() else []
     assert written == []  # no adapter, metrics, sidecar or diag row: not even half of one
-
-
-def test_three_processes_one_without_forwards(data: Path, toy_model_dir: Path) -> None:
-    """GRPO with 2 prompt groups a step on 3 processes: rank 2 samples no group, and in the
-    steps of 2 forwards it computes none; it still takes part in every gather."""
-    one, three = data / "grpo-one", data / "grpo-three"
-    examples = data / "arith4.jsonl"
-    assert run_cli(run_args("grpo", toy_model_dir, examples, one, "--diag")) == 0
-    args = run_args("grpo", toy_model_dir, examples, three, "--diag")
-    job = torchrun(3, ["-m", "twinrun", *args], paths=(data,))
-    assert job.returncode == 0, job.stderr[-3000:]
-    assert sha256_of(three / "adapter_model.safetensors") == sha256_of(
-        one / "adapter_model.safetensors"
-    )
-    assert (three / "diag.jsonl").read_bytes() == (one / "diag.jsonl").read_bytes()

@@ -12,77 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.capture_helpers import (
-    Capture,
-    arith,
-    grpo_source,
-    init_adapter,
-    metrics,
-    plugin,
-    write_toml,
-)
+from tests.capture_helpers import Capture, metrics, write_toml
 from tests.distributed.launch import torchrun_many
-from tests.integration.toy_runs import (
-    OBJECTIVES,
-    STATEFUL_MODULE,
-    run_args,
-    sha256_of,
-    write_examples,
-)
+from tests.distributed.runs import EXTRA_GRPO, OneProcess, timeless, with_flags
+from tests.integration.toy_runs import OBJECTIVES, sha256_of
 from twinrun.cli.main import run_cli
-
-
-def with_flags(args: list[str], **flags: str) -> list[str]:
-    """`args` with these flags' values replaced (or appended): batch_size="1" -> --batch-size 1."""
-    out = list(args)
-    for name, value in flags.items():
-        flag = "--" + name.replace("_", "-")
-        if flag in out:
-            out[out.index(flag) + 1] = value
-        else:
-            out += [flag, value]
-    return out
-
-
-def shape(objective: str, model: Path, examples: Path, out: Path) -> list[str]:
-    """sft: 8 rows, one per forward, 3 forwards a step (steps of 3, 3, 2 forwards: neither a
-    multiple of 2), a checkpoint after every step; the others as the pinned-bytes runs."""
-    args = run_args(objective, model, examples, out, "--diag")
-    if objective == "sft":
-        args = with_flags(args, batch_size="1", accumulation="3", checkpoint_every="1")
-    return args
-
-
-def grpo_blocks(model: Path, data: Path, out: Path) -> list[str]:
-    """GRPO with 3 prompt groups a step decoded in blocks of 2 (block 0: groups 0-1, on rank 0
-    of 2; block 1: group 2, on rank 1), prompts of unequal lengths, so blocks are left-padded."""
-    examples = data / "arith-mixed.jsonl"
-    pairs = ((1, 2), (12, 345), (7, 88), (1234, 5), (3, 3))
-    examples.write_text(
-        "".join(
-            json.dumps({"prompt": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n"
-            for a, b in pairs
-        )
-    )
-    args = run_args("grpo", model, examples, out, "--diag")
-    return with_flags(args, prompts_per_step="3", rollout_block="2")
-
-
-def grpo_env(model: Path, examples: Path, out: Path, flags: dict[str, str]) -> list[str]:
-    """GRPO with one prompt group per block (group 0 on rank 0 of 2, group 1 on rank 1), on
-    the environment `flags["env"]`, without the replay buffer."""
-    args = run_args("grpo", model, examples, out, "--diag")
-    cut = args.index("--replay")
-    return with_flags(args[:cut] + args[cut + 10 :], rollout_block="1", token_cap="12", **flags)
-
-
-EXTRA_GRPO = {
-    # a single-turn plugin that counts its calls: one instance per prompt group, so its state
-    # cannot run from one group (or process) into the next
-    "grpo-stateful": {"env": f"{STATEFUL_MODULE}:make"},
-    # multi-turn: the calculator nudges the untrained model until the turn limit
-    "grpo-tools": {"env": "calculator", "max_turns": "2", "tool_timeout": "30", "steps": "2"},
-}
 
 
 @dataclass
@@ -94,39 +28,17 @@ class Runs:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, toy_model_dir: Path) -> Runs:
-    root = tmp_path_factory.mktemp("dist")
-    data = root / "data"
-    examples = write_examples(data)
-    env = plugin(data)
-    init = init_adapter(root / "init", toy_model_dir)
-    source = grpo_source(toy_model_dir, arith(data), env, init, root / "two" / "capture")
-    toml = write_toml(root / "capture.toml", source)
-    one, two, args, many = {}, {}, {}, []
-    for objective in OBJECTIVES:
-        one[objective], two[objective] = root / "one" / objective, root / "two" / objective
-        args[objective] = shape(objective, toy_model_dir, examples[objective], one[objective])
-        assert run_cli(args[objective]) == 0
-        many.append(shape(objective, toy_model_dir, examples[objective], two[objective]))
-    blocks = "grpo-blocks"  # prompts of unequal lengths, 3 groups a step in blocks of 2
-    one[blocks], two[blocks] = root / "one" / blocks, root / "two" / blocks
-    args[blocks] = grpo_blocks(toy_model_dir, data, one[blocks])
-    assert run_cli(args[blocks]) == 0
-    many.append(grpo_blocks(toy_model_dir, data, two[blocks]))
-    for name, flags in EXTRA_GRPO.items():
-        one[name], two[name] = root / "one" / name, root / "two" / name
-        args[name] = grpo_env(toy_model_dir, examples["grpo"], one[name], flags)
-        assert run_cli(args[name]) == 0
-        many.append(grpo_env(toy_model_dir, examples["grpo"], two[name], flags))
+def runs(one_process: OneProcess) -> Runs:
+    base = one_process
+    root = base.root / "two"
+    source = dict(base.grpo_capture, logging={"dir": str(root / "capture")})
+    toml = write_toml(base.root / "capture-two.toml", source)
+    two = {name: root / name for name in base.one}
+    many = [base.elsewhere(name, out) for name, out in two.items()]
     many.append(["run", str(toml), "--quiet"])
-    job = torchrun_many(2, many, root, paths=(data,))
+    job = torchrun_many(2, many, root, paths=(base.data,))
     assert job.returncode == 0, job.stderr[-3000:]
-    return Runs(one, two, args, Capture(source, root / "two" / "capture", 0))
-
-
-def timeless(rows: list[dict]) -> list[dict]:
-    """Metrics rows without their wall times (`wall_s`, `rollout_s`, ...)."""
-    return [{k: v for k, v in row.items() if not k.endswith("_s")} for row in rows]
+    return Runs(base.one, two, base.args, Capture(source, root / "capture", 0))
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES)
