@@ -101,6 +101,12 @@ def one_process_runs(root: Path, model: Path) -> OneProcess:
     for name, flags in EXTRA_GRPO.items():
         one[name] = root / "one" / name
         args[name] = grpo_env(model, examples["grpo"], one[name], flags)
+    # batch-invariant: 8 rows, batch 1 x accumulation 4 (the 2-process run splits them 2 x 2)
+    one["sft-invariant"] = root / "one" / "sft-invariant"
+    args["sft-invariant"] = with_flags(
+        run_args("sft", model, examples["sft"], one["sft-invariant"], "--batch-invariant"),
+        batch_size="1", accumulation="4",
+    )  # fmt: skip
     for name in one:
         assert run_cli(args[name]) == 0, name
     return OneProcess(root, data, one, args, source)

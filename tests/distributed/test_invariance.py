@@ -35,6 +35,11 @@ def runs(one_process: OneProcess) -> Runs:
     toml = write_toml(base.root / "capture-two.toml", source)
     two = {name: root / name for name in base.one}
     many = [base.elsewhere(name, out) for name, out in two.items()]
+    # batch-invariant rows split 2 x 2 over the processes: each forward's 2 rows apart
+    many[list(two).index("sft-invariant")] = with_flags(
+        base.args["sft-invariant"], output=str(two["sft-invariant"]), batch_size="2",
+        accumulation="2",
+    )  # fmt: skip
     many.append(["run", str(toml), "--quiet"])
     job = torchrun_many(2, many, root, paths=(base.data,))
     assert job.returncode == 0, job.stderr[-3000:]
@@ -131,3 +136,15 @@ def test_capture_of_two_processes_replays_on_one_gate_b(
     assert rc == 0 and report["gates"]["B"]["ok"]
     final = sha256_of(cap.out / "final" / "adapter_model.safetensors")
     assert sha256_of(tmp_path / "r1" / "final" / "adapter_model.safetensors") == final
+
+
+def test_batch_invariant_rows_split_over_processes_write_the_bytes_of_one(runs: Runs) -> None:
+    """8 rows in steps of 4: 1 process at batch 1 x accumulation 4, and 2 processes at batch
+    2 x accumulation 2 (each process one forward of 2 rows a step): the rows' gradients are
+    gathered apart and added in row order, so the adapter and every step's loss are the same."""
+    one, two = runs.one["sft-invariant"], runs.two["sft-invariant"]
+    assert sha256_of(two / "adapter_model.safetensors") == sha256_of(
+        one / "adapter_model.safetensors"
+    )
+    assert [r["loss"] for r in metrics(two)] == [r["loss"] for r in metrics(one)]
+    assert json.loads((two / "twinrun.json").read_text())["train"]["batch_size"] == 2

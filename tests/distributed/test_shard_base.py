@@ -51,7 +51,8 @@ def resumable(run: Path, to: Path) -> Path:
 def sharded(one_process: OneProcess) -> Sharded:
     base = one_process
     root = base.root / "sharded"
-    two = {name: root / "two" / name for name in base.one}
+    # every run but the batch-invariant one (--shard-base refuses that mode)
+    two = {name: root / "two" / name for name in base.one if name != "sft-invariant"}
     source = dict(base.grpo_capture, logging={"dir": str(root / "capture")})
     source["backend"] = {
         **source["backend"],

@@ -87,7 +87,7 @@ def test_pack_unpack_keeps_every_bit_and_every_none() -> None:
 
 def test_gather_without_a_group_returns_the_forwards_as_they_are() -> None:
     p = torch.nn.Parameter(torch.zeros(2))
-    per_forward = [[torch.ones(2)], [None]]
+    per_forward = [[[torch.ones(2)]], [[None]]]
     out, sent = gather_gradients([("p", p)], per_forward)
     assert out is per_forward and sent == 0
 

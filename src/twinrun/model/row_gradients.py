@@ -11,6 +11,8 @@ and `twinrun.model.packing` (per-row LoRA weight gradients of the packed forward
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -23,6 +25,20 @@ class _Pending:
     entries: list[Entry] = []
     queued = False
     forwards = itertools.count()
+    apart: list[dict[int, torch.Tensor]] | None = None  # `rows_apart`: the rows, not `.grad`
+
+
+@contextmanager
+def rows_apart() -> Iterator[list[dict[int, torch.Tensor]]]:
+    """Inside, a backward's row gradients are not added into `.grad`: each row's gradient (its
+    forwards summed in forward order) is appended to the yielded list, in row order, as
+    {id(param): gradient} — for a caller that adds the rows of several forwards in one order."""
+    rows: list[dict[int, torch.Tensor]] = []
+    _Pending.apart = rows
+    try:
+        yield rows
+    finally:
+        _Pending.apart = None
 
 
 def flush() -> None:
@@ -41,6 +57,9 @@ def flush() -> None:
                     continue
                 key = id(param)
                 totals[key] = (param, g if key not in totals else totals[key][1] + g)
+        if _Pending.apart is not None:
+            _Pending.apart.append({key: total.detach() for key, (_, total) in totals.items()})
+            continue
         for param, total in totals.values():
             if param.grad is None:
                 param.grad = total.detach().clone()

@@ -51,9 +51,11 @@ from twinrun.train.loop import (
     StepForwards,
     StepRecipe,
     StepView,
+    WholeForward,
     make_optimizer,
 )
 from twinrun.train.outputs import REPLAY_INPUTS_FORMAT, begin_output_dir
+from twinrun.train.policies import RowParts
 
 if TYPE_CHECKING:
     from twinrun.model.build import CausalLM
@@ -241,6 +243,7 @@ def replay_step(v: Verified, built: Built, optimizer: AdamW, out: Path) -> dict[
         warmup_steps=valid(cfg).warmup_steps,
         total_steps=m["schedule"]["total_steps"],
         hooks=hooks,
+        parts=RowParts() if cfg.batch_invariant else WholeForward(),
         schedule=valid(cfg).lr_schedule,
         decay_steps=cfg.decay_steps,
     )

@@ -31,9 +31,10 @@ from twinrun.train.loop import (
     Loop,
     PlainBackward,
     Recipe,
+    WholeForward,
     make_optimizer,
 )
-from twinrun.train.policies import ReductionFault, SpikeRerun, StrayDraw
+from twinrun.train.policies import ReductionFault, RowParts, SpikeRerun, StrayDraw
 from twinrun.train.session import Session
 
 LOGS = ("diag.jsonl", "trace.jsonl")
@@ -99,6 +100,7 @@ def make_loop(s: Session, total_steps: int, objective: ObjectiveState | None = N
         total_steps=total_steps,
         hooks=hooks,
         backward=backward,
+        parts=RowParts() if cfg.batch_invariant else WholeForward(),
         combine=combine,
         spike=spike,
         stray_draw=StrayDraw(s.faults) if "rng" in planted else None,

@@ -13,10 +13,12 @@ changes the bits with the process count. bench/distributed.py measures both.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from twinrun.train.distributed import _dist, collective, interleave, world
-from twinrun.train.loop import Grads, Params, sum_in_forward_order
+from twinrun.train.loop import Grads, Params, Parts, sum_in_forward_order
 
 
 class OrderedGather:
@@ -26,7 +28,7 @@ class OrderedGather:
     def __init__(self) -> None:
         self.bytes_sent = 0  # this process's contribution to the last step's gather
 
-    def combine(self, params: Params, per_forward: list[Grads]) -> list[torch.Tensor]:
+    def combine(self, params: Params, per_forward: list[Parts]) -> list[torch.Tensor]:
         gathered, self.bytes_sent = gather_gradients(params, per_forward)
         return sum_in_forward_order(params, gathered)
 
@@ -61,25 +63,29 @@ def unpack(params: Params, row: torch.Tensor) -> Grads:
     return out
 
 
-def gather_gradients(params: Params, per_forward: list[Grads]) -> tuple[list[Grads], int]:
-    """Every process's per-forward gradients in global forward order, and the bytes this process
-    sent. A process with no forward in the step still takes part (it sends padding rows)."""
+def gather_gradients(params: Params, per_forward: list[Parts]) -> tuple[list[Parts], int]:
+    """Every process's per-forward gradients (each forward's parts: one, or a row each in
+    batch-invariant mode) in global forward order, and the bytes this process sent. A process
+    with no forward in the step still takes part (it sends padding rows)."""
     size = world().size
     if size == 1:
         return per_forward, 0
     dist = _dist()
     device = params[0][1].device
     width = sum(p.numel() * p.element_size() for _, p in params) + len(params)
-    counts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(size)]
+    shapes: list[Any] = [None] * size  # per process: its forwards' numbers of parts
     with collective("counting each process's forwards"):
-        dist.all_gather(counts, torch.tensor([len(per_forward)], device=device))
-    most = max(int(c.item()) for c in counts)
+        dist.all_gather_object(shapes, [len(parts) for parts in per_forward])
+    most = max(sum(shape) for shape in shapes)
     rows = torch.zeros((most, width), dtype=torch.uint8, device=device)
-    for k, grads in enumerate(per_forward):
+    for k, grads in enumerate(g for parts in per_forward for g in parts):
         rows[k] = pack(params, grads)
     gathered = [torch.empty_like(rows) for _ in range(size)]
     if most:
         with collective("gathering the forwards' gradients"):
             dist.all_gather(gathered, rows)
-    per_rank = [list(g[: int(c.item())]) for g, c in zip(gathered, counts, strict=True)]
-    return [unpack(params, row) for row in interleave(per_rank)], rows.numel()
+    per_rank = []
+    for block, shape in zip(gathered, shapes, strict=True):
+        unpacked = iter([unpack(params, row) for row in block[: sum(shape)]])
+        per_rank.append([[next(unpacked) for _ in range(n)] for n in shape])
+    return interleave(per_rank), rows.numel()

@@ -15,6 +15,10 @@ step computes is decided by the loop's own fields, chosen when the run is built
 
     backward    one forward's backward: `PlainBackward`, or the planted reduction fault
                 (train/policies.py `ReductionFault`)
+    parts       one forward's gradient as the parts the sum adds in order: `WholeForward`
+                (its `.grad`), or, in batch-invariant mode, each row's gradient apart
+                (train/policies.py `RowParts`: any split of a step's rows into forwards, and
+                of forwards into processes, then adds the same rows in the same order)
     combine     the per-forward gradients into the step's: `LocalSum` (zeros, + forward 0,
                 + forward 1, ...: the bits autograd's `.grad +=` gives in that order), or the
                 distributed ordered gather that sums every process's forwards in global order
@@ -49,8 +53,9 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar
 
@@ -66,6 +71,7 @@ if TYPE_CHECKING:
 
 Params = list[tuple[str, torch.nn.Parameter]]
 Grads = list[torch.Tensor | None]
+Parts = list[Grads]  # one forward's gradient, as the parts that are added in order
 B = TypeVar("B")  # a recipe's prepared batch
 
 
@@ -128,16 +134,30 @@ class PlainBackward:
         fw.loss.backward()
 
 
+class GradientParts(Protocol):
+    def run(self, backward: Callable[[], None], params: Params) -> Parts:
+        """Run one forward's `backward` and return its gradient as parts to add in order."""
+        ...
+
+
+class WholeForward:
+    """A forward's gradient is one part: what its backward accumulated into `.grad`."""
+
+    def run(self, backward: Callable[[], None], params: Params) -> Parts:
+        backward()
+        return [[p.grad for _, p in params]]
+
+
 class GradientCombiner(Protocol):
-    def combine(self, params: Params, per_forward: list[Grads]) -> list[torch.Tensor]:
-        """The step's gradient per parameter, from each forward's."""
+    def combine(self, params: Params, per_forward: list[Parts]) -> list[torch.Tensor]:
+        """The step's gradient per parameter, from each forward's parts."""
         ...
 
 
 class LocalSum:
     """This process's forwards, summed in forward order."""
 
-    def combine(self, params: Params, per_forward: list[Grads]) -> list[torch.Tensor]:
+    def combine(self, params: Params, per_forward: list[Parts]) -> list[torch.Tensor]:
         return sum_in_forward_order(params, per_forward)
 
 
@@ -305,6 +325,7 @@ class Loop:
     total_steps: int
     hooks: list[Hook] = field(default_factory=list)
     backward: BackwardPolicy = field(default_factory=PlainBackward)
+    parts: GradientParts = field(default_factory=WholeForward)
     combine: GradientCombiner = field(default_factory=LocalSum)
     spike: SpikePolicy | None = None
     stray_draw: PlantedDraw | None = None
@@ -385,7 +406,7 @@ class Loop:
         state.attempt += 1
         for _, p in self.params:
             p.grad = None
-        per_forward: list[Grads] = []
+        per_forward: list[Parts] = []
         steps = recipe.forwards(state.step, batch)
         while True:
             t0 = time.perf_counter()
@@ -397,9 +418,10 @@ class Loop:
             finally:
                 state.timings["forward_s"] += time.perf_counter() - t0
             t1 = time.perf_counter()
-            self.backward.run(state.step, fw, rerun=state.attempt > 1)
+            backward = partial(self.backward.run, state.step, fw, rerun=state.attempt > 1)
+            parts = self.parts.run(backward, self.params)
             if not fw.padding:
-                per_forward.append([p.grad for _, p in self.params])
+                per_forward.append(parts)
             for _, p in self.params:
                 p.grad = None
             state.timings["backward_s"] += time.perf_counter() - t1
@@ -433,13 +455,15 @@ class Attempt(NamedTuple):
     rng_after: torch.Tensor
 
 
-def sum_in_forward_order(params: Params, per_forward: list[Grads]) -> list[torch.Tensor]:
-    """zeros, + forward 0, + forward 1, ...: the bits `.grad +=` gives in that order."""
+def sum_in_forward_order(params: Params, per_forward: list[Parts]) -> list[torch.Tensor]:
+    """zeros, + forward 0, + forward 1, ... (each forward's parts in order): the bits
+    `.grad +=` gives in that order."""
     total = [torch.zeros_like(p) for _, p in params]
-    for grads in per_forward:
-        for acc, g in zip(total, grads, strict=True):
-            if g is not None:
-                acc += g
+    for parts in per_forward:
+        for grads in parts:
+            for acc, g in zip(total, grads, strict=True):
+                if g is not None:
+                    acc += g
     return total
 
 

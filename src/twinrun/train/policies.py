@@ -10,19 +10,24 @@
   `transient`: it does not — nondeterminism did. Training continues with the rerun's gradients.
 
 Neither planted fault fires in a spike rerun.
+
+- `RowParts`, batch-invariant mode: a forward's gradient is its rows' gradients apart, in row
+  order (and, as one more part, whatever its backward accumulated into `.grad` the usual way —
+  a reward head's), so the step's sum adds the same row gradients in the same order however
+  the step's rows are split into forwards and the forwards into processes.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from twinrun.core.progress import Progress
 from twinrun.train.faults import Faults
-from twinrun.train.loop import Attempt, Forward
+from twinrun.train.loop import Attempt, Forward, Params, Parts
 
 
 class ReductionFault:
@@ -82,3 +87,18 @@ class SpikeRerun:
                 f"rerun -> {rerun.loss:.4f}: {kind}"
             )
         return kind
+
+
+class RowParts:
+    """The loop's `parts` in batch-invariant mode (see the module docstring)."""
+
+    def run(self, backward: Callable[[], None], params: Params) -> Parts:
+        from twinrun.model.row_gradients import rows_apart
+
+        with rows_apart() as rows:
+            backward()
+        parts: Parts = [[row.get(id(p)) for _, p in params] for row in rows]
+        rest = [p.grad for _, p in params]
+        if any(g is not None for g in rest):
+            parts.append(rest)
+        return parts
