@@ -107,6 +107,12 @@ def one_process_runs(root: Path, model: Path) -> OneProcess:
         run_args("sft", model, examples["sft"], one["sft-invariant"], "--batch-invariant"),
         batch_size="1", accumulation="4",
     )  # fmt: skip
+    # evaluation inside training: every process scores every evaluation batch after each step
+    one["sft-eval"] = root / "one" / "sft-eval"
+    args["sft-eval"] = run_args(
+        "sft", model, examples["sft"], one["sft-eval"], "--diag", "--eval-examples",
+        str(examples["sft"]), "--eval-every", "1",
+    )  # fmt: skip
     for name in one:
         assert run_cli(args[name]) == 0, name
     return OneProcess(root, data, one, args, source)

@@ -71,6 +71,14 @@ def test_two_processes_write_the_bytes_of_one(
     assert "processes" not in json.loads((one / "twinrun.json").read_text())["runtime"]
 
 
+def test_evaluation_in_training_on_two_processes(runs: Runs) -> None:
+    """Every process evaluates every batch; rank 0 writes the eval rows of diag and metrics."""
+    one, two = runs.one["sft-eval"], runs.two["sft-eval"]
+    assert (two / "diag.jsonl").read_bytes() == (one / "diag.jsonl").read_bytes()
+    assert timeless(metrics(two)) == timeless(metrics(one))
+    assert all("eval_loss" in row for row in metrics(one))
+
+
 def test_grpo_blocks_on_two_processes_write_the_bytes_of_one(runs: Runs) -> None:
     """Whole blocks of prompt groups go to processes (block b on rank b % 2): the adapter, diag
     and metrics of two processes are those of one."""

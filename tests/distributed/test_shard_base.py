@@ -27,7 +27,8 @@ from tests.integration.toy_runs import OBJECTIVES, sha256_of
 from twinrun.cli.main import run_cli
 
 FILES = ("adapter_model.safetensors", "diag.jsonl")
-THREE = (*OBJECTIVES, "grpo-blocks")  # on 3 processes: rank 2 samples no block of grpo-blocks
+# on 3 processes: rank 2 samples no block of grpo-blocks, and sft-eval evaluates after each step
+THREE = (*OBJECTIVES, "grpo-blocks", "sft-eval")
 
 
 @dataclass
@@ -85,7 +86,9 @@ def assert_same_run(run: Path, one: Path) -> None:
     assert timeless(metrics(run)) == timeless(metrics(one))
 
 
-@pytest.mark.parametrize("name", [*OBJECTIVES, "grpo-blocks", "grpo-stateful", "grpo-tools"])
+@pytest.mark.parametrize(
+    "name", [*OBJECTIVES, "grpo-blocks", "grpo-stateful", "grpo-tools", "sft-eval"]
+)
 def test_two_sharded_processes_write_the_bytes_of_one(sharded: Sharded, name: str) -> None:
     assert_same_run(sharded.two[name], sharded.base.one[name])
 

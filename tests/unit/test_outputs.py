@@ -234,3 +234,29 @@ def test_an_entry_that_appears_after_the_survey_stays(tmp_path: Path) -> None:
     with pytest.raises(OutputError, match="changed while being cleared"):
         remove(entries)
     assert (run / "final" / "late.txt").read_text() == "arrived late"
+
+
+def test_the_trackers_folders_are_cleared_whole_links_unlinked_not_followed(
+    tmp_path: Path,
+) -> None:
+    """--report-to writes tensorboard/, wandb/ and mlruns/ with the trackers' own contents (wandb
+    links latest-run to its run folder): --overwrite clears all of it, unlinking a link and
+    leaving what it points to alone."""
+    run = a_run(tmp_path / "run")
+    (run / "tensorboard").mkdir()
+    (run / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"x")
+    deep = run / "wandb" / "offline-run-1" / "files"
+    deep.mkdir(parents=True)
+    (deep / "wandb-summary.json").write_text("{}")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.txt").write_text("keep me")
+    (run / "wandb" / "latest-run").symlink_to(outside)
+    (run / "mlruns" / "0" / "abc" / "metrics").mkdir(parents=True)
+    assert check_output_dir(run, overwrite=True) == run
+    begin_output_dir(run, True, INPUTS_RECORD)
+    assert [p.name for p in run.iterdir()] == [INPUTS]
+    assert (outside / "precious.txt").read_text() == "keep me"
+    (run / "tensorboard").symlink_to(outside)  # the folder itself a link: refused
+    with pytest.raises(OutputError, match=r"holds tensorboard, .*symbolic link"):
+        check_output_dir(run, overwrite=True)

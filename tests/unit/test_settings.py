@@ -25,7 +25,7 @@ COMMON = {
     "--warmup-steps", "--lora-rank", "--lora-alpha", "--precision", "--chat-template", "--diag",
     "--trace-step", "--inject", "--threads", "--device", "--strict", "--batch-invariant",
     "--checkpoint-every", "--resume", "--prefetch", "--spike-factor", "--spike-window",
-    "--init-adapter", "--overwrite", "--quiet",
+    "--init-adapter", "--overwrite", "--quiet", "--report-to",
     "--lora-targets", "--attention", "--max-length", "--shard-base", "--lr-schedule",
     "--decay-steps", "--eval-examples", "--eval-every", "--eval-limit", "--stop-after",
     "--cpu-kernels",

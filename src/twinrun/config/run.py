@@ -8,7 +8,10 @@ learns about all of them in one error. What is optional has a stated default tha
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib.util
+import re
+import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -312,6 +315,12 @@ class RunConfig:
         default=False, shapes=False,
     )  # fmt: skip
     quiet: bool = _s("bool", "--quiet", "", "No progress output.", default=False, shapes=False)
+    report_to: list[str] = _s(
+        "list[str]", "--report-to", "logging.report_to",
+        "Also log each step's metrics to tensorboard | wandb | mlflow, offline, under --output "
+        "(comma-separated or repeated; TOML: a list). Needs that package; never changes a byte.",
+        default=[], multiple=True, shapes=False, metavar="NAMES",
+    )  # fmt: skip
     # fixed optimizer numbers: recorded so the sidecar is the whole record
     weight_decay: float = _s("float", "", "optimizer.weight_decay", "AdamW weight decay.",
                              default=0.0, low=0)  # fmt: skip
@@ -422,6 +431,53 @@ def validate(cfg: RunConfig, source: Source = "flag") -> None:
     problems = value_problems(cfg, source)
     if problems:
         raise ConfigError("; ".join(problems))
+    check_report_to(cfg.report_to, SETTINGS["report_to"].name(source))
+
+
+# --report-to: backend -> (the module train/hooks/report.py imports, the package providing it)
+REPORT_BACKENDS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("torch.utils.tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow"),
+}
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_-]{1,20}$")  # a mistyped name is shown, nothing else
+
+
+def report_backends(values: Iterable[str]) -> list[str]:
+    """The backends `--report-to a,b` (or repeated, or a TOML list) names, in order, once each."""
+    names = [name.strip() for value in values for name in value.split(",")]
+    return list(dict.fromkeys(name for name in names if name))
+
+
+def _installed(module: str, package: str) -> bool:
+    """Whether `module` can be imported, without importing it (None in sys.modules blocks it)."""
+    for name in (module, package):
+        if name in sys.modules:
+            return sys.modules[name] is not None
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check_report_to(values: Iterable[str], name: str = "--report-to") -> list[str]:
+    """The backends `values` names; one-line ConfigError for an unknown one or one whose optional
+    package is not installed (checked when the run is validated: before anything is written)."""
+    backends = report_backends(values)
+    for backend in backends:
+        if backend not in REPORT_BACKENDS:
+            shown = f" {backend!r}" if _PLAIN_NAME.match(backend) else ""
+            raise ConfigError(
+                f"{name}: unknown backend{shown}",
+                f"choose from {', '.join(REPORT_BACKENDS)} (comma-separated or repeated)",
+            )
+        module, package = REPORT_BACKENDS[backend]
+        if not _installed(module, package):
+            raise ConfigError(
+                f"{name} {backend} needs the {package} package, which is not installed",
+                f"pip install {package} (or leave {name} out)",
+            )
+    return backends
 
 
 def value_problems(cfg: RunConfig, source: Source = "flag") -> list[str]:

@@ -21,6 +21,7 @@ from twinrun.train import distributed
 from twinrun.train.checkpoint import check_same_run, newest_checkpoint, restore, resume_point
 from twinrun.train.hooks.checkpoint import Checkpointer, CheckpointHook, ObjectiveState
 from twinrun.train.hooks.nonfinite import NonFiniteHook
+from twinrun.train.hooks.report import ReportHook
 from twinrun.train.interrupt import InterruptHook, stop_signals
 from twinrun.train.loop import (
     B,
@@ -87,6 +88,8 @@ def make_loop(s: Session, total_steps: int, objective: ObjectiveState | None = N
         hooks.append(EvaluationHook(s, s.eval_rows, every, recorder))
     if cfg.checkpoint_every:
         hooks.append(CheckpointHook(checkpointer, cfg.checkpoint_every))
+    if cfg.report_to and root:  # --report-to: trackers read each complete row, offline
+        hooks.append(ReportHook(cfg.report_to, s.out, s.shaping()))
     # last: it stops the run once every other hook has written the step out
     hooks.append(InterruptHook(checkpointer if cfg.checkpoint_every else None))
     optimizer = make_optimizer(

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.core.errors import OutputError, TwinrunError
-from twinrun.core.owned import KILLED_WRITE, Layout, remove, survey
+from twinrun.core.owned import ANY_TREE, KILLED_WRITE, Layout, remove, survey
 
 SIDECAR = "twinrun.json"
 SIDECAR_FORMAT = "twinrun.run.v1"
@@ -28,6 +28,7 @@ REPLAY_INPUTS_FORMAT = "twinrun.replay-inputs.v1"  # a replay's: what it verifie
 METRICS, DIAG, TRACE = "metrics.jsonl", "diag.jsonl", "trace.jsonl"
 DIFF_PICTURE = "diff.png"  # `twinrun diff --report` into a run (the tour's faulty/diff.png)
 CURVES_PICTURE = "curves.png"  # `twinrun plot` into a run (the tour's run-a/curves.png)
+TRACKER_DIRS = ("tensorboard", "wandb", "mlruns")  # --report-to (train/hooks/report.py)
 
 
 def _files(*names: str) -> dict[str, Layout | None]:
@@ -59,6 +60,8 @@ def run_layout() -> Layout:
         rf"{capture}\.manifest\.json": None,
         rf"{capture}\.state": _files(*mf.STATE_FILES.values()),
         rf"{capture}\.final": adapter,
+        # --report-to: the trackers' own folders (their contents are theirs)
+        **{re.escape(name): ANY_TREE for name in TRACKER_DIRS},
     }
 
 
