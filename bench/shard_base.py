@@ -62,9 +62,14 @@ SETUPS: dict[str, dict[str, Any]] = {
     "smollm2": {"batch": 1, "accumulation": 2, "rows": 8, "extra": ["--max-length", "64"]},
 }
 # run name -> processes, sharded
-RUNS = {"1": (1, False), "2": (2, False), "2-shard": (2, True), "3-shard": (3, True)}
-SMOL_RUNS = ("1", "2-shard", "3-shard")
-COUNTED = ("2", "2-shard", "3-shard")
+RUNS = {"1": (1, False), "2": (2, False), "2-shard": (2, True), "3-shard": (3, True),
+        "2-shard-mmap": (2, True)}  # fmt: skip
+# a fixed glibc mmap threshold: freed large buffers go back to the system at once (the default
+# threshold grows with the buffers freed, and later ones of that size stay in the heap)
+RUN_ENV = {"2-shard-mmap": {"MALLOC_MMAP_THRESHOLD_": "1048576"}}
+TOY_RUNS = ("1", "2", "2-shard", "3-shard")
+SMOL_RUNS = ("1", "2-shard", "3-shard", "2-shard-mmap")
+COUNTED = ("2-shard", "3-shard")
 
 
 # ----------------------------------------------------------------------------- the child
@@ -256,7 +261,8 @@ def run_once(
     args = sft_args(model, examples, out, setup) + (["--shard-base"] if sharded else [])
     cmd = [*launcher(nproc), "--child", str(reports), *args]
     t0 = time.perf_counter()
-    job = subprocess.run(cmd, env=env(count), capture_output=True, text=True)
+    job = subprocess.run(cmd, env=env(count) | RUN_ENV.get(name, {}), capture_output=True,
+                         text=True)  # fmt: skip
     wall = time.perf_counter() - t0
     if job.returncode != 0:
         sys.exit(f"failed ({job.returncode}): {shlex.join(cmd)}\n{job.stderr[-4000:]}")
@@ -299,7 +305,10 @@ def per_step(run: dict[str, Any], world: int, forwards: int) -> dict[str, Any]:
         "other_received_per_step": sum(v["received"] for v in others.values()) / steps,
         "other_sent_per_step": sum(v["sent"] for v in others.values()) / steps,
         "by_function": coll,
-        "same_on_every_rank": all(r["collectives"] == coll for r in run["ranks"]),
+        "fsdp_same_on_every_rank": all(
+            r["collectives"].get("all_gather_single") == coll.get("all_gather_single")
+            for r in run["ranks"]
+        ),
     }
     units = run["ranks"][0].get("units")
     if units:
@@ -393,7 +402,8 @@ def fmt(x: dict[str, Any], digits: int = 3) -> str:
 
 def label(n: str) -> str:
     world, sharded = RUNS[n]
-    return f"{world}, {'`--shard-base`' if sharded else 'unsharded'}"
+    extra = "".join(f", `{k}={v}`" for k, v in RUN_ENV.get(n, {}).items())
+    return f"{world}, {'`--shard-base`' if sharded else 'unsharded'}{extra}"
 
 
 def mb(n: float) -> str:
@@ -419,9 +429,9 @@ def render_model(title: str, m: dict[str, Any]) -> list[str]:
         "Memory per process (MiB; the largest over a run's processes; base bytes: rank 0, "
         "from the sidecar's `base_bytes_here`):",
         "",
-        "| processes | base bytes held | of the whole | peak RSS, load (`ru_maxrss` then) | "
-        "RSS after load (+ sharding), after gc | peak RSS in training | "
-        "RSS before sharding |",
+        "| processes | base bytes held | of the whole | peak RSS to the session built "
+        "(load + sharding) | RSS then, after gc | peak RSS in training | "
+        "RSS before sharding, after gc |",
         "|---|---|---|---|---|---|---|",
     ]
     for n, r in runs.items():
@@ -452,7 +462,7 @@ def render_model(title: str, m: dict[str, Any]) -> list[str]:
         "",
         "| processes | F | FSDP2 all-gathers (calls) | received by FSDP2 all-gathers | "
         "expected 2(W−1)/W·base·F | expected, root unit kept gathered (padded) | "
-        "twinrun's own collectives: sent / received | every rank the same |",
+        "twinrun's own collectives: sent / received | FSDP2 bytes the same on every rank |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for n, b in m["bytes"].items():
@@ -465,7 +475,7 @@ def render_model(title: str, m: dict[str, Any]) -> list[str]:
             f"| {label(n)} | {b['forwards_per_process']} | {calls} | "
             f"{b['fsdp_gather_received_per_step']:.0f} | {simple} | {kept} | "
             f"{b['other_sent_per_step']:.0f} / {b['other_received_per_step']:.0f} | "
-            f"{b['same_on_every_rank']} |"
+            f"{b['fsdp_same_on_every_rank']} |"
         )
     return lines
 
@@ -488,10 +498,15 @@ def render(r: dict[str, Any]) -> str:
         "",
         "Every run is `tune sft` through the script's child launcher (`run_cli` in the process, "
         "alone or as torchrun's target, gloo on loopback). RSS: `ru_maxrss` when the session is "
-        "built (after the load, and the sharding) is the load's peak; the peak counter is then "
-        "reset (/proc/self/clear_refs) and read again at the end: the training's peak. Every "
-        "process loads the whole checkpoint before sharding it, so the load's peak is not "
-        "divided by the processes (a known limit of `--shard-base`). Bytes: "
+        "built (after the load, and the sharding) is the peak up to then; the peak counter is "
+        "then reset (/proc/self/clear_refs) and read again at the end: the training's peak. "
+        "Every process loads the whole checkpoint before sharding it, so the peak up to the "
+        "sharding is not divided by the processes (a known limit of `--shard-base`). An "
+        "unsharded RSS after the load can be below the weights' bytes: pages of the weights "
+        "count once they are first read. The `MALLOC_MMAP_THRESHOLD_` row is the same sharded "
+        "run with glibc's mmap threshold fixed at 1 MiB (by default it grows to the size of "
+        "the largest buffer freed, so FSDP2's gathered buffers, freed after each unit, stay in "
+        "the heap and count in the RSS). Bytes: "
         "`torch.distributed.all_gather_single` (what FSDP2 calls, looked up on the module at "
         "call time) and the other collectives wrapped in the child; gathers count what arrives "
         "from the other processes, reductions the tensor's bytes, `all_gather_object` the "
@@ -529,17 +544,18 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     smol_note = ""
     dirty = bool(git("status", "--porcelain", "--", "src"))
+    commit = git("rev-parse", "--short", "HEAD")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if a.src_from_head:
-            archive = subprocess.run(["git", "archive", "HEAD", "src"], cwd=ROOT, check=True,
+            archive = subprocess.run(["git", "archive", commit, "src"], cwd=ROOT, check=True,
                                      capture_output=True).stdout  # fmt: skip
             subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
             SRC = work / "src"
         toy = work / "toy-model"
         subprocess.run([sys.executable, "-m", "twinrun", "toy-model", str(toy), "--seed", "0"],
                        env=env(False), check=True, capture_output=True)  # fmt: skip
-        toy_r = measure(toy, work, "toy", tuple(RUNS), a.repeats, timed=True)
+        toy_r = measure(toy, work, "toy", TOY_RUNS, a.repeats, timed=True)
         try:
             smol: Path | None = smollm2_dir()
         except Exception as exc:  # no cache and no way to build it: say so, measure the toy
@@ -559,7 +575,7 @@ def main() -> None:
     result = {
         "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "cpus": os.cpu_count(), "cpu": cpu_name(), "torch": torch.__version__,
-        "load": [load0, os.getloadavg()[0]], "git": git("rev-parse", "--short", "HEAD"),
+        "load": [load0, os.getloadavg()[0]], "git": commit,
         "command": shlex.join(argv), "script_wall_s": time.perf_counter() - t0,
         "src": "HEAD (git archive)" if a.src_from_head else "working tree",
         "src_uncommitted_edits": dirty,
