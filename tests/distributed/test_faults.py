@@ -49,11 +49,14 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("mode", ["raise", "kill"])
-def test_a_failing_rank_ends_every_process(mode: str, data: Path, toy_model_dir: Path) -> None:
-    out = data / f"out-{mode}"
+@pytest.mark.parametrize(("mode", "shard"), [("raise", False), ("kill", False), ("raise", True)])
+def test_a_failing_rank_ends_every_process(
+    mode: str, shard: bool, data: Path, toy_model_dir: Path
+) -> None:
+    out = data / f"out-{mode}-{shard}"
     args = run_args("grpo", toy_model_dir, data / "arith4.jsonl", out, "--diag")
     args = [*args[: args.index("--env") + 1], f"{MODULE}:make", *args[args.index("--env") + 2 :]]
+    args += ["--shard-base"] if shard else []
     job = torchrun(2, ["-m", "twinrun", *args, "--env-arg", f"mode={mode}"], paths=(data,))
     assert job.returncode != 0
     assert job.seconds < TIMEOUT_S  # torchrun ended rank 0 without waiting for the timeout
@@ -63,11 +66,12 @@ def test_a_failing_rank_ends_every_process(mode: str, data: Path, toy_model_dir:
         "this process cannot score its rows"
     )
     # rank 0 fails at whichever collective it waits in when rank 1 stops: the input check
-    # (rows are scored before anything is written) or the rollout gather
+    # (rows are scored before anything is written), the rollout gather, or (sharded) the step's
+    # forwards
     consequence = re.compile(
         r"twinrun: error: rank 0 of 2: (waiting for every process to check its inputs|"
-        r"gathering the rollouts) failed: another process stopped or did not answer within "
-        f"{TIMEOUT_S} s"
+        r"gathering the rollouts|a step of the sharded base) failed: another process stopped "
+        f"or did not answer within {TIMEOUT_S} s"
     )
     # rank 1's own line (it raised); rank 0's one line, unless torchrun ended it first
     assert all(line == cause or consequence.match(line) for line in ours), ours
