@@ -20,14 +20,17 @@ import signal
 class FailsOnOneRank:
     """Arithmetic-like prompts; the reward fails on one process (RANK), as bad input would."""
 
-    def __init__(self, mode="raise", rank="1"):
-        self.mode, self.rank = mode, rank
+    calls = 0  # per process: the rows' check scores first, then the steps' rollouts
+
+    def __init__(self, mode="raise", rank="1", after="0"):
+        self.mode, self.rank, self.after = mode, rank, int(after)
 
     def prompt(self, row, rng):
         return row["prompt"]
 
     def reward(self, row, completion):
-        if os.environ.get("RANK") == self.rank:
+        FailsOnOneRank.calls += 1
+        if os.environ.get("RANK") == self.rank and FailsOnOneRank.calls > self.after:
             if self.mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise ValueError("this process cannot score its rows")
@@ -56,7 +59,8 @@ def test_a_failing_rank_ends_every_process(
     out = data / f"out-{mode}-{shard}"
     args = run_args("grpo", toy_model_dir, data / "arith4.jsonl", out, "--diag")
     args = [*args[: args.index("--env") + 1], f"{MODULE}:make", *args[args.index("--env") + 2 :]]
-    args += ["--shard-base"] if shard else []
+    # sharded: rank 1 fails in a step's rollouts (past the rows' check), inside the lockstep
+    args += ["--shard-base", "--rollout-block", "1", "--env-arg", "after=4"] if shard else []
     job = torchrun(2, ["-m", "twinrun", *args, "--env-arg", f"mode={mode}"], paths=(data,))
     assert job.returncode != 0
     assert job.seconds < TIMEOUT_S  # torchrun ended rank 0 without waiting for the timeout
@@ -70,7 +74,8 @@ def test_a_failing_rank_ends_every_process(
     # forwards
     consequence = re.compile(
         r"twinrun: error: rank 0 of 2: (waiting for every process to check its inputs|"
-        r"gathering the rollouts|a step of the sharded base) failed: another process stopped "
+        r"gathering the rollouts|a step of the sharded base|waiting for the other processes' "
+        r"forwards) failed: another process stopped "
         f"or did not answer within {TIMEOUT_S} s"
     )
     # rank 1's own line (it raised); rank 0's one line, unless torchrun ended it first
@@ -80,4 +85,7 @@ def test_a_failing_rank_ends_every_process(
     else:  # a SIGKILL prints nothing; torchrun reports the signal
         assert cause not in ours and "Signal 9 (SIGKILL)" in job.stderr
     written = sorted(p.name for p in out.iterdir()) if out.exists() else []
-    assert written == []  # no adapter, metrics, sidecar or diag row: not even half of one
+    if shard:  # it failed while training: the run had begun (its marker), nothing more
+        assert written == ["twinrun.inputs.json"]
+    else:
+        assert written == []  # no adapter, metrics, sidecar or diag row: not even half of one
