@@ -13,6 +13,11 @@ from pathlib import Path
 
 import pytest
 
+# Modules that bind `from twinrun.model.loading import model_sha256` when first imported: imported
+# here, before a test patches it, so none of them keeps the patched function for later tests.
+import twinrun.capture.hashing  # noqa: F401
+import twinrun.dispatch.reproduce  # noqa: F401
+import twinrun.train.resume_check  # noqa: F401
 from tests.capture_helpers import write_toml
 from tests.integration.test_overwrite_safety import snapshot
 from tests.integration.toy_runs import run_args, write_examples
