@@ -12,8 +12,7 @@ from twinrun.cli.options import shared_options
 
 
 @click.command()
-@shared_options("model")
-@click.option("--adapter", type=str, default=None, help="A LoRA adapter directory to apply.")
+@shared_options("model", "adapter")
 @shared_options("examples", examples={"help": "Examples or {prompt, chosen, rejected} pairs."})
 @click.option("--layer", type=int, help="Residual stream index: 0 = embeddings .. num_layers.")
 @click.option("--pool", type=str, help="last (last real token) | mean (over real tokens).")

@@ -13,8 +13,7 @@ from twinrun.cli.options import FINITE_FLOAT, shared_options
 
 
 @click.command()
-@shared_options("model")
-@click.option("--adapter", type=str, default=None, help="A LoRA adapter directory to apply.")
+@shared_options("model", "adapter")
 @click.option("--prompt", type=str, help="The prompt text.")
 @shared_options(
     "max_new_tokens", "temperature", "chat_template", "seed", "precision",

@@ -98,12 +98,22 @@ def required_mark(name: str, s: Setting, objective: str) -> str:
     return "[required]" if s.required and objective in s.objectives else ""
 
 
+# what the inference commands (evaluate, generate, extract) share beyond the run settings
+INFERENCE_SETTINGS: dict[str, Setting] = {
+    "adapter": Setting(
+        kind="str", flag="--adapter", help="A LoRA adapter directory to apply.", shapes=False
+    ),  # fmt: skip
+}
+
+
 def shared_options(*names: str, **changes: dict[str, Any]) -> F:
-    """The run settings a non-training command shares (model, precision, device, ...), declared
-    once; `changes` adjusts one for the command, e.g. `output={"help": "Report JSON file."}`."""
+    """The run settings a non-training command shares (model, precision, device, ...), and the
+    inference commands' own (`INFERENCE_SETTINGS`), declared once; `changes` adjusts one for the
+    command, e.g. `output={"help": "Report JSON file."}`."""
     decorators = []
     for n in names:
-        s = dataclasses.replace(SETTINGS[n], **changes.get(n, {}))
+        declared = INFERENCE_SETTINGS[n] if n in INFERENCE_SETTINGS else SETTINGS[n]
+        s = dataclasses.replace(declared, **changes.get(n, {}))
         decorators.append(option(n, s))
     return _stack(decorators)
 

@@ -47,8 +47,7 @@ for _objective in OBJECTIVES:
 
 
 @tune.command("evaluate")
-@shared_options("model")
-@click.option("--adapter", type=str, default=None, help="A LoRA adapter directory to apply.")
+@shared_options("model", "adapter")
 @shared_options(
     "examples", "chat_template", "precision", "batch_size", "output", "threads", "device",
     "cpu_kernels", "strict", "batch_invariant", output={"help": "Report JSON file to write."},
