@@ -36,6 +36,7 @@ __all__ = ["FlatLeaf", "FlatLeaves"]
 
 Shapes = tuple[tuple[int, ...], ...]
 _layouts: dict[Shapes, list[tuple[bytes, int, int]]] = {}
+_groups: dict[Any, tuple[list[Shapes], list[int]]] = {}
 _keys: dict[tuple[int, ...], Any] = {}
 
 
@@ -43,18 +44,62 @@ class FlatLeaves:
     """The float32 CPU parts of several leaves, copied into one buffer (see the module
     docstring). `fits(parts)` says whether a leaf's parts can be kept this way."""
 
-    __slots__ = ("flat", "shapes", "counts", "_results")
+    __slots__ = ("flat", "parts", "key", "shapes", "counts", "_results")
 
-    def __init__(self, leaves: list[list[Any]]) -> None:
+    def __init__(self, leaves: list[list[Any]], copy: bool = True) -> None:
+        """With `copy=False` the parts are not copied now: `copy_into` copies them later (what
+        a recorder that copies at the hand-over does), or the first `results` does."""
+        parts = [p for leaf in leaves for p in leaf]
+        self.flat: Any = None
+        self.parts: list[Any] | None = parts
+        if copy:
+            self._copy()
+        # the layout, computed once per set of shapes (the same at every step of a run)
+        self.key: Any = (tuple([len(leaf) for leaf in leaves]), tuple([p.shape for p in parts]))
+        layout = _groups.get(self.key)
+        if layout is None:
+            layout = (
+                [tuple(tuple(p.shape) for p in leaf) for leaf in leaves],
+                [sum(p.numel() for p in leaf) for leaf in leaves],
+            )
+            if len(_groups) >= 64:
+                _groups.clear()
+            _groups[self.key] = layout
+        self.shapes: list[Shapes] = layout[0]
+        self.counts: list[int] = layout[1]
+        self._results: list[tuple[float, str]] | None = None
+
+    def _copy(self) -> None:
         import torch
         from torch._utils import _flatten_dense_tensors
 
-        parts = [p for leaf in leaves for p in leaf]
         with torch.no_grad():
-            self.flat = _flatten_dense_tensors(parts)
-        self.shapes: list[Shapes] = [tuple(tuple(p.shape) for p in leaf) for leaf in leaves]
-        self.counts = [sum(p.numel() for p in leaf) for leaf in leaves]
-        self._results: list[tuple[float, str]] | None = None
+            self.flat = _flatten_dense_tensors(self.parts)
+        self.parts = None
+
+    def copy_into(self, out: Any, views: dict[Any, list[Any]]) -> None:
+        """Copy the parts, laid end to end, into `out` (a 1-D float32 torch tensor as long as
+        the group) with one call; `views` caches the parts' views of `out` by layout. The
+        group itself keeps what it had."""
+        import torch
+
+        if self.parts is None:
+            out.copy_(torch.from_numpy(self.array()))
+            return
+
+        key = (out.data_ptr(), self.key)
+        dsts = views.get(key)
+        if dsts is None:
+            dsts, start = [], 0
+            for p in self.parts:
+                n = p.numel()
+                dsts.append(out[start : start + n].view(p.shape))
+                start += n
+            if len(views) >= 16:
+                views.clear()
+            views[key] = dsts
+        with torch.no_grad():
+            torch._foreach_copy_(dsts, self.parts)
 
     @staticmethod
     def fits(parts: list[Any]) -> bool:
@@ -68,6 +113,21 @@ class FlatLeaves:
                     for x in parts)
         )  # fmt: skip
 
+    @classmethod
+    def from_array(cls, flat: Any, shapes: list[Shapes], counts: list[int]) -> FlatLeaves:
+        """A group over an already flat float32 numpy array (the diag helper process's view of
+        a group copied into shared memory): the same results, without torch."""
+        self = cls.__new__(cls)
+        self.flat, self.parts, self.key, self.shapes, self.counts = flat, None, None, shapes, counts
+        self._results = None
+        return self
+
+    def array(self) -> Any:
+        """The flat buffer as a numpy array (a view)."""
+        if self.flat is None:
+            self._copy()
+        return self.flat.numpy() if hasattr(self.flat, "numpy") else self.flat
+
     def leaf(self, i: int) -> FlatLeaf:
         """Leaf i, as a value for a diag row."""
         return FlatLeaf(self, i)
@@ -79,7 +139,7 @@ class FlatLeaves:
         return self._results
 
     def _checksums(self) -> list[float]:
-        a = self.flat.numpy()
+        a = self.array()
         if a.shape[0] >= 2 * _CHUNK:  # large leaves: SumSq's chunked, threaded path per leaf
             out, start = [], 0
             for n in self.counts:
@@ -91,7 +151,7 @@ class FlatLeaves:
         return [exact_value(*t) for t in bins.settle_all()]
 
     def _digests(self) -> list[str]:
-        mv = memoryview(self.flat.numpy()).cast("B")
+        mv = memoryview(self.array()).cast("B")
         out, base = [], 0
         for shapes, n in zip(self.shapes, self.counts, strict=True):
             pieces: list[bytes | memoryview] = [b"twinrun.tensors.v1\0"]

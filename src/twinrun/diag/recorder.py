@@ -22,14 +22,20 @@ Usage in a user's own loop:
     row.add_parts("grads.lora", [g for g in lora_grads])
     rec.commit(row)
 
-`record_later(step, leaves)` computes a row on the recorder's one background thread instead, so
-the checksums overlap the next step; rows are written in the order they were handed over, with
-the same bytes `record` writes. The caller must not change the tensors it hands over (snapshot
-what the next step updates in place). While the thread exists the interpreter's GIL switch
-interval is at most 0.5 ms (restored by `close`): at CPython's default 5 ms, a training step
-that wants the GIL back from the checksum thread waits up to 5 ms each time. `flush()` waits
-until every row handed over is on disk and raises the first error the background thread met;
-`close()` flushes.
+`record_later(step, leaves)` hands the row to a helper process instead (`twinrun.diag.helper`):
+the caller's thread copies the leaves' bytes into shared memory and sends one small message; the
+helper computes the checksums and digests and appends the line, while the next step runs, with
+the same bytes `record` writes, in the order the rows were handed over. `start_background()`
+starts the helper ahead of the first row (otherwise the first `record_later` does, and waits
+for it). Where no helper can be started (or with TWINRUN_DIAG_HELPER=0) the rows are computed
+on the recorder's one background thread, as before: the caller must then not change the
+tensors it hands over until the row is written (snapshot what the next step updates in place),
+and while the thread exists the interpreter's GIL switch interval is at most 0.5 ms (restored by
+`close`): at CPython's default 5 ms, a training step that wants the GIL back from the checksum
+thread waits up to 5 ms each time. `flush()` waits until every row handed over is on disk and
+raises the first error met computing or writing one (as the same exception), or an OutputError
+if the helper died; `close()` flushes and stops the helper. A row committed with `record` or
+`commit` waits for the rows handed over before it.
 
 The reading side (`resolve_diag_path`, `iter_lines`, `parse_row`, `decode_float`, `DiagRow`)
 lives in `twinrun.diag.rows` and is re-exported here.
@@ -48,6 +54,7 @@ from typing import Any, TextIO
 
 from twinrun.diag.checksum import checksum_digest, checksum_digest_many
 from twinrun.diag.flat import FlatLeaf
+from twinrun.diag.helper import HelperUnavailable, RowHelper, enabled
 from twinrun.diag.rows import (
     DIAG_FORMAT,
     DiagRow,
@@ -195,12 +202,50 @@ class DiagRecorder:
         self._worker: ThreadPoolExecutor | None = None
         self._pending: list[Future[dict[str, Any]]] = []
         self._switch = 0.0
+        self._helper: RowHelper | None = None
+        self._tried = False  # whether a helper was started (or could not be)
+        #: where `record_later` computes rows: "process" or "thread" (None until the first)
+        self.background: str | None = None
 
     def _file(self) -> TextIO:
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "a" if self._append else "w", encoding="utf-8")  # noqa: SIM115
+            # append mode either way: the helper process appends to the same file
+            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+            if not self._append:
+                self._fh.truncate(0)
         return self._fh
+
+    def start_background(self) -> None:
+        """Start the helper process for `record_later` now, without waiting for it (a no-op
+        once started, or where it cannot be)."""
+        if self._tried:
+            return
+        self._tried = True
+        if enabled():
+            try:
+                self._helper = RowHelper(self.path, self._fsync, leaf_value)
+            except HelperUnavailable:
+                self._helper = None
+
+    def copies_at_hand_over(self) -> bool:
+        """Whether `record_later` copies the leaves' bytes before it returns (into the helper's
+        shared memory): the caller may then change its tensors at once, without a snapshot of
+        its own. Starts the helper if need be and waits for it, as the first `record_later`."""
+        if self.background is None:
+            self._choose()
+        return self.background == "process"
+
+    def _choose(self) -> None:
+        """At the first `record_later`: the helper once it is ready, else the thread."""
+        self.start_background()
+        if self._helper is not None:
+            try:
+                self._helper.wait_ready()
+            except HelperUnavailable:
+                self._helper.close()
+                self._helper = None
+        self.background = "thread" if self._helper is None else "process"
 
     def begin(self, step: int, phase: str | None = None) -> StepRecord:
         """Start a row; add leaves to it, then `commit` it."""
@@ -209,6 +254,8 @@ class DiagRecorder:
     def commit(self, row: StepRecord) -> dict[str, Any]:
         """Append the row as one line and flush it; returns the JSON object written."""
         obj = row.to_json()
+        if self._helper is not None and self._helper.sent > self._helper.acked:
+            self._helper.flush()  # the rows handed over come first
         fh = self._file()
         fh.write(json.dumps(obj, allow_nan=False) + "\n")
         fh.flush()
@@ -227,6 +274,12 @@ class DiagRecorder:
         """`record` on the background thread (rows keep their order); see the module docstring.
         A row that could not be written raises here, at the next hand-over, or at `flush`."""
         self.begin(step, phase)  # a bad step or phase fails now, in the caller
+        if self.background is None:
+            self._choose()
+        if self._helper is not None:
+            self._file()  # created (or truncated) before the helper appends to it
+            self._helper.submit(step, phase or self.phase_default, leaves)
+            return
         done = [f for f in self._pending if f.done()]
         self._pending = [f for f in self._pending if not f.done()]
         for f in done:
@@ -240,14 +293,23 @@ class DiagRecorder:
 
     def flush(self) -> None:
         """Wait until every row handed to `record_later` is written; raise the first error."""
+        self._flush()
+
+    def _flush(self, again: bool = True) -> None:
+        if self._helper is not None:
+            self._helper.flush(again)
         pending, self._pending = self._pending, []
         for f in pending:
             f.result()
 
     def close(self) -> None:
         try:
-            self.flush()
+            self._flush(again=False)  # a dead helper's error is raised once, not again here
         finally:
+            if self._helper is not None:
+                self._helper.close()
+                self._helper = None
+            self._tried, self.background = False, None
             if self._worker is not None:
                 self._worker.shutdown(wait=True, cancel_futures=True)
                 self._worker = None

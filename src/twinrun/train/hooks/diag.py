@@ -10,10 +10,11 @@ in global forward order (the digests are SHA256 over the parts in that order, so
 the bytes themselves: the cost is the step's logits, sent once per process) and rank 0 writes
 the row. Every other leaf is already the same on every process.
 
-The row is computed on the recorder's background thread while the next step runs (the tensors
-the next step updates in place — parameters and Adam moments — are handed over as copies: the
-four LoRA leaves in one flat buffer, copied with one call and checksummed in one pass); the
-loop's checkpoints flush it first, and closing the hook at the end of the run writes the rest.
+The row is computed by the recorder's helper process while the next step runs (started when the
+hook is made; the leaves' bytes are copied into shared memory at the hand-over — the four LoRA
+leaves first into one flat buffer, with one call, checksummed in one pass; where no helper can
+run, the recorder's background thread computes the row from these copies); the loop's
+checkpoints flush it first, and closing the hook at the end of the run writes the rest.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class DiagHook(Hook):
 
     def __init__(self, recorder: DiagRecorder | None) -> None:
         self.recorder = recorder  # None on a process that does not write
+        if recorder is not None:
+            recorder.start_background()  # the helper process starts while the run sets up
         self.attempt = 0
         self.forwards: list[Parts] = []  # this process's forwards: (tokens, logits)
 
@@ -60,7 +63,7 @@ class DiagHook(Hook):
             "batch.tokens": [t for tokens, _ in forwards for t in tokens],
             "forward.logits": [t for _, logits in forwards for t in logits],
             "loss": torch.tensor([outcome.loss], dtype=torch.float64),
-            **late_leaves(view),
+            **late_leaves(view, copy=not self.recorder.copies_at_hand_over()),
         }
         self.recorder.record_later(view.step, leaves)
 
@@ -76,9 +79,11 @@ class DiagHook(Hook):
 LORA_LEAVES = ("grads.lora", "adam.exp_avg", "adam.exp_avg_sq", "params.lora")
 
 
-def late_leaves(view: StepView) -> dict[str, Any]:
+def late_leaves(view: StepView, copy: bool = True) -> dict[str, Any]:
     """The leaves after the backward: gradients, Adam moments, parameters, lr, RNG state — copies,
-    since the next step updates them in place while the row is computed."""
+    since the next step updates them in place while the row is computed (with `copy=False`, for
+    a recorder that copies them at the hand-over, the live tensors: the LoRA leaves still in one
+    group, which the recorder copies into its shared memory with one call)."""
     states = [view.optimizer.state.get(p, {}) for _, p in view.params]
     parts: list[list[torch.Tensor]] = [
         list(view.grads),
@@ -87,22 +92,25 @@ def late_leaves(view: StepView) -> dict[str, Any]:
         [p for _, p in view.params],
     ]
     return {
-        **dict(zip(LORA_LEAVES, copied(parts), strict=True)),
+        **dict(zip(LORA_LEAVES, copied(parts, copy), strict=True)),
         "lr": torch.tensor([view.lr], dtype=torch.float64),
         "rng.state": rng_state_leaf(),
     }
 
 
-def copied(leaves: list[list[torch.Tensor]]) -> list[FlatLeaf | list[torch.Tensor]]:
+def copied(
+    leaves: list[list[torch.Tensor]], copy: bool = True
+) -> list[FlatLeaf | list[torch.Tensor]]:
     """A copy of each leaf's parts: the leaves whose parts are float32 CPU tensors (the usual
     LoRA leaves) share one flat buffer — one copy for all of them, and one checksum pass (see
-    diag/flat.py); any other leaf part by part."""
+    diag/flat.py); any other leaf part by part. With `copy=False` nothing is copied (the group
+    is made, to be copied by the recorder at the hand-over)."""
     flat = [i for i, parts in enumerate(leaves) if FlatLeaves.fits(parts)]
-    group = FlatLeaves([leaves[i] for i in flat]) if flat else None
+    group = FlatLeaves([leaves[i] for i in flat], copy) if flat else None
     out: list[FlatLeaf | list[torch.Tensor]] = []
     for i, parts in enumerate(leaves):
         if group is not None and i in flat:
             out.append(group.leaf(flat.index(i)))
         else:
-            out.append([t.detach().clone() for t in parts])
+            out.append([t.detach().clone() for t in parts] if copy else list(parts))
     return out
