@@ -161,9 +161,10 @@ class _Segment:
         dst = self.u8[offset : offset + nbytes]
         torch = sys.modules.get("torch")
         if isinstance(x, FlatLeaves):  # float32 CPU tensors: one torch call copies them all
+            assert torch is not None  # FlatLeaves hold torch tensors: torch is imported
             if self.t is None:
-                self.t = torch.from_numpy(self.u8)  # type: ignore[union-attr]
-            x.copy_into(self.t[offset : offset + nbytes].view(torch.float32), self.views)  # type: ignore[union-attr]
+                self.t = torch.from_numpy(self.u8)
+            x.copy_into(self.t[offset : offset + nbytes].view(torch.float32), self.views)
             return
         if torch is not None and isinstance(x, torch.Tensor):
             x = x.detach()
