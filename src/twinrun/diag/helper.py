@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import secrets
 import subprocess
 import sys
 import time
@@ -48,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.core.errors import OutputError
-from twinrun.diag.checksum import _NUMPY_OK, _np_name
-from twinrun.diag.flat import FlatLeaf, FlatLeaves
+from twinrun.diag.flat import FlatLeaf
+from twinrun.diag.shm import Control, Segment, nbytes_of, release_all, shm_dtype, shm_room
 
 __all__ = ["ENV", "HelperUnavailable", "RowHelper", "enabled"]
 
@@ -58,10 +57,8 @@ READY_TIMEOUT_S = 60.0  # for the helper's start-up (imports) on a busy machine
 STALL_TIMEOUT_S = 600.0  # a live helper that acknowledges nothing for this long is stuck
 POLL_S = 0.05  # how often a wait checks that the helper is alive
 MAX_SEGMENTS = 64  # rows in flight: the helper may fall behind for a while (a busy machine)
-MAX_BYTES = 256 << 20  # and their bytes, at most (or half of /dev/shm's free space)
 MIN_SEGMENT = 1 << 20
 ALIGN = 64
-SHM_DTYPES = frozenset(_NUMPY_OK | {"bfloat16"})
 _BOOT = (
     "import sys; from twinrun.diag.helper_main import main; main(int(sys.argv[1]), "
     "int(sys.argv[2]))"
@@ -89,104 +86,6 @@ def _plain(value: Any, depth: int = 0) -> bool:
     return np is not None and type(value) is np.ndarray and value.dtype != object
 
 
-_torch_names: dict[Any, str | None] = {}  # torch dtype -> its name where shm can hold it
-
-
-def _shm_dtype(x: Any) -> str | None:
-    """The dtype name under which `x`'s bytes can go into shared memory, else None."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(x, torch.Tensor):
-        if x.layout is not torch.strided:
-            return None
-        name = _torch_names.get(x.dtype, "")
-        if name == "":
-            text = str(x.dtype)[6:]  # "torch.float32" -> "float32"
-            name = _torch_names[x.dtype] = text if text in SHM_DTYPES else None
-        return name
-    np = sys.modules.get("numpy")
-    if np is not None and type(x) is np.ndarray:
-        return _np_name(x.dtype)  # native byte order only
-    return None
-
-
-def _nbytes(x: Any) -> int:
-    if isinstance(x, FlatLeaves):
-        return 4 * sum(x.counts)
-    nbytes = getattr(x, "nbytes", None)
-    if isinstance(nbytes, int):
-        return nbytes
-    return int(x.numel()) * int(x.element_size())
-
-
-def _new_shm(size: int) -> Any:
-    from multiprocessing.shared_memory import SharedMemory
-
-    name = f"twinrun_diag_{os.getpid()}_{secrets.token_hex(4)}"
-    return SharedMemory(name=name, create=True, size=size)
-
-
-class _Segment:
-    """One shared-memory segment, with numpy and (when needed) torch byte views of it."""
-
-    __slots__ = ("shm", "name", "size", "u8", "t", "views", "first", "last", "named")
-
-    def __init__(self, size: int) -> None:
-        import numpy as np
-
-        self.shm = _new_shm(size)
-        self.name = self.shm.name
-        self.size = size
-        self.u8: Any = np.frombuffer(self.shm.buf, dtype=np.uint8, count=size)
-        self.t: Any = None
-        self.views: dict[Any, list[Any]] = {}  # FlatLeaves.copy_into's views of the segment
-        self.first = -1  # the first row that used it (the helper maps it then)
-        self.last = -1  # the last row that used it
-        self.named = True
-
-    def unlink(self) -> None:
-        _unlink(self)
-
-    def close(self) -> None:
-        self.t = self.u8 = None
-        self.views.clear()
-        try:
-            self.shm.close()
-        except BufferError:  # pragma: no cover - a view still held: the mapping goes with it
-            pass
-        self.unlink()
-
-    def copy_in(self, offset: int, x: Any, nbytes: int) -> None:
-        """Copy `x`'s bytes to `offset`: CPU data with numpy (one thread, never an OpenMP
-        region, which stalls on a busy machine), a tensor on another device with torch."""
-        dst = self.u8[offset : offset + nbytes]
-        torch = sys.modules.get("torch")
-        if isinstance(x, FlatLeaves):  # float32 CPU tensors: one torch call copies them all
-            assert torch is not None  # FlatLeaves hold torch tensors: torch is imported
-            if self.t is None:
-                self.t = torch.from_numpy(self.u8)
-            x.copy_into(self.t[offset : offset + nbytes].view(torch.float32), self.views)
-            return
-        if torch is not None and isinstance(x, torch.Tensor):
-            x = x.detach()
-            if not x.is_cpu:
-                if self.t is None:
-                    self.t = torch.from_numpy(self.u8)
-                self.t[offset : offset + nbytes].view(x.dtype).view(x.shape).copy_(x)
-                return
-            x = (x.view(torch.int16) if x.dtype is torch.bfloat16 else x).numpy()
-        dst.view(x.dtype).reshape(x.shape)[...] = x
-
-
-def _unlink(seg: _Segment | _Control) -> None:
-    """Remove the segment's name from /dev/shm (once); the mappings stay valid."""
-    if seg.named:
-        seg.named = False
-        try:
-            seg.shm.unlink()
-        except FileNotFoundError:
-            pass
-
-
 def _release(proc: subprocess.Popen[bytes], segments: list[Any]) -> None:
     """Stop the helper and unlink the segments (at `close`, or when the recorder is dropped
     unclosed or the interpreter exits)."""
@@ -201,33 +100,6 @@ def _release(proc: subprocess.Popen[bytes], segments: list[Any]) -> None:
             pass
 
 
-class _Control:
-    """A small segment the helper writes its progress to: [last row done, errors sent]. The
-    training process reads it with no system call; the errors themselves come over the pipe."""
-
-    __slots__ = ("shm", "name", "words", "t", "named")
-
-    def __init__(self) -> None:
-        import numpy as np
-
-        self.shm = _new_shm(4096)
-        self.name = self.shm.name
-        self.words: Any = np.frombuffer(self.shm.buf, dtype=np.int64, count=2)
-        self.words[:] = (-1, 0)
-        self.named = True
-
-    def unlink(self) -> None:
-        _unlink(self)
-
-    def close(self) -> None:
-        self.words = None
-        try:
-            self.shm.close()
-        except BufferError:  # pragma: no cover
-            pass
-        self.unlink()
-
-
 class RowHelper:
     """The parent's side of one helper process writing `path` (see the module docstring)."""
 
@@ -237,15 +109,15 @@ class RowHelper:
         if not sys.executable:
             raise HelperUnavailable("no Python interpreter to start")
         self.segments: list[Any] = []
-        self.max_bytes = _shm_room()
+        self.max_bytes = shm_room()
         try:
             if self.max_bytes < MIN_SEGMENT:
                 raise OSError(f"{self.max_bytes} bytes free")
-            self._ctl = _Control()
+            self._ctl = Control()
             self.segments.append(self._ctl)
-            self.segments.append(_Segment(MIN_SEGMENT))  # now, not on the first step's path
+            self.segments.append(Segment(MIN_SEGMENT))  # now, not on the first step's path
         except Exception as e:  # no /dev/shm, or no room in it
-            _release_all(self.segments)
+            release_all(self.segments)
             raise HelperUnavailable(f"no shared memory: {e}") from e
         r_in, w_in = os.pipe()  # parent -> helper
         r_out, w_out = os.pipe()  # helper -> parent
@@ -262,7 +134,7 @@ class RowHelper:
         except OSError as e:
             os.close(w_in)
             os.close(r_out)
-            _release_all(self.segments)
+            release_all(self.segments)
             raise HelperUnavailable(f"cannot start the helper: {e}") from e
         finally:
             os.close(r_in)
@@ -326,7 +198,7 @@ class RowHelper:
 
         def place(x: Any, name: str) -> tuple[str, tuple[int, ...], int]:
             nonlocal size
-            nbytes = _nbytes(x)
+            nbytes = nbytes_of(x)
             offset = size
             size = -(-(offset + nbytes) // ALIGN) * ALIGN
             copies.append((offset, x, nbytes))
@@ -337,18 +209,18 @@ class RowHelper:
                 if isinstance(value, FlatLeaf) and value.group._results is None:
                     g = value.group
                     if id(g) not in groups:
-                        nbytes = _nbytes(g)
+                        nbytes = nbytes_of(g)
                         groups[id(g)] = (len(groups), size, g.shapes, g.counts)
                         copies.append((size, g, nbytes))
                         size = -(-(size + nbytes) // ALIGN) * ALIGN
                     specs.append((leaf, ("f", groups[id(g)][0], value.index)))
                     continue
-                name = _shm_dtype(value)
+                name = shm_dtype(value)
                 if name is not None:
                     specs.append((leaf, ("t", place(value, name))))
                     continue
                 if _is_parts(value):
-                    names = [_shm_dtype(p) for p in value]
+                    names = [shm_dtype(p) for p in value]
                     if None not in names:
                         parts = [place(p, str(n)) for p, n in zip(value, names, strict=True)]
                         specs.append((leaf, ("p", parts)))
@@ -412,14 +284,14 @@ class RowHelper:
             self._died()
             self._check()
 
-    def _segment(self, need: int) -> _Segment | None:
+    def _segment(self, need: int) -> Segment | None:
         """A segment no row in flight uses, at least `need` bytes (new, grown or waited for);
         None for a row larger than the shared memory the helper may use."""
         size = max(MIN_SEGMENT, 1 << max(0, need - 1).bit_length())
         if size > self.max_bytes:
             return None
         while True:
-            rows = [s for s in self.segments if isinstance(s, _Segment)]
+            rows = [s for s in self.segments if isinstance(s, Segment)]
             free = [s for s in rows if s.last <= self.acked]
             for seg in free:
                 if seg.size >= need:
@@ -430,9 +302,9 @@ class RowHelper:
                 self.segments.remove(old)
                 self._send(("drop", old.name))
                 old.close()
-                seg = _Segment(min(self.max_bytes, max(size, 2 * old.size)))
+                seg = Segment(min(self.max_bytes, max(size, 2 * old.size)))
             elif len(rows) < MAX_SEGMENTS and used + size <= self.max_bytes:
-                seg = _Segment(size)
+                seg = Segment(size)
             elif not free:
                 self._wait(min(s.last for s in rows))
                 continue
@@ -448,7 +320,7 @@ class RowHelper:
     def _poll(self) -> None:
         """Take in the helper's progress (the control words; errors from the pipe)."""
         words = self._ctl.words
-        acked, errors = int(words[0]), int(words[1])  # in this order (see _Control)
+        acked, errors = int(words[0]), int(words[1])  # in this order (see Control)
         while self._errors_read < errors:
             try:
                 msg = self._rx.recv()  # sent before the count was raised: no wait
@@ -463,7 +335,7 @@ class RowHelper:
                 self.steps.pop(seq, None)
             self.acked = acked
             for seg in self.segments:  # mapped by the helper: the name is no longer needed
-                if seg.named and isinstance(seg, _Segment) and 0 <= seg.first <= acked:
+                if seg.named and isinstance(seg, Segment) and 0 <= seg.first <= acked:
                     seg.unlink()
 
     def _wait(self, seq: int) -> None:
@@ -519,22 +391,6 @@ class RowHelper:
 
 def _pair(v: Any) -> tuple[float, str]:
     return v.checksum, v.digest
-
-
-def _shm_room() -> int:
-    """The bytes of shared memory the helper may hold: MAX_BYTES, or half of what /dev/shm
-    has free (a container's /dev/shm is often small; a full one would kill the process)."""
-    try:
-        st = os.statvfs("/dev/shm")
-    except OSError:
-        return MAX_BYTES
-    return min(MAX_BYTES, st.f_bavail * st.f_frsize // 2)
-
-
-def _release_all(segments: list[Any]) -> None:
-    for seg in segments:
-        seg.close()
-    segments.clear()
 
 
 def _is_parts(value: Any) -> bool:
