@@ -52,7 +52,8 @@ class InterruptHook(Hook):
 
     def after_step(self, view: StepView, row: dict[str, Any]) -> None:
         done = view.step + 1
-        if not self.agreed() or done >= view.total_steps:
+        device = view.params[0][1].device if view.params else torch.device("cpu")
+        if not self.agreed(device) or done >= view.total_steps:
             return  # the last step: the run's outputs follow, as without a signal
         kept = "no checkpoint written (--checkpoint-every is off)"
         hint = "rerun the command to start again"
@@ -67,11 +68,12 @@ class InterruptHook(Hook):
             hint,
         )
 
-    def agreed(self) -> bool:
-        """Whether any process was asked to stop (each process gives the same answer)."""
+    def agreed(self, device: torch.device) -> bool:
+        """Whether any process was asked to stop (each process gives the same answer); the
+        flag lives on the parameters' device (nccl reduces CUDA tensors only)."""
         if not distributed.active():
             return self.asked is not None
-        flag = torch.tensor([int(self.asked is not None)], dtype=torch.int64)
+        flag = torch.tensor([int(self.asked is not None)], dtype=torch.int64, device=device)
         dist = distributed._dist()
         with distributed.collective("agreeing whether to stop"):
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
