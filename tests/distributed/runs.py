@@ -4,11 +4,19 @@ multi-process job is compared with (built once per session, in this process: `on
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from tests.capture_helpers import arith, grpo_source, init_adapter, plugin
-from tests.integration.toy_runs import OBJECTIVES, STATEFUL_MODULE, run_args, write_examples
+from tests.capture_helpers import Capture, arith, grpo_source, init_adapter, plugin, write_toml
+from tests.integration.toy_runs import (
+    OBJECTIVES,
+    STATEFUL_MODULE,
+    run_args,
+    sha256_of,
+    write_examples,
+)
 from twinrun.cli.main import run_cli
 
 
@@ -116,3 +124,26 @@ def one_process_runs(root: Path, model: Path) -> OneProcess:
     for name in one:
         assert run_cli(args[name]) == 0, name
     return OneProcess(root, data, one, args, source)
+
+
+def resumable(run: Path, to: Path) -> Path:
+    """A copy of a checkpointed run as a kill before its end leaves it (no final files)."""
+    shutil.copytree(run, to)
+    for name in ("adapter_model.safetensors", "adapter_config.json", "twinrun.json"):
+        (to / name).unlink()
+    return to
+
+
+def replays_twice_gate_b(cap: Capture, folder: Path, capsys: Any, **sections: dict) -> None:
+    """Two replays of `cap` on this one process (the config's `sections` changed), gate B
+    passes, and the replay's final adapter is the capture's."""
+    for name in ("r1", "r2"):
+        doc = cap.replay_config(folder / name, **sections)
+        assert run_cli(["run", str(write_toml(folder / f"{name}.toml", doc)), "--quiet"]) == 0
+    capsys.readouterr()
+    rc = run_cli(["evidence", str(cap.out), str(folder / "r1"), str(folder / "r2"),
+                  "--require", "B", "--json"])  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0 and report["gates"]["B"]["ok"]
+    final = sha256_of(cap.out / "final" / "adapter_model.safetensors")
+    assert sha256_of(folder / "r1" / "final" / "adapter_model.safetensors") == final

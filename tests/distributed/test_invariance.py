@@ -6,7 +6,6 @@ a checkpoint written on 2 processes resumes on 1, bit for bit."""
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +13,14 @@ import pytest
 
 from tests.capture_helpers import Capture, metrics, write_toml
 from tests.distributed.launch import torchrun_many
-from tests.distributed.runs import EXTRA_GRPO, OneProcess, timeless, with_flags
+from tests.distributed.runs import (
+    EXTRA_GRPO,
+    OneProcess,
+    replays_twice_gate_b,
+    resumable,
+    timeless,
+    with_flags,
+)
 from tests.integration.toy_runs import OBJECTIVES, sha256_of
 from twinrun.cli.main import run_cli
 
@@ -112,10 +118,7 @@ def test_uneven_accumulation_steps(runs: Runs) -> None:
 def test_checkpoint_of_two_processes_resumes_on_one(runs: Runs, tmp_path: Path) -> None:
     """The 2-process sft run checkpointed after steps 1 and 2; one process resumes after step 2
     (from the newest) and ends with the bytes of the uninterrupted 1-process run."""
-    resumed = tmp_path / "resumed"
-    shutil.copytree(runs.two["sft"], resumed)
-    for name in ("adapter_model.safetensors", "adapter_config.json", "twinrun.json"):
-        (resumed / name).unlink()
+    resumed = resumable(runs.two["sft"], tmp_path / "resumed")
     ckpts = sorted(p.name for p in (resumed / "checkpoints").iterdir())
     assert ckpts == ["step-000001", "step-000002"]
     args = with_flags(runs.args["sft"], output=str(resumed))
@@ -134,16 +137,7 @@ def test_capture_of_two_processes_replays_on_one_gate_b(
     cap = runs.capture
     manifest = json.loads(cap.manifest.read_text())
     assert manifest["rows"] == 8 and manifest["forwards"] == 2  # 2 groups of 4, every row
-    for name in ("r1", "r2"):
-        cfg = write_toml(tmp_path / f"{name}.toml", cap.replay_config(tmp_path / name))
-        assert run_cli(["run", str(cfg), "--quiet"]) == 0
-    capsys.readouterr()
-    rc = run_cli(["evidence", str(cap.out), str(tmp_path / "r1"), str(tmp_path / "r2"),
-                  "--require", "B", "--json"])  # fmt: skip
-    report = json.loads(capsys.readouterr().out)
-    assert rc == 0 and report["gates"]["B"]["ok"]
-    final = sha256_of(cap.out / "final" / "adapter_model.safetensors")
-    assert sha256_of(tmp_path / "r1" / "final" / "adapter_model.safetensors") == final
+    replays_twice_gate_b(cap, tmp_path, capsys)
 
 
 def test_batch_invariant_rows_split_over_processes_write_the_bytes_of_one(runs: Runs) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -22,7 +21,13 @@ import pytest
 
 from tests.capture_helpers import Capture, metrics, write_toml
 from tests.distributed.launch import MANY, free_port, launch_env, torchrun_many
-from tests.distributed.runs import OneProcess, timeless, with_flags
+from tests.distributed.runs import (
+    OneProcess,
+    replays_twice_gate_b,
+    resumable,
+    timeless,
+    with_flags,
+)
 from tests.integration.toy_runs import OBJECTIVES, sha256_of
 from twinrun.cli.main import run_cli
 
@@ -38,14 +43,6 @@ class Sharded:
     three: dict[str, Path]  # THREE, sharded on 3 processes
     resumed_three: Path  # the 1-process sft run's checkpoint, resumed sharded on 3 processes
     capture: Capture  # a GRPO capture made sharded on 2 processes
-
-
-def resumable(run: Path, to: Path) -> Path:
-    """A copy of a checkpointed run as a kill before its end leaves it (no final files)."""
-    shutil.copytree(run, to)
-    for name in ("adapter_model.safetensors", "adapter_config.json", "twinrun.json"):
-        (to / name).unlink()
-    return to
 
 
 @pytest.fixture(scope="module")
@@ -142,17 +139,9 @@ def test_an_unsharded_checkpoint_resumes_sharded_on_three_processes(sharded: Sha
 def test_a_sharded_capture_replays_on_one_process_gate_b(
     sharded: Sharded, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cap = sharded.capture
-    for name in ("r1", "r2"):
-        doc = cap.replay_config(tmp_path / name, **{"backend.options": {"shard_base": False}})
-        assert run_cli(["run", str(write_toml(tmp_path / f"{name}.toml", doc)), "--quiet"]) == 0
-    capsys.readouterr()
-    rc = run_cli(["evidence", str(cap.out), str(tmp_path / "r1"), str(tmp_path / "r2"),
-                  "--require", "B", "--json"])  # fmt: skip
-    report = json.loads(capsys.readouterr().out)
-    assert rc == 0 and report["gates"]["B"]["ok"]
-    final = sha256_of(cap.out / "final" / "adapter_model.safetensors")
-    assert sha256_of(tmp_path / "r1" / "final" / "adapter_model.safetensors") == final
+    replays_twice_gate_b(
+        sharded.capture, tmp_path, capsys, **{"backend.options": {"shard_base": False}}
+    )
 
 
 def long_sft(base: OneProcess, out: Path) -> list[str]:

@@ -60,6 +60,14 @@ class Writer(Protocol):
     def close(self) -> None: ...
 
 
+class WritesAsItLogs:
+    """A backend with nothing buffered (wandb offline, mlflow's file store): `flush` has
+    nothing to do."""
+
+    def flush(self) -> None:
+        return None
+
+
 class TensorBoardWriter:
     def __init__(self, out: Path, shaping: Mapping[str, Any]) -> None:
         module = importlib.import_module("torch.utils.tensorboard")
@@ -77,7 +85,7 @@ class TensorBoardWriter:
         self.writer.close()
 
 
-class WandbWriter:
+class WandbWriter(WritesAsItLogs):
     def __init__(self, out: Path, shaping: Mapping[str, Any]) -> None:
         self.wandb = importlib.import_module("wandb")
         self.wandb.init(
@@ -87,14 +95,11 @@ class WandbWriter:
     def log(self, fields: dict[str, float | int], step: int) -> None:
         self.wandb.log(fields, step=step)
 
-    def flush(self) -> None:
-        pass  # an offline run writes as it logs
-
     def close(self) -> None:
         self.wandb.finish()
 
 
-class MlflowWriter:
+class MlflowWriter(WritesAsItLogs):
     def __init__(self, out: Path, shaping: Mapping[str, Any]) -> None:
         self.mlflow = importlib.import_module("mlflow")
         self.mlflow.set_tracking_uri((out / "mlruns").resolve().as_uri())
@@ -103,9 +108,6 @@ class MlflowWriter:
 
     def log(self, fields: dict[str, float | int], step: int) -> None:
         self.mlflow.log_metrics(fields, step=step)
-
-    def flush(self) -> None:
-        pass  # the file store writes as it logs
 
     def close(self) -> None:
         self.mlflow.end_run()
