@@ -1,10 +1,11 @@
 """Examples in the formats users bring: TRL's conversational rows (prompt and completion, or
-chosen and rejected, as message lists) and CSV are read; Parquet files and `datasets`
-directories get a line naming what is read and how to convert."""
+chosen and rejected, as message lists) and CSV are read; other binary formats get a line naming
+what is read and how to convert (Parquet and `save_to_disk`: tests/unit/test_datasets_source.py)."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -88,19 +89,25 @@ def test_bad_csv(tmp_path: Path, text: str, message: str) -> None:
         load_rows(p)
 
 
-def test_parquet_and_datasets_directories_say_how_to_convert(tmp_path: Path) -> None:
-    parquet = tmp_path / "train.parquet"
-    parquet.write_bytes(b"PAR1" + b"\0" * 64 + b"PAR1")
-    renamed = tmp_path / "train.data"  # the magic bytes, whatever the name
-    renamed.write_bytes(parquet.read_bytes())
-    for p in (parquet, renamed):
-        with pytest.raises(DataError, match="is a Parquet file; twinrun reads JSONL") as err:
-            load_rows(p)
-        assert "to_json('examples.jsonl')" in (err.value.hint or "")
-    saved = tmp_path / "saved"
-    saved.mkdir()
-    (saved / "dataset_info.json").write_text("{}")
-    (saved / "state.json").write_text("{}")
-    with pytest.raises(DataError, match="is a datasets save_to_disk directory") as err:
-        load_rows(saved)
-    assert "load_from_disk" in (err.value.hint or "")
+@pytest.mark.parametrize(
+    ("head", "what", "convert"),
+    [
+        (b"\x1f\x8b\x08\x00", "is a gzip file", "gunzip"),
+        (b"PK\x03\x04", "is a zip archive (or an Excel workbook)", "CSV"),
+        (b"ARROW1\x00\x00", "is an Arrow IPC (Feather) file", "Dataset.from_file"),
+        (
+            b"\xff\xff\xff\xff\x10",
+            "is an Arrow stream file (a save_to_disk shard?)",
+            "give the directory",
+        ),
+    ],
+)
+def test_other_binary_formats_say_what_is_read_and_how_to_convert(
+    tmp_path: Path, head: bytes, what: str, convert: str
+) -> None:
+    p = tmp_path / "train.jsonl"  # the name says JSONL; the bytes decide
+    p.write_bytes(head + b"\0" * 32)
+    line = f"{what}; twinrun reads JSONL, a JSON array or CSV"
+    with pytest.raises(DataError, match=re.escape(line)) as e:
+        load_rows(p)
+    assert convert in (e.value.hint or "")

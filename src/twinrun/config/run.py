@@ -57,7 +57,8 @@ class RunConfig:
         required=True, shapes=False,
     )  # fmt: skip
     examples: str | None = _s(
-        "str", "--examples", "data.examples", "Examples: JSONL, a JSON array or CSV.",
+        "str", "--examples", "data.examples",
+        "Examples: JSONL, a JSON array, CSV; Parquet or a save_to_disk directory (datasets extra).",
         required=True, shapes=False, objectives=EXAMPLES,
     )  # fmt: skip
     output: str | None = _s(

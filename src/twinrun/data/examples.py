@@ -1,5 +1,6 @@
-"""Example files: JSONL (one object per line) or a JSON array, validated row by row with errors
-that name the file and line. Also the encoding of SFT rows into token ids plus a loss mask: the
+"""Example files: JSONL (one object per line), a JSON array, CSV, or through the `datasets` extra a
+Parquet file or a `save_to_disk` directory; validated row by row with errors that name the file
+and line (or row). Also the encoding of SFT rows into token ids plus a loss mask: the
 tokenizer's `prompt_completion_ids` (TRL's rules, `twinrun.model.tokens`) gives the ids and where
 the completion starts; the loss covers the completion."""
 
@@ -12,8 +13,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from twinrun.core import reading
+from twinrun.core.digest import sha256_file
 from twinrun.core.errors import DataError
 from twinrun.core.jsonlimits import EXAMPLES, Limits, iter_jsonl, parse_json, read_limited
+from twinrun.data.datasets_source import other_format, read_source, source_kind, source_sha256
 
 
 class Tokenizer(Protocol):
@@ -45,15 +48,18 @@ def load_rows(path: str | Path, limits: Limits = EXAMPLES) -> list[SourcedRow]:
     """Read an examples file. Raises DataError naming the file (and line) on any problem; rows
     and the file are bounded by `limits` (bytes per row and per file, integer digits, nesting)."""
     p = Path(path)
-    refuse_other_formats(p)
+    if p.is_dir() and (kind := source_kind(p)) is not None:
+        return _checked_rows(p, [_as_object(*pair) for pair in read_source(p, kind, limits)])
     with reading.open_regular(p, "examples file", hint="check the --examples path") as fh:
         head = fh.read(4096)
         while head.strip() == b"" and (more := fh.read(4096)):
             head = more
     if not head.strip():
         raise DataError(f"{p}: the examples file is empty", "give at least one example")
-    if head.startswith(PARQUET_MAGIC):
-        refuse_other_formats(p, parquet=True)
+    if (kind := source_kind(p, head)) is not None:
+        return _checked_rows(p, [_as_object(*pair) for pair in read_source(p, kind, limits)])
+    if (other := other_format(head)) is not None:
+        raise DataError(f"{p} is {other[0]}; {READS}", other[1])
     rows: list[SourcedRow] = []
     if p.suffix.lower() == ".csv":
         rows = csv_rows(p, limits)
@@ -70,31 +76,32 @@ def load_rows(path: str | Path, limits: Limits = EXAMPLES) -> list[SourcedRow]:
     else:
         for lineno, item in iter_jsonl(p, "examples file", limits):
             rows.append(_as_object(item, f"{p}:{lineno}"))
+    return _checked_rows(p, rows)
+
+
+def _checked_rows(p: Path, rows: list[SourcedRow]) -> list[SourcedRow]:
     if not rows:
         raise DataError(f"{p}: the examples file has no rows", "give at least one example")
     return rows
 
 
-READS = "twinrun reads JSONL, a JSON array or CSV (a header row, then one example a line)"
-PARQUET_MAGIC = b"PAR1"
+def examples_sha256(path: str | Path) -> str:
+    """The SHA256 of the examples' bytes as read: the file's, or for a `save_to_disk` directory
+    one over the files it reads. A path that is neither is refused as the reader refuses it."""
+    p = Path(path)
+    kind = source_kind(p)
+    if kind == "saved":
+        return source_sha256(p, kind)
+    if kind == "splits":
+        read_source(p, kind, EXAMPLES)  # refuses it in one line, naming the splits
+    with reading.open_regular(p, "examples file", hint="check the --examples path"):
+        return sha256_file(p)
 
 
-def refuse_other_formats(p: Path, parquet: bool = False) -> None:
-    """A DataError that names what twinrun reads and how to convert, for a Parquet file or a
-    `datasets` `save_to_disk` directory (read by neither the standard library nor twinrun)."""
-    if parquet or p.suffix.lower() == ".parquet":
-        raise DataError(
-            f"{p} is a Parquet file; {READS}",
-            "convert it: datasets.load_dataset('parquet', data_files=PATH)['train']"
-            ".to_json('examples.jsonl')",
-        )
-    if p.is_dir() and any((p / n).is_file() for n in ("dataset_info.json", "state.json",
-                                                        "dataset_dict.json")):  # fmt: skip
-        raise DataError(
-            f"{p} is a datasets save_to_disk directory; {READS}",
-            "convert it: datasets.load_from_disk(PATH).to_json('examples.jsonl') (a DatasetDict:"
-            " pick a split first)",
-        )
+READS = (
+    "twinrun reads JSONL, a JSON array or CSV (a header row, then one example a line), and "
+    "with the datasets extra Parquet and save_to_disk directories"
+)
 
 
 def csv_rows(p: Path, limits: Limits) -> list[SourcedRow]:

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import RunConfig
-from twinrun.core.digest import sha256_file
 from twinrun.core.errors import DataError, TwinrunError
 from twinrun.core.redact import REDACTED
+from twinrun.data.examples import examples_sha256
 from twinrun.diag.recorded import (
     RecordedDifference,
     format_difference,
@@ -100,7 +100,7 @@ def _moved_input(cfg: RunConfig, sidecar: dict[str, Any]) -> str | None:
         ("model directory", cfg.model, "model", model_sha256)
     ]
     if cfg.examples is not None:
-        checks.append(("examples file", cfg.examples, "data", sha256_file))
+        checks.append(("examples file", cfg.examples, "data", examples_sha256))
     for what, path, section, digest in checks:
         want = (sidecar.get(section) or {}).get("sha256")
         if path is None or want is None:

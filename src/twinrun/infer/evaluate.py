@@ -204,6 +204,7 @@ def write_report(
     from twinrun.core.determinism import runtime_versions
     from twinrun.core.digest import sha256_file
     from twinrun.core.fileio import atomic_write_json
+    from twinrun.data.examples import examples_sha256
     from twinrun.model.loading import model_sha256
 
     report = report | {
@@ -215,7 +216,7 @@ def write_report(
         "adapter_sha256": (
             sha256_file(Path(cfg.adapter) / "adapter_model.safetensors") if cfg.adapter else None
         ),
-        "data_sha256": sha256_file(cfg.examples),  # type: ignore[arg-type]  # validate() requires it
+        "data_sha256": examples_sha256(cfg.examples),  # type: ignore[arg-type]  # validate() requires it
         "determinism": provenance,
         "runtime": runtime_versions(),
     }

@@ -232,6 +232,7 @@ def write_outputs(
     from twinrun.core.digest import sha256_file
     from twinrun.core.fileio import atomic_write_json, atomic_write_with
     from twinrun.core.safetensors_io import save_tensors_file
+    from twinrun.data.examples import examples_sha256
     from twinrun.model.loading import model_sha256
 
     adapter_sha = (
@@ -249,7 +250,7 @@ def write_outputs(
         "hidden_size": model.hidden_size,
         "num_layers": model.num_layers,
         "model_sha256": model_sha256(model_dir),
-        "data_sha256": sha256_file(str(cfg.examples)),
+        "data_sha256": examples_sha256(str(cfg.examples)),
         "adapter_sha256": adapter_sha,
     }
     strings = {k: "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)

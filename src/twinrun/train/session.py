@@ -17,7 +17,7 @@ from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.core.lock import acquire, release
 from twinrun.core.progress import Progress
 from twinrun.core.redact import redact
-from twinrun.data.examples import SourcedRow, load_rows
+from twinrun.data.examples import SourcedRow, examples_sha256, load_rows
 from twinrun.objectives.registry import objective
 from twinrun.train import distributed
 from twinrun.train.faults import Faults, parse_faults
@@ -95,7 +95,7 @@ class Session:
 
 def read_examples(cfg: RunConfig) -> tuple[list[SourcedRow], str]:
     """The rows of `--examples` and the file's SHA256."""
-    return load_rows(valid(cfg).examples), sha256_file(valid(cfg).examples)
+    return load_rows(valid(cfg).examples), examples_sha256(valid(cfg).examples)
 
 
 def open_session(
@@ -231,11 +231,7 @@ def eval_digest(cfg: RunConfig) -> str | None:
     refused as the examples reader refuses it (before it is hashed)."""
     if cfg.eval_examples is None:
         return None
-    from twinrun.core import reading
-
-    with reading.open_regular(cfg.eval_examples, "examples file", hint="check --eval-examples"):
-        pass
-    return sha256_file(cfg.eval_examples)
+    return examples_sha256(cfg.eval_examples)
 
 
 def read_eval_rows(cfg: RunConfig, tok: CheckpointTokenizer, max_length: int) -> list[EncodedRow]:

@@ -1,0 +1,144 @@
+"""Examples in the formats the `datasets` library writes: a Parquet file, or a `save_to_disk`
+directory of one split. Read through `datasets` (an optional extra, imported only here and only
+when such a source is given: its import takes about a second), offline, with no cache written;
+rows in the file's order, bounded as a JSONL file is; a null value is a field the row does not have
+(Arrow stores every column in every row). Their digest is of the bytes read: the
+Parquet file's SHA256, or one SHA256 over the directory's state, info and Arrow files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from twinrun.core.digest import sha256_file, sha256_files
+from twinrun.core.errors import DataError
+from twinrun.core.jsonlimits import Limits
+
+Kind = Literal["parquet", "saved", "splits"]
+PARQUET_MAGIC = b"PAR1"
+SAVED_MARKERS = ("state.json", "dataset_info.json")
+INSTALL = "pip install 'twinrun[datasets]'"
+TO_JSONL = {
+    "parquet": "datasets.load_dataset('parquet', data_files=PATH)['train'].to_json('x.jsonl')",
+    "saved": "datasets.load_from_disk(PATH).to_json('x.jsonl')",
+}
+NAMES = {"parquet": "a Parquet file", "saved": "a datasets save_to_disk directory"}
+
+
+def source_kind(p: Path, head: bytes = b"") -> Kind | None:
+    """What `datasets` format `p` is in (by its name, its first bytes `head`, or the files a
+    `save_to_disk` writes), or None for a file twinrun reads itself."""
+    if p.is_dir():
+        if (p / "dataset_dict.json").is_file():
+            return "splits"
+        if all((p / n).is_file() for n in SAVED_MARKERS):
+            return "saved"
+        return None
+    if p.suffix.lower() == ".parquet" or head.startswith(PARQUET_MAGIC):
+        return "parquet"
+    return None
+
+
+# other binary formats users bring, by their first bytes: what it is, and how to make JSONL of it
+OTHER_FORMATS: tuple[tuple[bytes, str, str], ...] = (
+    (b"\x1f\x8b", "a gzip file", "decompress it: gunzip FILE"),
+    (b"PK\x03\x04", "a zip archive (or an Excel workbook)", "unzip it, or save the sheet as CSV"),
+    (b"ARROW1", "an Arrow IPC (Feather) file",
+     "datasets.Dataset.from_file(PATH).to_json('x.jsonl'), or give its save_to_disk directory"),
+    (b"\xff\xff\xff\xff", "an Arrow stream file (a save_to_disk shard?)",
+     "give the directory save_to_disk wrote (with state.json), not one of its .arrow files"),
+)  # fmt: skip
+
+
+def other_format(head: bytes) -> tuple[str, str] | None:
+    """(what it is, how to convert) for a binary format twinrun does not read (by its magic)."""
+    for magic, what, convert in OTHER_FORMATS:
+        if head.startswith(magic):
+            return what, convert
+    return None
+
+
+def _datasets(p: Path, kind: Kind) -> Any:
+    """The `datasets` module, offline and quiet; a DataError with the install line when absent."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(
+            f"{p} is {NAMES[kind]}; reading it needs the datasets package, which is not installed",
+            f"{INSTALL}, or convert it to JSONL elsewhere: {TO_JSONL[kind]}",
+        ) from None
+    datasets.disable_progress_bars()
+    return datasets
+
+
+def _saved_files(p: Path) -> list[Path]:
+    """The files `load_from_disk` reads: state, info and the Arrow files state.json lists."""
+    try:
+        state = json.loads((p / "state.json").read_text(encoding="utf-8"))
+        names = [entry["filename"] for entry in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DataError(
+            f"{p}/state.json: not a datasets state file", "write the directory with save_to_disk"
+        ) from None
+    files = [p / n for n in SAVED_MARKERS] + [p / str(n) for n in names]
+    for f in files:
+        if f.parent != p or not f.is_file():
+            raise DataError(f"{p}: state.json lists {f.name!r}, which is not a file in it")
+    return files
+
+
+def source_sha256(p: Path, kind: Kind) -> str:
+    """The digest of what is read: the Parquet file's SHA256, or one over the directory's files
+    (each framed by its name and size)."""
+    return sha256_file(p) if kind == "parquet" else sha256_files(_saved_files(p), p)
+
+
+def _splits(p: Path) -> list[str]:
+    try:
+        value = json.loads((p / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
+        return [str(s) for s in value]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def read_source(p: Path, kind: Kind, limits: Limits) -> list[tuple[dict[str, Any], str]]:
+    """The rows of `p` as (object, where) pairs, where = `PATH[INDEX]`; a DataError naming the
+    source for one that cannot be read, holds several splits, or is over `limits`."""
+    if kind == "splits":
+        splits = _splits(p)
+        first = f"{p / splits[0]}" if splits else f"{p}/SPLIT"
+        raise DataError(
+            f"{p} holds several splits ({', '.join(splits) or 'unnamed'}), a DatasetDict",
+            f"give one split's directory, e.g. --examples {first}",
+        )
+    files = [p] if kind == "parquet" else _saved_files(p)
+    size = sum(f.stat().st_size for f in files)
+    if size > limits.max_file_bytes:
+        raise DataError(
+            f"{p}: {size} bytes, over the limit of {limits.max_file_bytes}", "split the data"
+        )
+    datasets = _datasets(p, kind)
+    try:
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            table = datasets.table.InMemoryTable(pq.read_table(p))
+            rows = datasets.Dataset(table).to_list()
+        else:
+            rows = datasets.load_from_disk(str(p), keep_in_memory=True).to_list()
+    except Exception as exc:  # any reader failure is the file's: one line naming it
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise DataError(
+            f"{p}: not readable as {NAMES[kind]} ({reason})", "check the file, or rewrite it"
+        ) from None
+    out = []
+    for i, record in enumerate(rows):
+        where = f"{p}[{i}]"
+        row = {k: v for k, v in record.items() if v is not None}  # Arrow's null: a field not given
+        if len(json.dumps(row, ensure_ascii=False, default=str)) > limits.max_bytes:
+            raise DataError(f"{where}: a row over the limit of {limits.max_bytes} bytes")
+        out.append((row, where))
+    return out
