@@ -6,10 +6,11 @@ The rule, for a page:
   `#` starts a comment). Shell blocks in any other dialect (`sh`, `shell`, `console`) are an
   error: they would escape the test.
 - A marker on the line above a block (blank lines between are allowed) changes how it runs:
-  `<!-- doc-test: skip (reason) -->` does not run it (GPU, torchrun on several processes or
-  nodes, installation, long benchmarks, fresh processes a named test already runs — the reason
-  is required); `<!-- doc-test: exit N -->`
-  expects every command of the block to exit N (a block without it: 0).
+  `<!-- doc-test: skip (reason) -->` does not run it (GPU, several nodes, installation, long
+  benchmarks, fresh processes a named test already runs — the reason is required);
+  `<!-- doc-test: exit N -->` expects every command of the block to exit N (a block without it:
+  0); `<!-- doc-test: after twinrun demo -->` runs it on a copy of the `twinrun-demo/` that the
+  README's first command wrote in the repository root (CI runs that command before the tests).
 - A page's blocks run in order in one temporary directory laid out like the repository root
   (`examples/` and `src/twinrun/examples/` are there; `runs/` is empty, so a page builds its toy
   checkpoint as a reader would, `twinrun toy-model runs/toy --seed 0`), and a block may use what
@@ -26,6 +27,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,14 +151,18 @@ def run_command(command: str, monkeypatch: pytest.MonkeyPatch) -> int:
             return run_cli(words[1:] if words[0] == "twinrun" else words[3:])
     proc_env = dict(os.environ)
     proc_env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO)])
-    proc = subprocess.run(command, shell=True, executable="/bin/bash", env=proc_env, timeout=120)
+    proc = subprocess.run(command, shell=True, executable="/bin/bash", env=proc_env, timeout=300)
     return proc.returncode
 
 
 def marker_kind(block: Block) -> tuple[str, int]:
-    """("run", the exit status every command must have) or ("skip", 0); a bad marker fails."""
+    """("run", the exit status every command must have), ("skip", 0), or ("demo", 0) for a block
+    that reads what `twinrun demo` wrote; a bad marker fails."""
     if block.marker is None:
         return "run", 0
+    demo = re.fullmatch(AFTER_DEMO + r"(?:, exit (?P<code>\d+))?", block.marker)
+    if demo:
+        return "demo", int(demo["code"] or 0)
     skip = re.fullmatch(r"skip \((?P<reason>.*\S.*)\)", block.marker)
     if skip:
         return "skip", 0
@@ -167,6 +173,9 @@ def marker_kind(block: Block) -> tuple[str, int]:
 
 
 ALL_PAGES = pages()
+AFTER_DEMO = "after twinrun demo"  # the block reads ./twinrun-demo, as the README's reader has it
+# (", exit N" after it: every command of the block exits N)
+DEMO = REPO / "twinrun-demo"
 
 
 @pytest.mark.parametrize("page", ALL_PAGES, ids=lambda p: str(p.relative_to(REPO)))
@@ -207,6 +216,29 @@ def test_page_commands_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
             code = run_command(command, monkeypatch)
             said = f"{block.where}: `{command}` exited {code}, expected {expected}"
             assert code == expected, said
+
+
+DEMO_BLOCKS = [
+    b for p in ALL_PAGES for b in blocks(p) if b.info == "bash" and marker_kind(b)[0] == "demo"
+]
+
+
+@pytest.mark.parametrize("block", DEMO_BLOCKS, ids=lambda b: b.where)
+def test_commands_on_the_demos_output(
+    block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block marked `after twinrun demo` (`, exit N`) runs on a copy of the demo's directory
+    in the repository root: the README's first command makes it, and CI runs that command before
+    the tests (a checkout that never ran the demo skips this test, saying so)."""
+    if not (DEMO / "run-a" / "twinrun.json").is_file():
+        pytest.skip("no twinrun-demo/ in the repository root: run `twinrun demo` there first")
+    root = lay_out(tmp_path / "repo", None)
+    shutil.copytree(DEMO, root / "twinrun-demo", symlinks=True)
+    monkeypatch.chdir(root)
+    expected = marker_kind(block)[1]
+    for command in commands(block.text):
+        code = run_command(substitute(command), monkeypatch)
+        assert code == expected, f"{block.where}: `{command}` exited {code}, expected {expected}"
 
 
 # The parser itself, on hand-written pages.
