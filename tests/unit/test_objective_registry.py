@@ -22,9 +22,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("train/recipes/sft.py", "sft"): "SFT's own recipe",
     ("train/recipes/text.py", "text"): "text's own recipe",
     ("train/recipes/grpo.py", "grpo"): "GRPO's own recipe",
-    ("config/run.py", "dpo"): "beta applies to dpo only (the field list is frozen for now)",
     ("golden/suite.py", "sft"): "the suite's fixed run of each objective, and its sft adapter",
     ("golden/suite.py", "dpo"): "the suite's fixed run of each objective",
+    ("golden/suite.py", "ipo"): "the suite's fixed run of each objective",
     ("golden/suite.py", "reward"): "the suite's fixed run of each objective",
     ("golden/suite.py", "grpo"): "the suite's fixed run of each objective",
     ("golden/suite.py", "text"): "the suite's fixed run of each objective, and its text adapter",
@@ -85,7 +85,8 @@ def test_records_are_unique_and_say_what_the_rest_of_twinrun_knows() -> None:
             assert applies(by_toml[key], o.name), (o.name, key)
         assert applies("steps" if o.counts == "steps" else "epochs", o.name), o.name
         assert applies("examples", o.name) == o.reads_examples, o.name
-    assert names(counts="epochs") == ("sft", "dpo", "reward")
+    assert names(counts="epochs") == ("sft", "dpo", "ipo", "reward")
+    assert names(has_reference=True) == ("dpo", "ipo")
     assert names(samples=True) == ("grpo",)
 
 

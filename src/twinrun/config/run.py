@@ -51,7 +51,7 @@ class RunConfig:
     the TOML gave is what every part of the run reads (a derived value is a new config, made
     once where it is derived: `dataclasses.replace`)."""
 
-    objective: str = _s("str", "", "training.trainer", "sft | dpo | reward | grpo | text")
+    objective: str = _s("str", "", "training.trainer", " | ".join(names()))
     model: str | None = _s(
         "str", "--model", "model.path", "Local Hugging Face checkpoint directory.",
         required=True, shapes=False,
@@ -113,8 +113,9 @@ class RunConfig:
     )  # fmt: skip
     # objective coefficients
     beta: float | None = _s(
-        "float", "--beta", "dpo.beta", "DPO temperature beta (> 0).",
-        required=True, objectives=("dpo",), low=0, low_open=True,
+        "float", "--beta", "dpo.beta",
+        "Preference temperature beta (> 0): DPO's beta, IPO's tau.",
+        required=True, objectives=names(has_reference=True), low=0, low_open=True,
     )  # fmt: skip
     # grpo (replaces epochs/accumulation)
     steps: int | None = _s(

@@ -71,6 +71,7 @@ def run_settings(data: dict[str, Path], device: str) -> dict[str, dict[str, Any]
     return {
         "sft": {"examples": str(data["sft.jsonl"]), **epochs},
         "dpo": {"examples": str(data["pairs.jsonl"]), "beta": 0.1, **epochs},
+        "ipo": {"examples": str(data["pairs.jsonl"]), "beta": 0.1, **epochs},
         "reward": {"examples": str(data["pairs.jsonl"]), **epochs},
         "grpo": {
             "examples": str(data["arith.jsonl"]), "steps": 2, "prompts_per_step": 1,

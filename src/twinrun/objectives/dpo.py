@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from twinrun.objectives.sft import row_sums, wants_invariant
 
-__all__ = ["DPOOut", "dpo_loss", "sequence_logprob"]
+__all__ = ["DPOOut", "check_pair_logprobs", "dpo_loss", "sequence_logprob"]
 
 
 def sequence_logprob(
@@ -84,14 +84,15 @@ def _as_float(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
-def dpo_loss(
+def check_pair_logprobs(
     policy_chosen: torch.Tensor,
     policy_rejected: torch.Tensor,
     ref_chosen: torch.Tensor,
     ref_rejected: torch.Tensor,
     beta: float,
-) -> DPOOut:
-    """DPO over P pairs; each argument is a [P] tensor of sequence log-probs (see module doc)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The four [P] log-prob tensors of a preference loss, checked (beta > 0, one non-empty
+    shape) and upcast to float32; the reference ones detached."""
     if not beta > 0:
         raise ValueError(f"beta must be > 0, got {beta}")
     shape = policy_chosen.shape
@@ -105,7 +106,20 @@ def dpo_loss(
         if x.shape != shape:
             raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
     pc, pr = _as_float(policy_chosen), _as_float(policy_rejected)
-    rc, rr = _as_float(ref_chosen).detach(), _as_float(ref_rejected).detach()
+    return pc, pr, _as_float(ref_chosen).detach(), _as_float(ref_rejected).detach()
+
+
+def dpo_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float,
+) -> DPOOut:
+    """DPO over P pairs; each argument is a [P] tensor of sequence log-probs (see module doc)."""
+    pc, pr, rc, rr = check_pair_logprobs(
+        policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta
+    )
     chosen_logratio = pc - rc
     rejected_logratio = pr - rr
     z = beta * (chosen_logratio - rejected_logratio)

@@ -49,11 +49,23 @@ class Objective:
     """`module:function` of the recipe: `function(cfg: RunConfig) -> dict` (the sidecar record)."""
     head: bool = False
     """Trains a scalar head with the adapter (`reward_head.safetensors`)."""
+    pair_loss: str | None = None
+    """`module:function` of a preference loss against the frozen reference (the model with the
+    adapter disabled): `function(pc, pr, rc, rr, beta) -> DPOOut` over the pairs' completion
+    log-probs (`--beta` applies). None: no reference model."""
+    per_token: bool = False
+    """The preference loss reads each side's log-prob per completion token (the sum divided by
+    its token count), as TRL's IPO does, not the sum."""
 
     @property
     def reads_examples(self) -> bool:
         """Reads an examples file (`--examples`, `--chat-template`)."""
         return self.data != "corpus"
+
+    @property
+    def has_reference(self) -> bool:
+        """Compares the policy with the frozen reference through a preference loss (`--beta`)."""
+        return self.pair_loss is not None
 
     @property
     def samples(self) -> bool:
@@ -83,6 +95,19 @@ OBJECTIVES: tuple[Objective, ...] = (
         faults=_EXAMPLE_FAULTS,
         contract_keys=("training.accumulation", "dpo.beta"),
         trainer="twinrun.train.recipes.pairs:train_pairs",
+        pair_loss="twinrun.objectives.dpo:dpo_loss",
+    ),
+    Objective(
+        name="ipo",
+        summary="Identity preference optimisation (IPO, as TRL's loss_type='ipo') on pairs.",
+        counts="epochs",
+        data="pairs",
+        batch="pairs",
+        faults=_EXAMPLE_FAULTS,
+        contract_keys=("training.accumulation", "dpo.beta"),
+        trainer="twinrun.train.recipes.pairs:train_pairs",
+        pair_loss="twinrun.objectives.ipo:ipo_loss",
+        per_token=True,
     ),
     Objective(
         name="reward",
@@ -136,8 +161,21 @@ def objective(name: str) -> Objective:
     return BY_NAME[name]
 
 
+def _load(spec: str) -> Any:
+    module, function = spec.split(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def trainer_of(name: str) -> Callable[[Any], dict[str, Any]]:
     """The recipe function of `name`, imported now (this is where torch gets imported)."""
-    module, function = objective(name).trainer.split(":")
-    trainer: Callable[[Any], dict[str, Any]] = getattr(importlib.import_module(module), function)
+    trainer: Callable[[Any], dict[str, Any]] = _load(objective(name).trainer)
     return trainer
+
+
+def pair_loss_of(name: str) -> Callable[..., Any]:
+    """The preference loss of `name` (one with a reference model), imported now."""
+    spec = objective(name).pair_loss
+    if spec is None:
+        raise KeyError(f"objective {name!r} has no preference loss")
+    loss: Callable[..., Any] = _load(spec)
+    return loss

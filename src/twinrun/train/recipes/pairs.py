@@ -1,4 +1,4 @@
-"""`twinrun tune dpo` and `twinrun tune reward`: preference pairs, two rows each.
+"""`twinrun tune dpo`, `tune ipo` and `tune reward`: preference pairs, two rows each.
 
 `--batch-size` counts pairs. A forward holds one side of `batch_size` pairs — so at batch size 1
 each side of a pair goes through its own one-row forward — and `--accumulation` counts pair
@@ -7,6 +7,9 @@ groups (each a chosen forward and a rejected forward) per optimizer step.
 - DPO: policy = base + LoRA, reference = the same model with the adapter disabled (no grad);
   loss `-logsigmoid(beta * ((pc - rc) - (pr - rr)))` over completion log-prob sums, averaged over
   the step's pairs (`objectives/dpo.py`).
+- IPO: the same forwards; each side's log-prob per completion token, loss
+  `(h - 1/(2 beta))^2` with `h = (pc - rc) - (pr - rr)` (`objectives/ipo.py`). The record's
+  `pair_loss` names the loss, `per_token` the division.
 - Reward: a scalar head on the final-norm hidden state of the last real token
   (`model/reward_head.py`), Bradley–Terry loss `-logsigmoid(s_chosen - s_rejected)`, averaged over
   the step's pairs (`objectives/reward.py`). The head trains with the adapter.
@@ -24,8 +27,8 @@ from twinrun.config.run import RunConfig, valid
 from twinrun.data.batching import StepPlan, pad_rows, plan_steps
 from twinrun.data.pairs import EncodedPair, encode_pairs
 from twinrun.model.lora import lora_disabled
-from twinrun.objectives.dpo import dpo_loss, sequence_logprob
-from twinrun.objectives.registry import objective
+from twinrun.objectives.dpo import sequence_logprob
+from twinrun.objectives.registry import objective, pair_loss_of
 from twinrun.objectives.reward import bradley_terry_loss
 from twinrun.train.distributed import in_global_order, is_root
 from twinrun.train.driver import drive, make_loop, spikes_of
@@ -48,7 +51,7 @@ class PairBatch:
 
 
 def train_pairs(cfg: RunConfig) -> dict[str, Any]:
-    """Run DPO or reward modelling (`cfg.objective`) end to end; returns the sidecar record."""
+    """Run DPO, IPO or reward modelling (`cfg.objective`) end to end; the sidecar record."""
     session, pairs = open_session(
         cfg, lambda tok, raw, max_len: encode_pairs(tok, raw, cfg.chat_template == "on", max_len)
     )
@@ -112,6 +115,11 @@ class PairRecipe(StepRecipe):
         return outcome
 
 
+def completion_tokens(padded: Padded) -> torch.Tensor:
+    """Each row's number of completion tokens whose log-probs `sequence_logprob` sums, [B]."""
+    return padded[2][:, 1:].sum(-1).to(torch.float32)
+
+
 def side_forward(
     s: ModelSession, padded: Padded, head: torch.nn.Module | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -141,15 +149,22 @@ def pair_forwards(
     if sides is None:
         sides = pad_sides(groups, s.tok.pad_id)
     total = sum(len(fw) for fw in groups)
+    if head is None:  # a preference loss against the reference (dpo, ipo)
+        pair_loss = pair_loss_of(s.cfg.objective)
+        per_token = objective(s.cfg.objective).per_token
     parts = []  # (loss sum, correct, margin) of this process's groups (all without torchrun)
     for g, padding in forward_slots(len(groups), s.model):
         fw = groups[g]
         chosen, c_ids, c_logits, c_ref = side_forward(s, sides[2 * g], head)
         rejected, r_ids, r_logits, r_ref = side_forward(s, sides[2 * g + 1], head)
         if head is None:
-            assert c_ref is not None and r_ref is not None  # dpo forwards return reference values
-            dpo = dpo_loss(chosen, rejected, c_ref, r_ref, valid(s.cfg).beta)
-            losses, accuracy, margin = dpo.losses, dpo.accuracy, float(dpo.reward_margin) * len(fw)
+            assert c_ref is not None and r_ref is not None  # reference forwards ran
+            if per_token:  # each side's log-prob per completion token (TRL's IPO)
+                nc, nr = completion_tokens(sides[2 * g]), completion_tokens(sides[2 * g + 1])
+                chosen, c_ref, rejected, r_ref = chosen / nc, c_ref / nc, rejected / nr, r_ref / nr
+            pref = pair_loss(chosen, rejected, c_ref, r_ref, valid(s.cfg).beta)
+            losses, accuracy = pref.losses, pref.accuracy
+            margin = float(pref.reward_margin) * len(fw)
         else:
             bt = bradley_terry_loss(chosen, rejected)
             losses, accuracy, margin = bt.losses, bt.accuracy, float(bt.margin) * len(fw)
