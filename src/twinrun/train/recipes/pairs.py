@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from twinrun.capture.batch import OptimizerBatch
-from twinrun.config.run import RunConfig, valid
+from twinrun.config.resolved import EpochPlan, Examples, Preference
+from twinrun.config.run import RunConfig
 from twinrun.data.batching import StepPlan, pad_rows, plan_steps
 from twinrun.data.pairs import EncodedPair, encode_pairs
 from twinrun.model.lora import lora_disabled
@@ -50,23 +51,22 @@ class PairBatch:
 def train_pairs(cfg: RunConfig) -> dict[str, Any]:
     """Run DPO or reward modelling (`cfg.objective`) end to end; returns the sidecar record."""
     session, pairs = open_session(
-        cfg, lambda tok, raw, max_len: encode_pairs(tok, raw, cfg.chat_template == "on", max_len)
+        cfg,
+        lambda run, tok, raw, max_len: encode_pairs(
+            tok, raw, run.record(Examples).templated, max_len
+        ),
     )
-    cfg = session.cfg  # as the session resolved it (the device under torchrun)
+    run = session.run  # as the session resolved it (the device under torchrun)
+    cfg = run.config
     head = None
     if objective(cfg.objective).head:  # reward: a scalar head trains with the adapter
         from twinrun.model.reward_head import new_reward_head
 
-        head = new_reward_head(session.model.hidden_size, valid(cfg).seed).to(cfg.device)
+        head = new_reward_head(session.model.hidden_size, run.seed).to(cfg.device)
         assert isinstance(head.weight, torch.nn.Parameter)  # typed as a Tensor by torch
         session.params = [*session.params, ("reward_head.score.weight", head.weight)]
-    plans = plan_steps(
-        len(pairs),
-        valid(cfg).epochs,
-        valid(cfg).batch_size,
-        valid(cfg).accumulation,
-        valid(cfg).seed,
-    )
+    epochs = run.record(EpochPlan)
+    plans = plan_steps(len(pairs), epochs.epochs, run.batch_size, epochs.accumulation, run.seed)
     recipe = PairRecipe(session, pairs, unseeded_plans(session.faults, plans, len(pairs)), head)
     loop = make_loop(session, len(plans))
     drive(session, loop, recipe)
@@ -116,8 +116,8 @@ def side_forward(
     s: ModelSession, padded: Padded, head: torch.nn.Module | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One forward over one side of the pairs: (values [B], ids, logits, reference values)."""
-    ids, attn, mask = (t.to(s.cfg.device) for t in padded)
-    invariant = s.cfg.batch_invariant
+    ids, attn, mask = (t.to(s.run.config.device) for t in padded)
+    invariant = s.run.config.batch_invariant
     if head is not None:
         from twinrun.model.reward_head import scores
 
@@ -148,7 +148,7 @@ def pair_forwards(
         rejected, r_ids, r_logits, r_ref = side_forward(s, sides[2 * g + 1], head)
         if head is None:
             assert c_ref is not None and r_ref is not None  # dpo forwards return reference values
-            dpo = dpo_loss(chosen, rejected, c_ref, r_ref, valid(s.cfg).beta)
+            dpo = dpo_loss(chosen, rejected, c_ref, r_ref, s.run.record(Preference).beta)
             losses, accuracy, margin = dpo.losses, dpo.accuracy, float(dpo.reward_margin) * len(fw)
         else:
             bt = bradley_terry_loss(chosen, rejected)
@@ -173,7 +173,7 @@ def pair_forwards(
         rows=2 * total,
         metrics={"pairs": total, "accuracy": correct / total, "reward_margin": margin / total},
         batch=OptimizerBatch(
-            objective=s.cfg.objective,
+            objective=s.run.config.objective,
             step=step,
             rows=[list(r.input_ids) for r in rows],
             loss_masks=[list(r.loss_mask) for r in rows],
