@@ -11,6 +11,7 @@ import pytest
 from twinrun.config.resolved import (
     RECORDS,
     EpochPlan,
+    Evaluation,
     Examples,
     PerReplay,
     PolicyUpdate,
@@ -83,6 +84,12 @@ def test_replay_per_adds_its_buffer() -> None:
                "replay_fraction": 0.5}  # fmt: skip
     run = validate(given("grpo", replay="per", **numbers))
     assert run.record(PerReplay) == PerReplay(16, 0.6, 0.4, 0.5)
+
+
+def test_evaluation_is_a_record_when_its_examples_are_given() -> None:
+    run = validate(given("text", eval_examples="eval.jsonl", eval_every=2))
+    assert run.record(Evaluation) == Evaluation("eval.jsonl", 2)
+    assert not validate(given("text")).has(Evaluation)
 
 
 def test_a_record_the_run_lacks_is_a_bug_not_a_user_error() -> None:

@@ -6,9 +6,10 @@ some objectives have are small frozen records that exist exactly when the run us
 objectives use a setting is its declaration's (config/run.py), read from the objective records
 (objectives/registry.py), so no objective is named here: an examples file, an epoch plan or a
 step count, the preference temperature, GRPO's rollouts and policy update, a text run's windows,
-the prioritized replay buffer. A recipe reads its record with `run.record(Kind)`; a record a run
-does not have is a bug in twinrun (validation gave it to every run that reads it), so asking for
-one fails loudly as an internal error, never as the user's.
+the prioritized replay buffer, evaluation during training. A recipe reads its record with
+`run.record(Kind)`; a record a run does not have is a bug in twinrun (validation gave it to
+every run that reads it), so asking for one fails loudly as an internal error, never as the
+user's.
 
 A replay (`trainer = "optimizer_replay"`) names its `ReplayPins` when it is loaded, and is
 resolved by `replay_run` once its optimizer contract equals its source's: the contract pins the
@@ -111,9 +112,19 @@ class PerReplay:
     replay_fraction: float
 
 
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """Evaluation during training (`--eval-examples` with `--eval-every`): the SFT examples,
+    scored after every `eval_every`-th optimizer step."""
+
+    eval_examples: str
+    eval_every: int
+
+
 # every record a run may have; a record's fields are the config fields it holds
 RECORDS: tuple[type, ...] = (
     Examples, EpochPlan, StepCount, Preference, Rollouts, PolicyUpdate, TextWindows, PerReplay,
+    Evaluation,
 )  # fmt: skip
 R = TypeVar("R")
 
@@ -227,9 +238,11 @@ def _names(kind: type) -> tuple[str, ...]:
 
 def _used(kind: type, cfg: RunConfig) -> bool:
     """Whether a validated `cfg` uses the record: its settings apply to the objective (the
-    replay buffer's: with `--replay per`)."""
+    replay buffer's: with `--replay per`; evaluation's: when its examples are given)."""
     if kind is PerReplay:
         return cfg.replay == "per"
+    if kind is Evaluation:
+        return cfg.eval_examples is not None
     return all(applies(n, cfg.objective) for n in _names(kind))
 
 

@@ -207,7 +207,7 @@ def load_toml(path: str | Path, output: str | None = None, quiet: bool = False) 
         max_steps,
         set(flat),
     )
-    problems, valid = value_problems(run)
+    problems, valid = checked_values(run)
     if problems:
         raise ConfigError(f"{p}: {_count(problems)}: " + "; ".join(problems), _HINT)
     return replace(run, resolved=valid or replay_pins(run.cfg))
@@ -239,7 +239,7 @@ def _missing(trainer: Any, given: set[str], keys: dict[str, tuple[str, str, str]
     return [f"missing {k}" for k in need if k not in given and k in keys]
 
 
-def value_problems(run: TomlRun) -> tuple[list[str], ValidRun | None]:
+def checked_values(run: TomlRun) -> tuple[list[str], ValidRun | None]:
     """Value checks: the training numbers' own (as TOML keys), then the TOML-only rules; and a
     training config's validated run (None for a replay's, or when its numbers have problems)."""
     cfg, x = run.cfg, run.extras

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from twinrun.config.resolved import Evaluation
 from twinrun.config.schedule import check_schedule
 from twinrun.core.fileio import atomic_write_text
 from twinrun.core.progress import Progress
@@ -83,7 +84,7 @@ def make_loop(s: Session, total_steps: int, objective: ObjectiveState | None = N
     if s.eval_rows:
         from twinrun.train.hooks.evaluation import EvaluationHook
 
-        every = int(cfg.eval_every)  # type: ignore[arg-type]  # given with eval_examples
+        every = run.record(Evaluation).eval_every
         hooks.append(EvaluationHook(s, s.eval_rows, every, recorder))
     if cfg.checkpoint_every:
         hooks.append(CheckpointHook(checkpointer, cfg.checkpoint_every))

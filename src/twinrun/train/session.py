@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from twinrun.config.resolved import (
     EpochPlan,
+    Evaluation,
     Examples,
     StepCount,
     TextWindows,
@@ -170,7 +171,7 @@ def _open_locked(
     model_config = read_config(model_dir)  # ModelError when missing / not a checkpoint
     tok = load_tokenizer(model_dir)
     rows, data_sha256 = read(run)
-    eval_sha256 = eval_digest(cfg)
+    eval_sha256 = eval_digest(run)
     inputs = run_inputs(run, data_sha256, eval_sha256)
     # a resume with other inputs is refused before they are tokenized (a changed tokenizer
     # would warn about rows first) and before any file is touched
@@ -182,7 +183,7 @@ def _open_locked(
     max_length = resolve_max_length(cfg.max_length, model_config)
     encoded = encode(run, tok, rows, max_length)
     check_run_schedule(run, encoded)
-    eval_rows = read_eval_rows(cfg, tok, max_length)
+    eval_rows = read_eval_rows(run, tok, max_length)
 
     from twinrun.core.rng import seed_torch
 
@@ -239,29 +240,30 @@ def _open_locked(
     return session, encoded
 
 
-def eval_digest(cfg: RunConfig) -> str | None:
+def eval_digest(run: ValidRun) -> str | None:
     """The evaluation examples' SHA256; a missing path or one that is not a regular file is
     refused as the examples reader refuses it (before it is hashed)."""
-    if cfg.eval_examples is None:
+    if not run.has(Evaluation):
         return None
     from twinrun.core import reading
 
-    with reading.open_regular(cfg.eval_examples, "examples file", hint="check --eval-examples"):
+    path = run.record(Evaluation).eval_examples
+    with reading.open_regular(path, "examples file", hint="check --eval-examples"):
         pass
-    return sha256_file(cfg.eval_examples)
+    return sha256_file(path)
 
 
-def read_eval_rows(cfg: RunConfig, tok: CheckpointTokenizer, max_length: int) -> list[EncodedRow]:
+def read_eval_rows(run: ValidRun, tok: CheckpointTokenizer, max_length: int) -> list[EncodedRow]:
     """The `--eval-examples` rows (SFT rows, the run's chat template; a text run's plain),
     encoded and cut to `--eval-limit`; checked like training examples, before anything is
     written."""
-    if cfg.eval_examples is None:
+    if not run.has(Evaluation):
         return []
     from twinrun.data.examples import encode_sft_rows
 
-    raw = load_rows(cfg.eval_examples)
-    rows = encode_sft_rows(tok, raw[: cfg.eval_limit], cfg.chat_template == "on", max_length)
-    return rows
+    raw = load_rows(run.record(Evaluation).eval_examples)
+    templated = run.has(Examples) and run.record(Examples).templated
+    return encode_sft_rows(tok, raw[: run.config.eval_limit], templated, max_length)
 
 
 def check_run_schedule(run: ValidRun, encoded: Sequence[object]) -> None:
@@ -339,6 +341,6 @@ def inputs_of(run: ValidRun) -> dict[str, Any]:
         paths["examples"] = run.record(Examples).examples
     else:
         paths["corpus"] = list(run.record(TextWindows).corpus)
-    if run.config.eval_examples is not None:
-        paths["eval_examples"] = str(run.config.eval_examples)
+    if run.has(Evaluation):
+        paths["eval_examples"] = run.record(Evaluation).eval_examples
     return paths
