@@ -52,17 +52,28 @@ def test_every_type_ignore_names_its_code_and_says_why() -> None:
     assert bare == []
 
 
-def test_valid_run_view_lists_the_required_settings_without_none() -> None:
+def test_valid_run_holds_each_required_setting_once_without_none() -> None:
+    """The validated run's fields and records hold every required setting (and the replay
+    buffer's numbers) exactly once, and any setting at most once, each as its declared type
+    without None (a list as a tuple: the records are frozen)."""
     import typing
 
-    from twinrun.config.run import OBJECTIVES, REPLAY_FIELDS, RunConfig, ValidRun, required_fields
+    from twinrun.config.resolved import COMMON, RECORDS, ReplayPins, ValidRun
+    from twinrun.config.run import REPLAY_FIELDS, RunConfig, required_fields
+    from twinrun.objectives.registry import NAMES
 
     declared = typing.get_type_hints(RunConfig)
-    view = typing.get_type_hints(ValidRun)
-    required = {n for o in OBJECTIVES for n in required_fields(o)} | set(REPLAY_FIELDS)
-    assert set(view) == required
-    for name, kind in view.items():
-        assert declared[name] == kind | None, name
+    held = [(name, typing.get_type_hints(ValidRun)[name]) for name in COMMON]
+    for kind in RECORDS:
+        held += list(typing.get_type_hints(kind).items())
+    required = {n for o in NAMES for n in required_fields(o)} | set(REPLAY_FIELDS)
+    names = [n for n, _ in held]
+    assert len(names) == len(set(names))
+    assert required <= set(names)
+    pins = typing.get_type_hints(ReplayPins).items()
+    for name, kind in [*held, *pins]:
+        given = list[str] if kind == tuple[str, ...] else kind
+        assert declared[name] == given | None, name
 
 
 def test_nothing_points_at_a_document_users_cannot_see() -> None:

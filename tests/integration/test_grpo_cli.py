@@ -253,15 +253,21 @@ def test_grpo_config_errors(
 
 
 def sampling_session(model: Path, rollout_block: int) -> types.SimpleNamespace:
+    from twinrun.config.resolved import validate
     from twinrun.config.run import RunConfig
     from twinrun.model.build import load_causal_lm
     from twinrun.model.tokens import load_tokenizer
     from twinrun.train.faults import Faults
 
-    cfg = RunConfig(objective="grpo", seed=3, group_size=3, max_new_tokens=5, temperature=1.0,
-                    chat_template="on", rollout_block=rollout_block)  # fmt: skip
+    run = validate(RunConfig(
+        objective="grpo", seed=3, group_size=3, max_new_tokens=5, temperature=1.0,
+        chat_template="on", rollout_block=rollout_block, model=str(model), examples="e",
+        output="o", batch_size=3, learning_rate=0.1, warmup_steps=0, lr_schedule="constant",
+        lora_rank=2, lora_alpha=4.0, precision="f32", steps=1, prompts_per_step=4,
+        clip_eps=0.2, advantage_clip=5.0, token_cap=5, env="arithmetic", threads=1,
+    ))  # fmt: skip
     return types.SimpleNamespace(
-        cfg=cfg, model=load_causal_lm(model), tok=load_tokenizer(model),
+        run=run, cfg=run.config, model=load_causal_lm(model), tok=load_tokenizer(model),
         faults=Faults(frozenset()), max_length=2048,
     )  # fmt: skip
 

@@ -227,7 +227,7 @@ def test_unexpected_error_is_one_line_too(
 
     monkeypatch.delenv("TWINRUN_DEBUG", raising=False)
     monkeypatch.setattr(twinrun.train.recipes.sft, "train_sft", boom)
-    monkeypatch.setattr("twinrun.config.run.validate", lambda cfg: None)  # reach the trainer
+    monkeypatch.setattr("twinrun.config.resolved.validate", lambda cfg: None)  # reach the trainer
     assert run_cli(["tune", "sft"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("twinrun: internal error: RuntimeError: something broke")

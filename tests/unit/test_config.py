@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from twinrun.config.run import RunConfig, shaping_numbers, validate
+from twinrun.config.resolved import validate
+from twinrun.config.run import RunConfig, shaping_numbers
 from twinrun.core.errors import ConfigError
 
 

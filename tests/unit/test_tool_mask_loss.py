@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from twinrun.capture.batch import OptimizerBatch
+from twinrun.config.resolved import PolicyUpdate
 from twinrun.objectives.grpo import grpo_loss
 from twinrun.train.recipes.grpo import Rollout, optimizer_batch, rollouts_from_batch, update_rows
 
@@ -22,7 +23,10 @@ ROW = Rollout(
 
 
 def session(token_cap: int = 16) -> SimpleNamespace:
-    return SimpleNamespace(tok=SimpleNamespace(pad_id=0), cfg=SimpleNamespace(token_cap=token_cap))
+    update = PolicyUpdate(clip_eps=0.2, temperature=1.0, token_cap=token_cap)
+    return SimpleNamespace(
+        tok=SimpleNamespace(pad_id=0), run=SimpleNamespace(record=lambda _: update)
+    )
 
 
 def test_tool_tokens_are_not_kept() -> None:

@@ -21,6 +21,7 @@ the payload's decode and logical digest beside its file digest); results are tak
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from typing import Any
 from twinrun.capture import manifest as mf
 from twinrun.capture.hashing import Hashes, PayloadDigests, read_hashed, read_whole
 from twinrun.capture.payload import Decoded
-from twinrun.config.run import valid
+from twinrun.config.resolved import ValidRun, replay_run
 from twinrun.config.toml import TomlRun
 from twinrun.core.digest import sha256_bytes, sha256_json
 from twinrun.core.errors import (
@@ -88,6 +89,13 @@ class Verified:
     replay_contract: dict[str, Any] = field(default_factory=dict)
     observed: list[str] = field(default_factory=list)
     state_bytes: dict[str, bytes] = field(default_factory=dict)  # verified optimizer / head
+    replayed: ValidRun | None = None  # the run the replay performs, once its contract holds
+
+    def replay(self) -> ValidRun:
+        """The replay's validated run; RuntimeError (a bug) before the contract check passed."""
+        if self.replayed is None:
+            raise RuntimeError("the replay's run is read before its optimizer contract passed")
+        return self.replayed
 
     @property
     def manifest_sha256(self) -> str:
@@ -97,7 +105,7 @@ class Verified:
 def fresh_output(v: Verified) -> str:
     from twinrun.core.paths import output_path
 
-    out = Path(valid(v.run.cfg).output)
+    out = Path(v.run.pins().output)
     output_path(out, "replay output")  # under a file, on a symlink loop: one line
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise OutputError(
@@ -178,7 +186,7 @@ def logical(v: Verified) -> str:
 def initial_adapter(v: Verified) -> str:
     from twinrun.capture.state import read_trainer_state
 
-    folder = Path(v.run.cfg.init_adapter)  # type: ignore[arg-type]  # a replay config has it
+    folder = Path(v.run.pins().init_adapter)
     initial = v.manifest["initial_state"]
     for key, name in mf.STATE_FILES.items():
         pin = initial.get(key)
@@ -233,8 +241,9 @@ def seed_head_sha256(v: Verified) -> str:
     from twinrun.model.loading import read_model_config
     from twinrun.model.reward_head import new_reward_head
 
-    hidden = int(read_model_config(Path(valid(v.run.cfg).model))["hidden_size"])
-    return sha256_bytes(head_bytes(new_reward_head(hidden, valid(v.run.cfg).seed).weight))
+    pins = v.run.pins()
+    hidden = int(read_model_config(Path(pins.model))["hidden_size"])
+    return sha256_bytes(head_bytes(new_reward_head(hidden, pins.seed).weight))
 
 
 def adapter_target_modules(adapter_dir: Path) -> list[str]:
@@ -267,10 +276,11 @@ def contract(v: Verified) -> str:
         raise IntegrityError(
             pinned["sha256"], sha256_json(source), f"optimizer contract of {v.manifest_path}"
         )
-    if not Path(valid(cfg).model).is_dir():
+    model = Path(v.run.pins().model)
+    if not model.is_dir():
         raise ModelError(f"model directory {cfg.model} does not exist", "check [model] path")
-    model_sha = v.hashes.dir(Path(valid(cfg).model))
-    targets = adapter_target_modules(Path(cfg.init_adapter))  # type: ignore[arg-type]  # as above
+    model_sha = v.hashes.dir(model)
+    targets = adapter_target_modules(Path(v.run.pins().init_adapter))
     replay = optimizer_contract(
         cfg, v.manifest["objective"], model_sha, targets, v.run.extras.engine
     )
@@ -283,6 +293,8 @@ def contract(v: Verified) -> str:
         )
     v.source_contract, v.replay_contract = source, replay
     v.observed = contract_diff(source, replay)
+    # the contract pins the numbers the update reads: the replay of the captured objective
+    v.replayed = replay_run(dataclasses.replace(cfg, objective=v.manifest["objective"]))
     schedule(v)
     return f"differences: {', '.join(v.observed) or 'none'}"
 
@@ -293,9 +305,9 @@ def schedule(v: Verified) -> None:
     from twinrun.config.schedule import lr_at
     from twinrun.core.rng import float_bits
 
-    cfg, m = v.run.cfg, v.manifest
+    run, m = v.replay(), v.manifest
     step, recorded = m["step"], m["schedule"]
-    lr = lr_at(step, valid(cfg).learning_rate, valid(cfg).warmup_steps, recorded["total_steps"])
+    lr = lr_at(step, run.learning_rate, run.warmup_steps, recorded["total_steps"])
     if float_bits(lr) != recorded.get("lr_bits", float_bits(float(recorded["lr"]))):
         raise ContractError(
             f"learning rate at step {step} is {lr}, the source's was {recorded['lr']}",

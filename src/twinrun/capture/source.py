@@ -11,10 +11,9 @@ and the names of the files a TOML run leaves in its directory.
 
 from __future__ import annotations
 
-from twinrun.config.run import valid
+from twinrun.config.resolved import EpochPlan, Examples, StepCount
 from twinrun.config.toml import EPOCH_TRAINERS, TomlRun
 from twinrun.core.errors import TwinrunError
-from twinrun.objectives.registry import objective
 
 RESOLVED = "resolved_config.json"
 FINAL = "final"
@@ -23,14 +22,14 @@ FINAL_FILES = ("adapter_model.safetensors", "adapter_config.json", "reward_head.
 
 def planned_steps(run: TomlRun) -> int:
     """The optimizer steps the run will take (epoch trainers: from the examples count)."""
-    cfg = run.cfg
-    if objective(run.trainer).counts == "steps":
-        return int(valid(cfg).steps)
+    valid = run.training()
+    if valid.has(StepCount):
+        return valid.record(StepCount).steps
     from twinrun.data.batching import steps_per_epoch
     from twinrun.data.examples import load_rows
 
-    n = len(load_rows(valid(cfg).examples))
-    return valid(cfg).epochs * steps_per_epoch(n, valid(cfg).batch_size, valid(cfg).accumulation)
+    n, plan = len(load_rows(valid.record(Examples).examples)), valid.record(EpochPlan)
+    return plan.epochs * steps_per_epoch(n, valid.batch_size, plan.accumulation)
 
 
 def source_problems(run: TomlRun) -> list[str]:

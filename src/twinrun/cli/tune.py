@@ -31,7 +31,7 @@ def training_command(objective: Objective) -> click.Command:
     """`twinrun tune NAME`: the record's summary as help, the settings that apply as flags."""
 
     def run(**opts: Any) -> None:
-        from twinrun.config.run import validate
+        from twinrun.config.resolved import validate
 
         cfg = config_from_options(objective.name, opts)
         validate(cfg)  # every missing or bad value in one line, before torch is imported

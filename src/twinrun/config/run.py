@@ -13,11 +13,10 @@ import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any
 
 from twinrun.config.setting import (
     INT_LIMIT,
-    OBJECTIVES,
     Kind,
     Setting,
     Source,
@@ -47,9 +46,8 @@ def _s(kind: Kind, flag: str, toml: str, help: str = "", **more: Any) -> Any:
 
 @dataclass(kw_only=True, frozen=True)
 class RunConfig:
-    """Everything that shapes a training run. `None` means "not given". Frozen: what the CLI or
-    the TOML gave is what every part of the run reads (a derived value is a new config, made
-    once where it is derived: `dataclasses.replace`)."""
+    """Everything that shapes a training run, as given. `None` means "not given". Frozen:
+    `validate` (config/resolved.py) checks it and returns the `ValidRun` the run reads."""
 
     objective: str = _s("str", "", "training.trainer", " | ".join(names()))
     model: str | None = _s(
@@ -338,50 +336,6 @@ class RunConfig:
             self.inject = []
 
 
-class ValidRun(Protocol):
-    """A `RunConfig` that passed `validate`, as the code that runs it reads it: every setting its
-    objective requires (and wsd's `decay_steps`, per's replay numbers) is given, so these fields
-    read as their declared types without `None`. Read a field only where its objective requires
-    it: `epochs` is given for sft/dpo/reward, `steps` for grpo/text, and so on."""
-
-    model: str
-    examples: str
-    output: str
-    seed: int
-    epochs: int
-    batch_size: int
-    accumulation: int
-    learning_rate: float
-    warmup_steps: int
-    lr_schedule: str
-    lora_rank: int
-    lora_alpha: float
-    precision: str
-    chat_template: str
-    beta: float
-    steps: int
-    corpus: list[str]
-    window: int
-    windows_per_step: int
-    prompts_per_step: int
-    group_size: int
-    max_new_tokens: int
-    temperature: float
-    clip_eps: float
-    advantage_clip: float
-    token_cap: int
-    env: str
-    replay_capacity: int
-    replay_alpha: float
-    replay_beta: float
-    replay_fraction: float
-
-
-def valid(cfg: RunConfig) -> ValidRun:
-    """`cfg` typed as validated (no check here: `validate` has run where the run was opened)."""
-    return cast(ValidRun, cfg)
-
-
 SETTINGS: dict[str, Setting] = settings_of(RunConfig)
 REPLAY_FIELDS = ("replay_capacity", "replay_alpha", "replay_beta", "replay_fraction")
 
@@ -397,43 +351,6 @@ def required_fields(objective: str) -> list[str]:
 
 def applies(name: str, objective: str) -> bool:
     return objective in SETTINGS[name].objectives
-
-
-def validate(cfg: RunConfig, source: Source = "flag") -> None:
-    """Every problem at once: missing numbers first, then bad values; each named as the user gave
-    it (`source`: "flag" for the command line, "toml" for a TOML config)."""
-    if cfg.objective not in OBJECTIVES:
-        raise ConfigError(
-            f"unknown objective {cfg.objective!r}", f"use one of {', '.join(OBJECTIVES)}"
-        )
-    missing = [
-        SETTINGS[n].name(source) for n in required_fields(cfg.objective) if getattr(cfg, n) is None
-    ]
-    if cfg.threads is None and cfg.device == "cpu":  # the thread count splits CPU reductions
-        missing.append(SETTINGS["threads"].name(source))
-    if missing:
-        what = "flag" if source == "flag" else "key"
-        raise ConfigError(
-            f"missing required {what if len(missing) == 1 else what + 's'}: {' '.join(missing)}",
-            "every training number must be given (twinrun has no silent defaults)",
-        )
-    if cfg.lr_schedule == "wsd" and cfg.decay_steps is None:
-        raise ConfigError(
-            f"{SETTINGS['lr_schedule'].name(source)} wsd needs "
-            f"{SETTINGS['decay_steps'].name(source)}",
-            "give the number of decay steps",
-        )
-    if cfg.replay == "per":
-        missing = [SETTINGS[n].name(source) for n in REPLAY_FIELDS if getattr(cfg, n) is None]
-        if missing:
-            raise ConfigError(
-                f"{SETTINGS['replay'].name(source)} per needs {' '.join(missing)}",
-                "every replay number must be given",
-            )
-    problems = value_problems(cfg, source)
-    if problems:
-        raise ConfigError("; ".join(problems))
-    check_report_to(cfg.report_to, SETTINGS["report_to"].name(source))
 
 
 # --report-to: backend -> (the module train/hooks/report.py imports, the package providing it)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import difflib
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from twinrun.config.run import RunConfig, required_fields, validate
+from twinrun.config.resolved import ReplayPins, ValidRun, replay_pins, validate
+from twinrun.config.run import RunConfig, required_fields
 from twinrun.config.setting import (
     KIND_WORDS,
     Setting,
@@ -69,6 +70,19 @@ class TomlRun:
     extras: RunExtras
     max_steps: int | None  # training.max_steps (grpo: also cfg.steps)
     given: set[str]  # TOML keys present in the file
+    resolved: ValidRun | ReplayPins | None = None  # what `load_toml` checked: see `training`
+
+    def training(self) -> ValidRun:
+        """A training config's validated run; RuntimeError (a bug) for a replay config."""
+        if not isinstance(self.resolved, ValidRun):
+            raise RuntimeError(f"a {self.trainer} config has no validated training run")
+        return self.resolved
+
+    def pins(self) -> ReplayPins:
+        """A replay config's required inputs; RuntimeError (a bug) for a training config."""
+        if not isinstance(self.resolved, ReplayPins):
+            raise RuntimeError(f"a {self.trainer} config is not a replay's")
+        return self.resolved
 
 
 def schema() -> dict[str, tuple[str, str, str]]:
@@ -193,10 +207,10 @@ def load_toml(path: str | Path, output: str | None = None, quiet: bool = False) 
         max_steps,
         set(flat),
     )
-    problems = value_problems(run)
+    problems, valid = checked_values(run)
     if problems:
         raise ConfigError(f"{p}: {_count(problems)}: " + "; ".join(problems), _HINT)
-    return run
+    return replace(run, resolved=valid or replay_pins(run.cfg))
 
 
 _HINT = "docs/training.md lists every key and its meaning"
@@ -225,13 +239,15 @@ def _missing(trainer: Any, given: set[str], keys: dict[str, tuple[str, str, str]
     return [f"missing {k}" for k in need if k not in given and k in keys]
 
 
-def value_problems(run: TomlRun) -> list[str]:
-    """Value checks: the training numbers' own (as TOML keys), then the TOML-only rules."""
+def checked_values(run: TomlRun) -> tuple[list[str], ValidRun | None]:
+    """Value checks: the training numbers' own (as TOML keys), then the TOML-only rules; and a
+    training config's validated run (None for a replay's, or when its numbers have problems)."""
     cfg, x = run.cfg, run.extras
     problems: list[str] = []
+    valid = None
     if run.trainer != "optimizer_replay":
         try:
-            validate(cfg, source="toml")
+            valid = validate(cfg, source="toml")
         except TwinrunError as exc:
             problems += exc.message.split("; ")
     else:  # a replay takes its numbers from the source; what it gives must still be sound
@@ -263,7 +279,7 @@ def value_problems(run: TomlRun) -> list[str]:
             f"optimizer_batch.{(replay_keys or ['allow_config_differences'])[0]} "
             'only applies to trainer = "optimizer_replay"'
         )
-    return problems
+    return problems, valid
 
 
 def given_value_problems(run: TomlRun) -> list[str]:

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.capture.source import FINAL, FINAL_FILES, RESOLVED, source_problems
-from twinrun.config.run import valid
 from twinrun.config.toml import load_toml, resolved_tree
 from twinrun.core.errors import ConfigError
 from twinrun.core.fileio import atomic_write_bytes, atomic_write_json
@@ -38,10 +37,10 @@ def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -
                 "run it as `twinrun run CONFIG.toml` (a capture from any process count replays)",
             )
         return replay(run)
-    if run.cfg.output is not None and not run.cfg.resume:  # before the examples are read
+    if not run.cfg.resume:  # before the examples are read
         from twinrun.train.outputs import check_output_dir
 
-        check_output_dir(run.cfg.output, run.cfg.overwrite)
+        check_output_dir(run.training().output, run.cfg.overwrite)
     problems = source_problems(run)
     if problems:
         hint = "see docs/capture.md (capture a source step)"
@@ -50,7 +49,7 @@ def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -
     record = train(cfg)
     if not record:  # a process of a data-parallel run other than rank 0: it writes nothing
         return record
-    out = Path(valid(cfg).output)
+    out = Path(run.training().output)
     for name in FINAL_FILES:
         if (out / name).is_file():
             atomic_write_bytes(out / FINAL / name, (out / name).read_bytes())

@@ -68,7 +68,7 @@ def run_preflight(run: Any) -> Check:
     (and, for GRPO, against a built-in environment), the initial adapter."""
     from dataclasses import replace
 
-    from twinrun.config.run import validate
+    from twinrun.config.resolved import validate
     from twinrun.data.examples import load_rows
     from twinrun.model.loading import read_model_config
     from twinrun.train.faults import parse_faults

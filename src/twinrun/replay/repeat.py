@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from twinrun.config.run import valid
 from twinrun.config.toml import load_toml
 from twinrun.replay.evidence import EvidenceInputError
 
@@ -19,7 +18,7 @@ def repeat_replays(config: Path, n: int) -> list[Path]:
     run = load_toml(config)
     if run.trainer != "optimizer_replay":
         raise EvidenceInputError(f"--repeat {config}: not a replay config ({run.trainer})")
-    base = Path(valid(run.cfg).output)
+    base = Path(run.pins().output)
     out: list[Path] = []
     i = 1
     while len(out) < n:

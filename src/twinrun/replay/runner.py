@@ -17,7 +17,6 @@ row, in the replay vocabulary of docs/capture.md), `resolved_config.json` (redac
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +29,7 @@ from twinrun.capture.digests import effective_rows_sha256, logical_sha256, paddi
 from twinrun.capture.payload import BatchArrays
 from twinrun.capture.source import FINAL, RESOLVED
 from twinrun.capture.state import HEAD_PARAM, load_optimizer_state
-from twinrun.config.run import RunConfig, valid
+from twinrun.config.resolved import ValidRun
 from twinrun.config.schedule import lr_at
 from twinrun.config.toml import TomlRun, resolved_tree
 from twinrun.core.determinism import establish, runtime_versions
@@ -67,7 +66,7 @@ class ReplaySession:
     """What the objectives' forwards use of a Session (train/session.py `ModelSession`) — and
     nothing that reads data."""
 
-    cfg: RunConfig
+    run: ValidRun
     tok: CheckpointTokenizer
     model: CausalLM
 
@@ -85,7 +84,7 @@ class ReplayRecipe(StepRecipe):
         return self.batch
 
     def forwards(self, step: int, batch: OptimizerBatch) -> StepForwards:
-        name = self.s.cfg.objective
+        name = self.s.run.config.objective
         shape = objective(name).batch  # the forwards follow the captured batch's shape
         if shape == "rollouts":
             from twinrun.train.recipes.grpo import rollouts_from_batch, update_forwards
@@ -137,28 +136,26 @@ def replay(run: TomlRun) -> dict[str, Any]:
     """Verify, then perform exactly one optimizer update; returns the sidecar record."""
     _, v = run_checks(run, stop=True)
     assert v.decoded is not None
-    m = v.manifest
-    # the replay trains the captured objective: the verified run's config says so from here on
-    v.run = dataclasses.replace(run, cfg=dataclasses.replace(run.cfg, objective=m["objective"]))
-    cfg = v.run.cfg
+    valid = v.replay()  # the captured objective's run, as the contract check resolved it
+    cfg = valid.config
     built = build(v)
     optimizer = make_optimizer(
         built.params,
-        valid(cfg).learning_rate,
+        valid.learning_rate,
         cfg.adam_betas,
         cfg.adam_eps,
         cfg.weight_decay,
     )
     if "optimizer" in v.state_bytes:  # the AdamW state a step inside a run started from
         load_optimizer_state(
-            v.state_bytes["optimizer"], built.params, optimizer, str(cfg.init_adapter)
+            v.state_bytes["optimizer"], built.params, optimizer, v.run.pins().init_adapter
         )
     check_schedule(v)
-    out = Path(valid(cfg).output)
+    out = Path(valid.output)
     begin_output_dir(out, False, replay_inputs(v))
     write_identity(out)  # this replay's own run id: what tells it from a copy
     row = replay_step(v, built, optimizer, out)
-    final_sha = save_final(out / FINAL, built.model, built.head, cfg)
+    final_sha = save_final(out / FINAL, built.model, built.head, valid)
     row |= replay_metrics(v, row, final_sha, built.model)
     atomic_write_jsonl(out / "metrics.jsonl", [row])
     atomic_write_json(out / RESOLVED, resolved_tree(run))
@@ -182,17 +179,18 @@ def build(v: Verified) -> Built:
     from twinrun.model.lora import lora_parameters
     from twinrun.model.tokens import load_tokenizer
 
-    cfg = v.run.cfg
+    valid = v.replay()
+    cfg = valid.config
     provenance = establish(
         strict=cfg.strict, threads=cfg.threads, device=cfg.device, cpu_kernels=cfg.cpu_kernels
     )
-    provenance["torch_seed"] = seed_torch(valid(cfg).seed)
-    model_dir = Path(valid(cfg).model)
+    provenance["torch_seed"] = seed_torch(valid.seed)
+    model_dir = Path(valid.model)
     tok = load_tokenizer(model_dir)
     # the adapter's rank and alpha were checked against the config by the shared check path
     model = build_model(
         model_dir,
-        precision=valid(cfg).precision,
+        precision=valid.precision,
         device=cfg.device,
         adapter=cfg.init_adapter,
         batch_invariant=cfg.batch_invariant,
@@ -208,15 +206,15 @@ def build(v: Verified) -> Built:
 
 def check_schedule(v: Verified) -> None:
     """The learning rate of the captured step, recomputed, must be the source's bits."""
-    cfg, m = v.run.cfg, v.manifest
+    valid, m = v.replay(), v.manifest
     step, total = m["step"], m["schedule"]["total_steps"]
     lr = lr_at(
         step,
-        valid(cfg).learning_rate,
-        valid(cfg).warmup_steps,
+        valid.learning_rate,
+        valid.warmup_steps,
         total,
-        valid(cfg).lr_schedule,
-        cfg.decay_steps,
+        valid.lr_schedule,
+        valid.config.decay_steps,
     )
     if float_bits(lr) != m["schedule"].get("lr_bits", float_bits(float(m["schedule"]["lr"]))):
         raise ContractError(
@@ -228,7 +226,8 @@ def check_schedule(v: Verified) -> None:
 def replay_step(v: Verified, built: Built, optimizer: AdamW, out: Path) -> dict[str, Any]:
     """The captured step, once, through the training loop, from the captured generator states."""
     assert v.decoded is not None
-    cfg, m = v.run.cfg, v.manifest
+    valid, m = v.replay(), v.manifest
+    cfg = valid.config
     hooks: list[Hook] = [ReplayDigestHook(built.tok.pad_id)]
     if cfg.diag:
         from twinrun.diag.recorder import DiagRecorder
@@ -239,15 +238,15 @@ def replay_step(v: Verified, built: Built, optimizer: AdamW, out: Path) -> dict[
     loop = Loop(
         params=built.params,
         optimizer=optimizer,
-        base_lr=valid(cfg).learning_rate,
-        warmup_steps=valid(cfg).warmup_steps,
+        base_lr=valid.learning_rate,
+        warmup_steps=valid.warmup_steps,
         total_steps=m["schedule"]["total_steps"],
         hooks=hooks,
         parts=RowParts() if cfg.batch_invariant else WholeForward(),
-        schedule=valid(cfg).lr_schedule,
+        schedule=valid.lr_schedule,
         decay_steps=cfg.decay_steps,
     )
-    session = ReplaySession(cfg, built.tok, built.model)
+    session = ReplaySession(valid, built.tok, built.model)
     recipe = ReplayRecipe(session, v.decoded.arrays.to_batch(), built.head)
     if cfg.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(cfg.device)
@@ -267,23 +266,21 @@ def build_head(v: Verified, model: CausalLM) -> torch.nn.Linear:
     from twinrun.model.reward_head import HEAD_KEY, new_reward_head
 
     pin = v.manifest["initial_state"]["reward_head"]
-    cfg = v.run.cfg
-    head = new_reward_head(model.hidden_size, valid(cfg).seed)
+    valid = v.replay()
+    head = new_reward_head(model.hidden_size, valid.seed)
     if pin is None or pin.get("from") != "seed":
         if "reward_head" not in v.state_bytes:
             raise ContractError("the capture pins no reward head", "re-capture the step")
         with torch.no_grad():
             head.weight.copy_(load(v.state_bytes["reward_head"])[HEAD_KEY])
-    return head.to(cfg.device)
+    return head.to(valid.config.device)
 
 
-def save_final(folder: Path, model: CausalLM, head: torch.nn.Linear | None, cfg: RunConfig) -> str:
+def save_final(folder: Path, model: CausalLM, head: torch.nn.Linear | None, run: ValidRun) -> str:
     from twinrun.model.lora import save_adapter
     from twinrun.model.reward_head import save_reward_head
 
-    save_adapter(
-        model, folder, base_model_path=str(cfg.model), rank=cfg.lora_rank, alpha=cfg.lora_alpha
-    )
+    save_adapter(model, folder, base_model_path=run.model, rank=run.lora_rank, alpha=run.lora_alpha)
     if head is not None:
         save_reward_head(head, folder)
     return sha256_file(folder / "adapter_model.safetensors")
@@ -292,7 +289,7 @@ def save_final(folder: Path, model: CausalLM, head: torch.nn.Linear | None, cfg:
 def replay_metrics(
     v: Verified, row: dict[str, Any], final_sha: str, model: CausalLM
 ) -> dict[str, Any]:
-    m, cfg = v.manifest, v.run.cfg
+    m, cfg = v.manifest, v.replay().config
     peak, kind = peak_memory(cfg.device)
     return {
         "optimizer_batch/manifest_sha256": v.manifest_sha256,
@@ -319,7 +316,7 @@ def write_sidecar(
     from twinrun.config.run import shaping_numbers
     from twinrun.train.outputs import sidecar
 
-    cfg = v.run.cfg
+    cfg = v.replay().config
     record = sidecar(
         train=shaping_numbers(cfg) | {"trainer": "optimizer_replay"},
         model_sha256=v.source_contract.get("model.sha256", ""),

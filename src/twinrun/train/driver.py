@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from twinrun.config.run import valid
+from twinrun.config.resolved import Evaluation
 from twinrun.config.schedule import check_schedule
 from twinrun.core.fileio import atomic_write_text
 from twinrun.core.progress import Progress
@@ -45,8 +45,8 @@ __all__ = ["ObjectiveState", "drive", "make_loop", "spikes_of", "truncate_logs"]
 
 def make_loop(s: Session, total_steps: int, objective: ObjectiveState | None = None) -> Loop:
     """The loop of this run: its policies, and the hooks that observe it."""
-    cfg = s.cfg
-    check_schedule(valid(cfg).warmup_steps, total_steps, valid(cfg).lr_schedule, cfg.decay_steps)
+    run, cfg = s.run, s.cfg
+    check_schedule(run.warmup_steps, total_steps, run.lr_schedule, cfg.decay_steps)
     progress = Progress(total_steps, f"{cfg.objective} step", quiet=cfg.quiet)
     root = distributed.is_root()
     if cfg.resume and root:
@@ -84,7 +84,7 @@ def make_loop(s: Session, total_steps: int, objective: ObjectiveState | None = N
     if s.eval_rows:
         from twinrun.train.hooks.evaluation import EvaluationHook
 
-        every = int(cfg.eval_every)  # type: ignore[arg-type]  # given with eval_examples
+        every = run.record(Evaluation).eval_every
         hooks.append(EvaluationHook(s, s.eval_rows, every, recorder))
     if cfg.checkpoint_every:
         hooks.append(CheckpointHook(checkpointer, cfg.checkpoint_every))
@@ -93,13 +93,13 @@ def make_loop(s: Session, total_steps: int, objective: ObjectiveState | None = N
     # last: it stops the run once every other hook has written the step out
     hooks.append(InterruptHook(checkpointer if cfg.checkpoint_every else None))
     optimizer = make_optimizer(
-        s.params, valid(cfg).learning_rate, cfg.adam_betas, cfg.adam_eps, cfg.weight_decay
+        s.params, run.learning_rate, cfg.adam_betas, cfg.adam_eps, cfg.weight_decay
     )
     return Loop(
         params=s.params,
         optimizer=optimizer,
-        base_lr=valid(cfg).learning_rate,
-        warmup_steps=valid(cfg).warmup_steps,
+        base_lr=run.learning_rate,
+        warmup_steps=run.warmup_steps,
         total_steps=total_steps,
         hooks=hooks,
         backward=backward,
@@ -107,7 +107,7 @@ def make_loop(s: Session, total_steps: int, objective: ObjectiveState | None = N
         combine=combine,
         spike=spike,
         stray_draw=StrayDraw(s.faults) if "rng" in planted else None,
-        schedule=valid(cfg).lr_schedule,
+        schedule=run.lr_schedule,
         decay_steps=cfg.decay_steps,
         stop_after=cfg.stop_after,
         progress=progress,

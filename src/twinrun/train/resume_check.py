@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from twinrun.config.run import RunConfig, shaping_numbers, valid
+from twinrun.config.resolved import ValidRun
+from twinrun.config.run import shaping_numbers
 from twinrun.core.digest import sha256_dir, sha256_files
 from twinrun.core.errors import ConfigError, DataError
 from twinrun.model.loading import model_sha256, tokenizer_files
@@ -30,11 +31,11 @@ DIGESTS = (
 
 
 def run_inputs(
-    cfg: RunConfig, data_sha256: str | None, eval_sha256: str | None = None
+    run: ValidRun, data_sha256: str | None, eval_sha256: str | None = None
 ) -> dict[str, Any]:
     """What shapes the run's bytes, as recorded and as compared on resume (`data_sha256`: the
     examples file's or the text corpus's; `eval_sha256`: the evaluation examples')."""
-    model = Path(valid(cfg).model)
+    cfg, model = run.config, Path(run.model)
     tok_files = tokenizer_files(model)
     return {
         "format": INPUTS_FORMAT,

@@ -10,7 +10,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from twinrun.config.run import RunConfig, shaping_numbers, valid, validate
+from twinrun.config.resolved import (
+    EpochPlan,
+    Evaluation,
+    Examples,
+    StepCount,
+    TextWindows,
+    ValidRun,
+    validate,
+)
+from twinrun.config.run import RunConfig, shaping_numbers
 from twinrun.config.values import resolve_max_length
 from twinrun.core.digest import sha256_file
 from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
@@ -18,7 +27,6 @@ from twinrun.core.lock import acquire, release
 from twinrun.core.progress import Progress
 from twinrun.core.redact import redact
 from twinrun.data.examples import SourcedRow, examples_sha256, load_rows
-from twinrun.objectives.registry import objective
 from twinrun.train import distributed
 from twinrun.train.faults import Faults, parse_faults
 from twinrun.train.outputs import begin_output_dir, check_output_dir, sidecar
@@ -35,17 +43,17 @@ E = TypeVar("E")  # what a recipe's data encodes to (rows, pairs, token ids)
 
 
 class ModelSession(Protocol):
-    """What an objective's forwards use of a run: its config, tokenizer and model (a `Session`,
-    or the `ReplaySession` replay builds without any data)."""
+    """What an objective's forwards use of a run: the validated run, tokenizer and model (a
+    `Session`, or the `ReplaySession` replay builds without any data)."""
 
-    cfg: RunConfig
+    run: ValidRun
     tok: CheckpointTokenizer
     model: CausalLM
 
 
 @dataclass
 class Session:
-    cfg: RunConfig
+    run: ValidRun  # validated once the process knows its device; never changed after
     out: Path
     tok: CheckpointTokenizer
     model: CausalLM
@@ -62,15 +70,19 @@ class Session:
     started: float = field(default_factory=time.perf_counter)
     lock: Path | None = None  # the output directory's lock, released by finish_session
 
+    @property
+    def cfg(self) -> RunConfig:
+        """The config the run was resolved from (its switches and optional settings)."""
+        return self.run.config
+
     def save_adapter(self, folder: Path) -> None:
         """The run's LoRA adapter, in PEFT's format, into `folder`."""
         from twinrun.model.lora import save_adapter
 
-        cfg = self.cfg
+        run = self.run
         save_adapter(
-            self.model, folder, base_model_path=str(cfg.model), rank=cfg.lora_rank,
-            alpha=cfg.lora_alpha,
-        )  # fmt: skip
+            self.model, folder, base_model_path=run.model, rank=run.lora_rank, alpha=run.lora_alpha
+        )
 
     def shaping(self) -> dict[str, Any]:
         """Every number that shaped the run, with the values twinrun resolved recorded."""
@@ -93,20 +105,22 @@ class Session:
         return adapter_targets(self.model)
 
 
-def read_examples(cfg: RunConfig) -> tuple[list[SourcedRow], str]:
+def read_examples(run: ValidRun) -> tuple[list[SourcedRow], str]:
     """The rows of `--examples` and the file's SHA256."""
-    return load_rows(valid(cfg).examples), examples_sha256(valid(cfg).examples)
+    path = run.record(Examples).examples
+    return load_rows(path), examples_sha256(path)
 
 
 def open_session(
     cfg: RunConfig,
-    encode: Callable[[CheckpointTokenizer, Any, int], list[E]],
-    read: Callable[[RunConfig], tuple[Any, str]] = read_examples,
+    encode: Callable[[ValidRun, CheckpointTokenizer, Any, int], list[E]],
+    read: Callable[[ValidRun], tuple[Any, str]] = read_examples,
 ) -> tuple[Session, list[E]]:
     """Validate config, model, data and output; then build. Nothing is written before every
     input has been checked; the output directory is locked for the whole session (by the
     process that writes it: rank 0 under torchrun). `read` gives the raw data `encode`
-    tokenizes and its SHA256 (the examples file by default; the text corpus for `tune text`)."""
+    tokenizes and its SHA256 (the examples file by default; the text corpus for `tune text`);
+    both are given the validated run."""
     # joins torchrun's process group, if any; rank 0 reports, the others only compute
     device = distributed.setup(cfg.device)
     cfg = replace(cfg, device=device, quiet=cfg.quiet or not distributed.is_root())
@@ -121,12 +135,12 @@ def open_session(
             "only some of the step's forwards",
             "trace the step in a run without torchrun (its bytes are the same)",
         )
-    validate(cfg)
+    run = validate(cfg)
     faults = parse_faults(cfg.inject, cfg.objective)
     # the second writer stops here; under torchrun only rank 0 writes, so only it locks
-    lock = acquire(valid(cfg).output) if distributed.is_root() else None
+    lock = acquire(run.output) if distributed.is_root() else None
     try:
-        return _open_locked(cfg, encode, read, faults, lock)
+        return _open_locked(run, encode, read, faults, lock)
     except BaseException:
         if lock is not None:
             release(lock)
@@ -134,16 +148,17 @@ def open_session(
 
 
 def _open_locked(
-    cfg: RunConfig,
-    encode: Callable[[CheckpointTokenizer, Any, int], list[E]],
-    read: Callable[[RunConfig], tuple[Any, str]],
+    run: ValidRun,
+    encode: Callable[[ValidRun, CheckpointTokenizer, Any, int], list[E]],
+    read: Callable[[ValidRun], tuple[Any, str]],
     faults: Faults,
     lock: Path | None,
 ) -> tuple[Session, list[E]]:
+    cfg = run.config
     if not cfg.resume:
-        check_output_dir(valid(cfg).output, cfg.overwrite)
-    out = Path(valid(cfg).output)
-    model_dir = Path(valid(cfg).model)
+        check_output_dir(run.output, cfg.overwrite)
+    out = Path(run.output)
+    model_dir = Path(run.model)
     from twinrun.core.determinism import establish, runtime_versions
 
     # first: the CPU kernels are pinned before torch runs any (tokenization may)
@@ -155,23 +170,24 @@ def _open_locked(
 
     model_config = read_config(model_dir)  # ModelError when missing / not a checkpoint
     tok = load_tokenizer(model_dir)
-    rows, data_sha256 = read(cfg)
-    eval_sha256 = eval_digest(cfg)
-    inputs = run_inputs(cfg, data_sha256, eval_sha256)
+    rows, data_sha256 = read(run)
+    eval_sha256 = eval_digest(run)
+    inputs = run_inputs(run, data_sha256, eval_sha256)
     # a resume with other inputs is refused before they are tokenized (a changed tokenizer
     # would warn about rows first) and before any file is touched
     if cfg.resume and check_resume(out, inputs) == 0:
         # killed before its first checkpoint: start again from step 0
-        cfg = replace(cfg, resume=False, overwrite=True)
+        run = run.with_config(resume=False, overwrite=True)
+        cfg = run.config
         check_output_dir(out, cfg.overwrite)  # its partial logs go; anything foreign stops it
     max_length = resolve_max_length(cfg.max_length, model_config)
-    encoded = encode(tok, rows, max_length)
-    check_run_schedule(cfg, encoded)
-    eval_rows = read_eval_rows(cfg, tok, max_length)
+    encoded = encode(run, tok, rows, max_length)
+    check_run_schedule(run, encoded)
+    eval_rows = read_eval_rows(run, tok, max_length)
 
     from twinrun.core.rng import seed_torch
 
-    provenance["torch_seed"] = seed_torch(valid(cfg).seed)
+    provenance["torch_seed"] = seed_torch(run.seed)
     from twinrun.model.build import FreshLora, build_model
     from twinrun.model.lora import lora_parameters
 
@@ -179,20 +195,18 @@ def _open_locked(
     loading.note(f"{cfg.objective}: loading {model_dir} ...")  # a large model takes minutes
     model = build_model(
         model_dir,
-        precision=valid(cfg).precision,
+        precision=run.precision,
         device=cfg.device,
         attention=cfg.attention,
         adapter=cfg.init_adapter,
         lora=None
         if cfg.init_adapter is not None
-        else FreshLora(
-            valid(cfg).lora_rank, valid(cfg).lora_alpha, valid(cfg).seed, cfg.lora_targets
-        ),
+        else FreshLora(run.lora_rank, run.lora_alpha, run.seed, cfg.lora_targets),
         batch_invariant=cfg.batch_invariant,
         gradient_checkpointing=cfg.gradient_checkpointing,
     )
     if cfg.init_adapter is not None:
-        check_adapter_shape(model, cfg)
+        check_adapter_shape(model, run)
     params = lora_parameters(model)
     from twinrun.train.agreement import agreement_record
 
@@ -208,7 +222,7 @@ def _open_locked(
     if not cfg.resume and distributed.is_root():
         begin_output_dir(out, cfg.overwrite, inputs)  # the inputs record first: the marker
     session = Session(
-        cfg=cfg,
+        run=run,
         out=out,
         tok=tok,
         model=model,
@@ -226,55 +240,56 @@ def _open_locked(
     return session, encoded
 
 
-def eval_digest(cfg: RunConfig) -> str | None:
+def eval_digest(run: ValidRun) -> str | None:
     """The evaluation examples' SHA256; a missing path or one that is not a regular file is
     refused as the examples reader refuses it (before it is hashed)."""
-    if cfg.eval_examples is None:
+    if not run.has(Evaluation):
         return None
-    return examples_sha256(cfg.eval_examples)
+    return examples_sha256(run.record(Evaluation).eval_examples)
 
 
-def read_eval_rows(cfg: RunConfig, tok: CheckpointTokenizer, max_length: int) -> list[EncodedRow]:
+def read_eval_rows(run: ValidRun, tok: CheckpointTokenizer, max_length: int) -> list[EncodedRow]:
     """The `--eval-examples` rows (SFT rows, the run's chat template; a text run's plain),
     encoded and cut to `--eval-limit`; checked like training examples, before anything is
     written."""
-    if cfg.eval_examples is None:
+    if not run.has(Evaluation):
         return []
     from twinrun.data.examples import encode_sft_rows
 
-    raw = load_rows(cfg.eval_examples)
-    rows = encode_sft_rows(tok, raw[: cfg.eval_limit], cfg.chat_template == "on", max_length)
-    return rows
+    raw = load_rows(run.record(Evaluation).eval_examples)
+    templated = run.has(Examples) and run.record(Examples).templated
+    return encode_sft_rows(tok, raw[: run.config.eval_limit], templated, max_length)
 
 
-def check_run_schedule(cfg: RunConfig, encoded: Sequence[object]) -> None:
+def check_run_schedule(run: ValidRun, encoded: Sequence[object]) -> None:
     """The learning-rate schedule fits the run's steps (checked before anything is written):
     `--steps`, or the epochs over the encoded examples (pairs for dpo/reward)."""
     from twinrun.config.schedule import check_schedule
     from twinrun.data.batching import steps_per_epoch
 
-    if cfg.steps is not None:
-        total = cfg.steps
+    if run.has(StepCount):
+        total = run.record(StepCount).steps
     else:
-        per_epoch = steps_per_epoch(len(encoded), valid(cfg).batch_size, valid(cfg).accumulation)
-        total = valid(cfg).epochs * per_epoch
-    check_schedule(valid(cfg).warmup_steps, total, valid(cfg).lr_schedule, cfg.decay_steps)
+        plan = run.record(EpochPlan)
+        total = plan.epochs * steps_per_epoch(len(encoded), run.batch_size, plan.accumulation)
+    check_schedule(run.warmup_steps, total, run.lr_schedule, run.config.decay_steps)
 
 
-def check_adapter_shape(model: CausalLM, cfg: RunConfig) -> None:
+def check_adapter_shape(model: CausalLM, run: ValidRun) -> None:
     """A run that starts from an existing adapter (e.g. `twinrun init-adapter`) has its shape."""
     from twinrun.core.errors import ConfigError
     from twinrun.model.lora import read_adapter_config
 
+    cfg = run.config
     adapter = read_adapter_config(cfg.init_adapter)  # type: ignore[arg-type]  # called when given
     if (
-        adapter.get("r") != valid(cfg).lora_rank
-        or float(adapter.get("lora_alpha", "nan")) != valid(cfg).lora_alpha
+        adapter.get("r") != run.lora_rank
+        or float(adapter.get("lora_alpha", "nan")) != run.lora_alpha
     ):
         raise ConfigError(
             f"adapter {cfg.init_adapter} has rank {adapter.get('r')} alpha "
-            f"{adapter.get('lora_alpha')}, the run asks for rank {cfg.lora_rank} alpha "
-            f"{cfg.lora_alpha}",
+            f"{adapter.get('lora_alpha')}, the run asks for rank {run.lora_rank} alpha "
+            f"{run.lora_alpha}",
             "make the LoRA flags match the adapter",
         )
 
@@ -304,7 +319,7 @@ def finish_session(
         determinism=s.provenance,
         runtime=s.runtime,
         metrics=summary | {"wall_s": time.perf_counter() - s.started},
-        extra={"inputs": redact(inputs_of(s.cfg))}
+        extra={"inputs": redact(inputs_of(s.run))}
         | ({"eval": {"sha256": s.eval_sha256, "examples": len(s.eval_rows)}} if s.eval_rows else {})
         | (extra or {}),
     )
@@ -313,14 +328,14 @@ def finish_session(
     return record
 
 
-def inputs_of(cfg: RunConfig) -> dict[str, Any]:
+def inputs_of(run: ValidRun) -> dict[str, Any]:
     """The input paths a sidecar names (the corpus files of a text run, in order; the evaluation
     examples when given) — what `twinrun reproduce` reads them from."""
-    paths: dict[str, Any] = {"model": str(cfg.model)}
-    if not objective(cfg.objective).reads_examples:
-        paths["corpus"] = [str(p) for p in cfg.corpus or []]
+    paths: dict[str, Any] = {"model": run.model}
+    if run.has(Examples):
+        paths["examples"] = run.record(Examples).examples
     else:
-        paths["examples"] = str(cfg.examples)
-    if cfg.eval_examples is not None:
-        paths["eval_examples"] = str(cfg.eval_examples)
+        paths["corpus"] = list(run.record(TextWindows).corpus)
+    if run.has(Evaluation):
+        paths["eval_examples"] = run.record(Evaluation).eval_examples
     return paths

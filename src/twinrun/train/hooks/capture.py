@@ -27,7 +27,7 @@ from twinrun.capture.digests import effective_rows_sha256, logical_sha256, paddi
 from twinrun.capture.payload import BatchArrays, encode, validate
 from twinrun.capture.state import HEAD_PARAM, adapter_bytes, head_bytes, optimizer_bytes
 from twinrun.capture.store import check_free, new_dir, write_new
-from twinrun.config.run import RunConfig, valid
+from twinrun.config.run import RunConfig
 from twinrun.core.digest import sha256_bytes, sha256_file, sha256_json
 from twinrun.core.errors import ConfigError, ContractError
 from twinrun.core.fileio import atomic_write_json
@@ -87,7 +87,7 @@ class CaptureHook(Hook):
         arrays = BatchArrays.from_batch(outcome.batch)
         validate(arrays)
         rng = self.rng_before.pop(step, None) or capture_torch_rng()
-        payload = encode(arrays, rng, valid(cfg).seed)
+        payload = encode(arrays, rng, s.run.seed)
         logical = logical_sha256(arrays)
         effective = effective_rows_sha256(arrays, s.tok.pad_id)
         initial = self.initial_state(view)

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from twinrun.config.run import valid
 from twinrun.infer.evaluate import score_batches
 from twinrun.train.loop import Hook, Phase, StepView
 
@@ -43,7 +42,7 @@ class EvaluationHook(Hook):
         cfg = self.s.cfg
         batches = list(
             score_batches(
-                self.s.model, self.rows, self.s.tok.pad_id, valid(cfg).batch_size, cfg.device,
+                self.s.model, self.rows, self.s.tok.pad_id, self.s.run.batch_size, cfg.device,
                 cfg.batch_invariant,
             )
         )  # fmt: skip

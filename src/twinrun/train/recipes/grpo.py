@@ -31,7 +31,16 @@ from typing import Any
 import torch
 
 from twinrun.capture.batch import OptimizerBatch
-from twinrun.config.run import RunConfig, valid, validate
+from twinrun.config.resolved import (
+    Examples,
+    PerReplay,
+    PolicyUpdate,
+    Rollouts,
+    StepCount,
+    ValidRun,
+    validate,
+)
+from twinrun.config.run import RunConfig
 from twinrun.core.rng import stream
 from twinrun.data.batching import epoch_order
 from twinrun.data.examples import EncodedRow, SourcedRow, check_length
@@ -116,40 +125,38 @@ class GrpoState:
 
 
 def train_grpo(cfg: RunConfig) -> dict[str, Any]:
-    validate(cfg)
-    name = cfg.env or ""
-    tools = tool_environment(cfg)  # plugin errors before anything is written
+    given = validate(cfg)
+    name = given.record(Rollouts).env
+    tools = tool_environment(given)  # plugin errors before anything is written
     env = make_environment(name, cfg.env_args or {}) if tools is None else None
     session, rows = open_session(
         cfg,
-        lambda tok, raw, max_len: usable_prompts(
+        lambda run, tok, raw, max_len: usable_prompts(
             tok,
             checked_tool_rows(name, raw)
             if env is None
-            else validated_rows(env, name, raw, valid(cfg).seed),
-            cfg,
+            else validated_rows(env, name, raw, run.seed),
+            run,
             tools is not None,
         ),
     )  # every row is checked before the output directory is made
-    cfg = session.cfg  # as the session resolved it (the device under torchrun)
+    run = session.run  # as the session resolved it (the device under torchrun)
     replay: PrioritizedReplay[Any] | None = None
-    if cfg.replay == "per":
-        replay = PrioritizedReplay(
-            valid(cfg).replay_capacity, valid(cfg).replay_alpha, valid(cfg).replay_beta
-        )
+    if run.has(PerReplay):
+        per = run.record(PerReplay)
+        replay = PrioritizedReplay(per.replay_capacity, per.replay_alpha, per.replay_beta)
     state = GrpoState(rows=rows, env=env, env_name=name, replay=replay, tools=tools)
-    p, seed = cfg.prompts_per_step, cfg.seed
-    assert p is not None and seed is not None and cfg.steps is not None
-    plans = [[state.example_at(seed, step * p + i) for i in range(p)] for step in range(cfg.steps)]
+    p, seed, steps = run.record(Rollouts).prompts_per_step, run.seed, run.record(StepCount).steps
+    plans = [[state.example_at(seed, step * p + i) for i in range(p)] for step in range(steps)]
     recipe = GrpoRecipe(session, state, unseeded_plans(session.faults, plans, len(rows)))
     objective = ObjectiveState(state.replay_state, state.set_replay_state)
-    loop = make_loop(session, cfg.steps, objective)
+    loop = make_loop(session, steps, objective)
     drive(session, loop, recipe, objective)
     last = loop.metrics[-1]
     summary = {
         "final_loss": last["loss"],
         "spikes": spikes_of(loop),
-        "steps": cfg.steps,
+        "steps": steps,
         "final_reward_mean": last["reward_mean"],
     }
     return finish_session(session, loop.metrics, summary)
@@ -178,13 +185,13 @@ class GrpoRecipe(StepRecipe):
     def forwards(self, step: int, examples: list[int]) -> StepForwards:
         """Rollouts from the current policy, their advantages, replayed rollouts, then the
         update's forwards."""
-        s, state, cfg = self.s, self.state, self.s.cfg
+        s, state, rollouts = self.s, self.state, self.s.run.record(Rollouts)
         t0 = time.perf_counter()
         fresh = sampled_rollouts(s, state, step, examples)
         rewards = torch.tensor([r.reward for r in fresh], dtype=torch.float64).view(
-            len(examples), valid(cfg).group_size
+            len(examples), rollouts.group_size
         )
-        advantages, zero_frac = compute_advantages(rewards, valid(cfg).advantage_clip)
+        advantages, zero_frac = compute_advantages(rewards, rollouts.advantage_clip)
         if zero_frac == 1.0 and not self.warned_no_signal and not replay_pending(state):
             self.warned_no_signal = True
             warnings.warn(
@@ -201,7 +208,7 @@ class GrpoRecipe(StepRecipe):
         t1 = time.perf_counter()
         update = yield from update_forwards(s, fresh + replayed, step)
         leaves: dict[str, Any] = {"batch.sample_indices": torch.tensor(examples, dtype=torch.int64)}
-        leaves |= observation_leaves(fresh, valid(cfg).group_size)
+        leaves |= observation_leaves(fresh, rollouts.group_size)
         if state.tools is not None:
             leaves |= turn_leaves(fresh)
         if state.replay is not None:
@@ -240,21 +247,21 @@ def checked_tool_rows(name: str, rows: list[SourcedRow]) -> list[SourcedRow]:
 
 
 def usable_prompts(
-    tok: Any, rows: list[SourcedRow], cfg: RunConfig, tools: bool = False
+    tok: Any, rows: list[SourcedRow], run: ValidRun, tools: bool = False
 ) -> list[SourcedRow]:
     """The rows, once the tokenizer is known to encode prompts the way the run asks (prompts are
     encoded step by step, so a missing chat template must fail before anything is written); a
     tool environment also needs a template that renders tool messages."""
-    if cfg.chat_template == "on":
+    if run.record(Examples).templated:
         tok.require_chat_template()
     if tools:
-        check_tool_template(tok, cfg)
+        check_tool_template(tok)
     return rows
 
 
 def prompt_ids_for(s: Session, observation: str) -> list[int]:
     messages = [{"role": "user", "content": observation}]
-    return s.tok.prompt_ids(messages, s.cfg.chat_template == "on")
+    return s.tok.prompt_ids(messages, s.run.record(Examples).templated)
 
 
 def sample_block(
@@ -264,8 +271,8 @@ def sample_block(
     left-padded prefill; completion k of example e draws its token i from
     stream(seed, "sample", step, e, k, i). Returns (tokens, float64 old logprobs) per completion,
     per prompt."""
-    seed, group = s.cfg.seed, s.cfg.group_size
-    assert seed is not None and group is not None
+    seed, rollouts = s.run.seed, s.run.record(Rollouts)
+    group = rollouts.group_size
 
     def draw_for(example: int, k: int) -> Callable[[int], float]:
         return lambda position: stream(seed, "sample", step, example, k, position).uniform()
@@ -274,8 +281,8 @@ def sample_block(
         results = generate_block(
             s.model,
             prompts,
-            valid(s.cfg).max_new_tokens,
-            valid(s.cfg).temperature,
+            rollouts.max_new_tokens,
+            s.run.record(PolicyUpdate).temperature,
             [[draw_for(e, k) for k in range(group)] for e in examples],
             end_ids=s.tok.end_ids,
         )
@@ -316,8 +323,8 @@ def collect_rollouts(
     after group; `slots` are their global group indices (default 0, 1, ...), which key the
     environment's observation draws; `stamped`: whether the planted observation fault acts
     (default: asked of the run's faults)."""
-    cfg = s.cfg
-    max_len = s.max_length
+    seed = s.run.seed
+    room = s.max_length - s.run.record(Rollouts).max_new_tokens  # a prompt's tokens at most
     if stamped is None:
         stamped = s.faults.once("observation", step)
     slots = list(range(len(examples))) if slots is None else slots
@@ -327,12 +334,12 @@ def collect_rollouts(
     for slot, example, env in zip(slots, examples, envs, strict=True):
         row = state.rows[example]
         observation = checked_prompt(
-            env, state.env_name, dict(row.data), stream(valid(cfg).seed, "env", step, slot)
+            env, state.env_name, dict(row.data), stream(seed, "env", step, slot)
         )
         if stamped:
             observation = observation_fault(observation)
         ids = prompt_ids_for(s, observation)
-        check_length(EncodedRow(tuple(ids), ()), row.where, max_len - valid(cfg).max_new_tokens)
+        check_length(EncodedRow(tuple(ids), ()), row.where, room)
         prompts.append(ids)
         observations.append(canonical_json([{"role": "user", "content": observation}]))
     out: list[Rollout] = []
@@ -426,12 +433,9 @@ def replay_draws(s: Session, state: GrpoState, step: int) -> tuple[list[Rollout]
     buf = state.replay
     if buf is None or len(buf) == 0:
         return [], per_leaves([], [], [])
-    cfg = s.cfg
-    m = max(
-        1, round(valid(cfg).replay_fraction * valid(cfg).prompts_per_step * valid(cfg).group_size)
-    )
-    seed = cfg.seed
-    assert seed is not None
+    rollouts, seed = s.run.record(Rollouts), s.run.seed
+    fraction = s.run.record(PerReplay).replay_fraction
+    m = max(1, round(fraction * rollouts.prompts_per_step * rollouts.group_size))
     priorities = buf.priorities()
     if s.faults.once("replay", step) or s.faults.once("sampler", step):  # planted: unseeded
         unseeded = random.SystemRandom()
@@ -480,7 +484,7 @@ def update_rows(s: ModelSession, batch: list[Rollout]) -> UpdateRows:
         attn[i, :t] = 1
         comp[i, p:t] = torch.tensor(r.completion_mask(), dtype=torch.bool)
         old[i, p:t] = torch.tensor(r.old_logprobs, dtype=torch.float64)
-    kept, _, denominator = apply_token_cap(comp[:, 1:], valid(s.cfg).token_cap)
+    kept, _, denominator = apply_token_cap(comp[:, 1:], s.run.record(PolicyUpdate).token_cap)
     return UpdateRows(
         ids, attn, old[:, 1:], kept, denominator,
         torch.tensor([r.advantage for r in batch], dtype=torch.float64),
@@ -504,10 +508,9 @@ def kept_logprobs(
 
 def update_forwards(s: ModelSession, batch: list[Rollout], step: int) -> StepForwards:
     """The PPO-clip update on `batch`, in forwards of `batch_size` rows (replay runs this)."""
-    cfg, device = s.cfg, s.cfg.device
+    policy, device = s.run.record(PolicyUpdate), s.run.config.device
     u = update_rows(s, batch)
-    n, bs = len(batch), cfg.batch_size
-    assert bs is not None and cfg.temperature is not None
+    n, bs = len(batch), s.run.batch_size
     parts = []  # (loss, clipped, active) of this process's forwards (all without torchrun)
     for f, padding in forward_slots(-(-n // bs), s.model):
         sl = slice(f * bs, min(n, f * bs + bs))
@@ -515,10 +518,10 @@ def update_forwards(s: ModelSession, batch: list[Rollout], step: int) -> StepFor
         f_ids, f_attn = u.ids[sl, :w].to(device), u.attn[sl, :w].to(device)
         logits = s.model(f_ids, f_attn)
         kept = u.kept[sl, : w - 1].to(device)
-        logp = kept_logprobs(logits, f_ids, kept, cfg.temperature)
+        logp = kept_logprobs(logits, f_ids, kept, policy.temperature)
         out = grpo_loss(
             logp, u.old[sl, : w - 1].to(device), u.advantages[sl].to(device),
-            kept, u.denominator, valid(cfg).clip_eps, u.weights[sl].to(device),
+            kept, u.denominator, policy.clip_eps, u.weights[sl].to(device),
         )  # fmt: skip
         yield Forward(out.loss, out.row_losses, [f_ids], [logits], padding=padding)
         if padding:

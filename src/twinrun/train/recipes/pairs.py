@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from twinrun.capture.batch import OptimizerBatch
-from twinrun.config.run import RunConfig, valid
+from twinrun.config.resolved import EpochPlan, Examples, Preference
+from twinrun.config.run import RunConfig
 from twinrun.data.batching import StepPlan, pad_rows, plan_steps
 from twinrun.data.pairs import EncodedPair, encode_pairs
 from twinrun.model.lora import lora_disabled
@@ -53,23 +54,22 @@ class PairBatch:
 def train_pairs(cfg: RunConfig) -> dict[str, Any]:
     """Run DPO, IPO or reward modelling (`cfg.objective`) end to end; the sidecar record."""
     session, pairs = open_session(
-        cfg, lambda tok, raw, max_len: encode_pairs(tok, raw, cfg.chat_template == "on", max_len)
+        cfg,
+        lambda run, tok, raw, max_len: encode_pairs(
+            tok, raw, run.record(Examples).templated, max_len
+        ),
     )
-    cfg = session.cfg  # as the session resolved it (the device under torchrun)
+    run = session.run  # as the session resolved it (the device under torchrun)
+    cfg = run.config
     head = None
     if objective(cfg.objective).head:  # reward: a scalar head trains with the adapter
         from twinrun.model.reward_head import new_reward_head
 
-        head = new_reward_head(session.model.hidden_size, valid(cfg).seed).to(cfg.device)
+        head = new_reward_head(session.model.hidden_size, run.seed).to(cfg.device)
         assert isinstance(head.weight, torch.nn.Parameter)  # typed as a Tensor by torch
         session.params = [*session.params, ("reward_head.score.weight", head.weight)]
-    plans = plan_steps(
-        len(pairs),
-        valid(cfg).epochs,
-        valid(cfg).batch_size,
-        valid(cfg).accumulation,
-        valid(cfg).seed,
-    )
+    epochs = run.record(EpochPlan)
+    plans = plan_steps(len(pairs), epochs.epochs, run.batch_size, epochs.accumulation, run.seed)
     recipe = PairRecipe(session, pairs, unseeded_plans(session.faults, plans, len(pairs)), head)
     loop = make_loop(session, len(plans))
     drive(session, loop, recipe)
@@ -124,8 +124,8 @@ def side_forward(
     s: ModelSession, padded: Padded, head: torch.nn.Module | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One forward over one side of the pairs: (values [B], ids, logits, reference values)."""
-    ids, attn, mask = (t.to(s.cfg.device) for t in padded)
-    invariant = s.cfg.batch_invariant
+    ids, attn, mask = (t.to(s.run.config.device) for t in padded)
+    invariant = s.run.config.batch_invariant
     if head is not None:
         from twinrun.model.reward_head import scores
 
@@ -150,8 +150,8 @@ def pair_forwards(
         sides = pad_sides(groups, s.tok.pad_id)
     total = sum(len(fw) for fw in groups)
     if head is None:  # a preference loss against the reference (dpo, ipo)
-        pair_loss = pair_loss_of(s.cfg.objective)
-        per_token = objective(s.cfg.objective).per_token
+        pair_loss = pair_loss_of(s.run.config.objective)
+        per_token = objective(s.run.config.objective).per_token
     parts = []  # (loss sum, correct, margin) of this process's groups (all without torchrun)
     for g, padding in forward_slots(len(groups), s.model):
         fw = groups[g]
@@ -162,7 +162,7 @@ def pair_forwards(
             if per_token:  # each side's log-prob per completion token (TRL's IPO)
                 nc, nr = completion_tokens(sides[2 * g]), completion_tokens(sides[2 * g + 1])
                 chosen, c_ref, rejected, r_ref = chosen / nc, c_ref / nc, rejected / nr, r_ref / nr
-            pref = pair_loss(chosen, rejected, c_ref, r_ref, valid(s.cfg).beta)
+            pref = pair_loss(chosen, rejected, c_ref, r_ref, s.run.record(Preference).beta)
             losses, accuracy = pref.losses, pref.accuracy
             margin = float(pref.reward_margin) * len(fw)
         else:
@@ -188,7 +188,7 @@ def pair_forwards(
         rows=2 * total,
         metrics={"pairs": total, "accuracy": correct / total, "reward_margin": margin / total},
         batch=OptimizerBatch(
-            objective=s.cfg.objective,
+            objective=s.run.config.objective,
             step=step,
             rows=[list(r.input_ids) for r in rows],
             loss_masks=[list(r.loss_mask) for r in rows],

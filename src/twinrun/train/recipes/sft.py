@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from twinrun.capture.batch import OptimizerBatch
-from twinrun.config.run import RunConfig, valid
+from twinrun.config.resolved import EpochPlan, Examples
+from twinrun.config.run import RunConfig
 from twinrun.data.batching import StepPlan, pad_rows, padding_fraction, plan_steps
 from twinrun.data.examples import EncodedRow, encode_sft_rows
 from twinrun.objectives.sft import completion_nll
@@ -41,16 +42,14 @@ class SftBatch:
 def train_sft(cfg: RunConfig) -> dict[str, Any]:
     """Run SFT end to end; returns the sidecar record."""
     session, rows = open_session(
-        cfg, lambda tok, raw, max_len: encode_sft_rows(tok, raw, cfg.chat_template == "on", max_len)
+        cfg,
+        lambda run, tok, raw, max_len: encode_sft_rows(
+            tok, raw, run.record(Examples).templated, max_len
+        ),
     )
-    cfg = session.cfg  # as the session resolved it (the device under torchrun)
-    plans = plan_steps(
-        len(rows),
-        valid(cfg).epochs,
-        valid(cfg).batch_size,
-        valid(cfg).accumulation,
-        valid(cfg).seed,
-    )
+    run = session.run  # as the session resolved it (the device under torchrun)
+    epochs = run.record(EpochPlan)
+    plans = plan_steps(len(rows), epochs.epochs, run.batch_size, epochs.accumulation, run.seed)
     recipe = SftRecipe(session, rows, unseeded_plans(session.faults, plans, len(rows)))
     loop = make_loop(session, len(plans))
     drive(session, loop, recipe)
@@ -84,7 +83,7 @@ def sft_forwards(
 ) -> StepForwards:
     """The forwards of one step over these rows (also what replay runs); `padded` are the rows
     already padded (by `prepare`), else they are padded here."""
-    device = s.cfg.device
+    device = s.run.config.device
     total = sum(r.targets for fw in forwards for r in fw)
     if padded is None:
         padded = [pad_rows(batch, s.tok.pad_id) for batch in forwards]
@@ -92,7 +91,7 @@ def sft_forwards(
     for i, padding in forward_slots(len(forwards), s.model):
         ids, attn, mask = (t.to(device) for t in padded[i])
         logits = s.model(ids, attn)
-        sums, _ = completion_nll(logits, ids, mask, batch_invariant=s.cfg.batch_invariant)
+        sums, _ = completion_nll(logits, ids, mask, batch_invariant=s.run.config.batch_invariant)
         yield Forward(sums.sum() / total, sums / total, [ids], [logits], padding=padding)
         if not padding:
             sums_of.append(sums.detach().double().sum().cpu())

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from twinrun.config.run import RunConfig, valid
+from twinrun.config.resolved import StepCount, TextWindows, ValidRun
+from twinrun.config.run import RunConfig
 from twinrun.data.corpus import check_window, read_corpus, tokenize_corpus, window_row
 from twinrun.data.corpus import window_start as start_of
 from twinrun.data.examples import EncodedRow
@@ -36,27 +37,29 @@ class TextBatch:
     forwards: list[list[EncodedRow]]
 
 
-def window_starts(cfg: RunConfig, step: int, tokens: int) -> tuple[int, ...]:
+def window_starts(run: ValidRun, step: int, tokens: int) -> tuple[int, ...]:
     """The starts of step `step`'s windows, each its own keyed draw."""
-    k, n = int(valid(cfg).windows_per_step), int(valid(cfg).window)
-    return tuple(start_of(int(valid(cfg).seed), step, i, tokens, n) for i in range(k))
+    text = run.record(TextWindows)
+    k, n = text.windows_per_step, text.window
+    return tuple(start_of(run.seed, step, i, tokens, n) for i in range(k))
 
 
 def train_text(cfg: RunConfig) -> dict[str, Any]:
     """Run continued pre-training end to end; returns the sidecar record."""
 
-    def read(c: RunConfig) -> tuple[list[str], str]:
-        return read_corpus(list(c.corpus or []))
+    def read(run: ValidRun) -> tuple[list[str], str]:
+        return read_corpus(list(run.record(TextWindows).corpus))
 
-    def encode(tok: CheckpointTokenizer, texts: list[str], max_length: int) -> list[int]:
+    def encode(
+        run: ValidRun, tok: CheckpointTokenizer, texts: list[str], max_length: int
+    ) -> list[int]:
         ids = tokenize_corpus(tok, texts)
-        check_window(len(ids), int(valid(cfg).window), max_length)
+        check_window(len(ids), run.record(TextWindows).window, max_length)
         return ids
 
     session, ids = open_session(cfg, encode, read)
-    cfg = session.cfg  # as the session resolved it (the device under torchrun)
     recipe = TextRecipe(session, ids)
-    steps = int(valid(cfg).steps)
+    steps = session.run.record(StepCount).steps
     loop = make_loop(session, steps)
     drive(session, loop, recipe)
     last = loop.metrics[-1]
@@ -75,10 +78,10 @@ class TextRecipe(StepRecipe):
     ids: list[int]
 
     def prepare(self, step: int) -> TextBatch:
-        cfg = self.s.cfg
-        starts = window_starts(cfg, step, len(self.ids))
-        rows = [window_row(self.ids, a, int(valid(cfg).window)) for a in starts]
-        size = int(valid(cfg).batch_size)
+        run = self.s.run
+        starts = window_starts(run, step, len(self.ids))
+        rows = [window_row(self.ids, a, run.record(TextWindows).window) for a in starts]
+        size = run.batch_size
         return TextBatch(starts, [rows[i : i + size] for i in range(0, len(rows), size)])
 
     def forwards(self, step: int, batch: TextBatch) -> StepForwards:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from twinrun.config.run import RunConfig, valid
+from twinrun.config.resolved import PolicyUpdate, Rollouts, ValidRun
 from twinrun.core.errors import ModelError
 from twinrun.core.rng import stream
 from twinrun.data.examples import EncodedRow, SourcedRow, check_length
@@ -124,12 +124,12 @@ def start_episode(
     s: Session, env: ToolEnvironment, row: SourcedRow, example: int, k: int, step: int, slot: int
 ) -> EpisodeRun:
     """A fresh environment instance for rollout (slot, k) and its turn-0 prompt."""
-    seed = valid(s.cfg).seed
+    seed = s.run.seed
     episode = env.episode(dict(row.data), stream(seed, "env", step, slot))
     messages, tools = first_messages(s, episode)
     text = render(s, messages, tools)
     ids = s.tok.encode(text)
-    budget = s.max_length - valid(s.cfg).max_new_tokens
+    budget = s.max_length - s.run.record(Rollouts).max_new_tokens
     check_length(EncodedRow(tuple(ids), ()), row.where, budget)
     run = EpisodeRun(example, k, episode, tools, messages, text, ids, [0] * len(ids),
                      [0.0] * len(ids), pending=list(ids))  # fmt: skip
@@ -163,15 +163,16 @@ def decode_turn(
     s: Session, runs: list[EpisodeRun], step: int, turn: int
 ) -> list[tuple[list[int], list[float]]]:
     """The model's turn of every run, decoded as one left-padded batch (one row per run)."""
-    seed = valid(s.cfg).seed
+    seed = s.run.seed
 
     def draw_for(r: EpisodeRun) -> Callable[[int], float]:
         return lambda i: stream(seed, "sample", step, r.example, r.k, turn, i).uniform()
 
     with torch.no_grad():
         results = generate_block(
-            s.model, [r.ids for r in runs], valid(s.cfg).max_new_tokens,
-            valid(s.cfg).temperature, [[draw_for(r)] for r in runs], end_ids=s.tok.end_ids,
+            s.model, [r.ids for r in runs], s.run.record(Rollouts).max_new_tokens,
+            s.run.record(PolicyUpdate).temperature, [[draw_for(r)] for r in runs],
+            end_ids=s.tok.end_ids,
         )  # fmt: skip
     return [(list(g[0].tokens), [float(x) for x in g[0].logprobs]) for g in results]
 
@@ -193,7 +194,7 @@ def advance(
         return
     messages = [dict(m) for m in reply.messages]
     text, env_ids = continuation(s, run, sampled, said, messages)
-    if len(run.ids) + len(env_ids) + valid(s.cfg).max_new_tokens > s.max_length:
+    if len(run.ids) + len(env_ids) + s.run.record(Rollouts).max_new_tokens > s.max_length:
         run.done = True  # the token budget: the next turn would not fit
         return
     run.messages += [{"role": "assistant", "content": said}, *messages]
@@ -225,11 +226,10 @@ def tool_block(
 ) -> list[EpisodeResult]:
     """The episodes of one rollout block (its prompt groups, `group_size` samples each), turn
     by turn, in group then sample order."""
-    cfg = valid(s.cfg)
     runs = [
         start_episode(s, env, rows[e], e, k, step, slot)
         for slot, e in zip(slots, examples, strict=True)
-        for k in range(cfg.group_size)
+        for k in range(s.run.record(Rollouts).group_size)
     ]
     prompt_lengths = [len(r.ids) for r in runs]
     assert s.cfg.max_turns is not None  # a tool environment's run has it (check_tool_settings)
@@ -258,14 +258,15 @@ def close_quietly(episode: Episode) -> None:
         pass
 
 
-def tool_environment(cfg: RunConfig) -> ToolEnvironment | None:
+def tool_environment(run: ValidRun) -> ToolEnvironment | None:
     """The run's tool environment, or None for a single-turn one (`check_tool_settings`)."""
-    name, args = cfg.env or "", cfg.env_args or {}
+    cfg = run.config
+    name, args = run.record(Rollouts).env, cfg.env_args or {}
     env = tool_environment_of(name, args, cfg.tool_timeout or 60.0)  # one probe of a plugin
     check_tool_settings(cfg, env is not None)
     return env
 
 
-def check_tool_template(tok: CheckpointTokenizer, cfg: RunConfig) -> None:
+def check_tool_template(tok: CheckpointTokenizer) -> None:
     """The chat template renders tool messages (a ModelError naming the model otherwise)."""
     check_rendering(lambda messages, gen: str(tok.render_chat(messages, gen)), tok.source)

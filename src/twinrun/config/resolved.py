@@ -1,0 +1,259 @@
+"""A run as the code that runs it reads it: `validate` checks a `RunConfig` and returns a
+`ValidRun`, a frozen value whose numbers are their declared types (no `None` left to check).
+
+The numbers every run has are fields (`run.seed`, `run.learning_rate`, ...). The numbers only
+some objectives have are small frozen records that exist exactly when the run uses them — which
+objectives use a setting is its declaration's (config/run.py), read from the objective records
+(objectives/registry.py), so no objective is named here: an examples file, an epoch plan or a
+step count, the preference temperature, GRPO's rollouts and policy update, a text run's windows,
+the prioritized replay buffer, evaluation during training. A recipe reads its record with
+`run.record(Kind)`; a record a run does not have is a bug in twinrun (validation gave it to
+every run that reads it), so asking for one fails loudly as an internal error, never as the
+user's.
+
+A replay (`trainer = "optimizer_replay"`) names its `ReplayPins` when it is loaded, and is
+resolved by `replay_run` once its optimizer contract equals its source's: the contract pins the
+common numbers and the objective's own (its `contract_keys`), so a replay has the records its
+update reads and none that choose rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from twinrun.config.run import (
+    REPLAY_FIELDS,
+    SETTINGS,
+    RunConfig,
+    applies,
+    check_report_to,
+    required_fields,
+    value_problems,
+)
+from twinrun.config.setting import OBJECTIVES, Source
+from twinrun.core.errors import ConfigError
+from twinrun.objectives.registry import objective
+
+
+@dataclass(frozen=True, slots=True)
+class Examples:
+    """The examples file a run reads, and whether its rows go through the chat template."""
+
+    examples: str
+    chat_template: str
+
+    @property
+    def templated(self) -> bool:
+        return self.chat_template == "on"
+
+
+@dataclass(frozen=True, slots=True)
+class EpochPlan:
+    """A run counted in passes over its examples, `accumulation` forwards per step."""
+
+    epochs: int
+    accumulation: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepCount:
+    """A run counted in optimizer steps."""
+
+    steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class Preference:
+    """The preference loss's temperature."""
+
+    beta: float
+
+
+@dataclass(frozen=True, slots=True)
+class Rollouts:
+    """What a sampling run draws each step: prompts, completions per prompt, their length, the
+    advantages' clip, and the environment that scores them."""
+
+    prompts_per_step: int
+    group_size: int
+    max_new_tokens: int
+    advantage_clip: float
+    env: str
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyUpdate:
+    """The clipped policy update: the temperature the policy's logprobs are taken at (sampling
+    and the update alike), the clip epsilon and the completion tokens per row in the loss."""
+
+    clip_eps: float
+    temperature: float
+    token_cap: int
+
+
+@dataclass(frozen=True, slots=True)
+class TextWindows:
+    """A text run's corpus files, in order, and the windows it draws from them."""
+
+    corpus: tuple[str, ...]
+    window: int
+    windows_per_step: int
+
+
+@dataclass(frozen=True, slots=True)
+class PerReplay:
+    """The prioritized replay buffer (`--replay per`)."""
+
+    replay_capacity: int
+    replay_alpha: float
+    replay_beta: float
+    replay_fraction: float
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """Evaluation during training (`--eval-examples` with `--eval-every`): the SFT examples,
+    scored after every `eval_every`-th optimizer step."""
+
+    eval_examples: str
+    eval_every: int
+
+
+# every record a run may have; a record's fields are the config fields it holds
+RECORDS: tuple[type, ...] = (
+    Examples, EpochPlan, StepCount, Preference, Rollouts, PolicyUpdate, TextWindows, PerReplay,
+    Evaluation,
+)  # fmt: skip
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidRun:
+    """A validated run. `config` is the `RunConfig` it was resolved from (the switches and
+    optional settings, which have no `None` to remove, are read there); the fields are the
+    numbers every run has; `records` are those its objective uses (`record`)."""
+
+    config: RunConfig
+    model: str
+    output: str
+    seed: int
+    batch_size: int
+    learning_rate: float
+    warmup_steps: int
+    lr_schedule: str
+    lora_rank: int
+    lora_alpha: float
+    precision: str
+    records: tuple[Any, ...]
+
+    def record(self, kind: type[R]) -> R:
+        """This run's `kind` record; RuntimeError (a bug in twinrun) when it has none."""
+        for r in self.records:
+            if isinstance(r, kind):
+                return r
+        raise RuntimeError(
+            f"a {self.config.objective} run has no {kind.__name__} settings: the code that asks "
+            "for them runs for another objective"
+        )
+
+    def has(self, kind: type) -> bool:
+        return any(isinstance(r, kind) for r in self.records)
+
+    def with_config(self, **changes: Any) -> ValidRun:
+        """The same run with switches that do not shape it changed (the device a process of a
+        torchrun launch uses, a resume that starts again): a new value, made where decided."""
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, **changes))
+
+
+COMMON = tuple(f.name for f in dataclasses.fields(ValidRun) if f.name not in ("config", "records"))
+
+
+def validate(cfg: RunConfig, source: Source = "flag") -> ValidRun:
+    """Every problem at once: missing numbers first, then bad values; each named as the user gave
+    it (`source`: "flag" for the command line, "toml" for a TOML config). Returns the run."""
+    if cfg.objective not in OBJECTIVES:
+        raise ConfigError(
+            f"unknown objective {cfg.objective!r}", f"use one of {', '.join(OBJECTIVES)}"
+        )
+    missing = [
+        SETTINGS[n].name(source) for n in required_fields(cfg.objective) if getattr(cfg, n) is None
+    ]
+    if cfg.threads is None and cfg.device == "cpu":  # the thread count splits CPU reductions
+        missing.append(SETTINGS["threads"].name(source))
+    if missing:
+        what = "flag" if source == "flag" else "key"
+        raise ConfigError(
+            f"missing required {what if len(missing) == 1 else what + 's'}: {' '.join(missing)}",
+            "every training number must be given (twinrun has no silent defaults)",
+        )
+    if cfg.lr_schedule == "wsd" and cfg.decay_steps is None:
+        raise ConfigError(
+            f"{SETTINGS['lr_schedule'].name(source)} wsd needs "
+            f"{SETTINGS['decay_steps'].name(source)}",
+            "give the number of decay steps",
+        )
+    if cfg.replay == "per":
+        missing = [SETTINGS[n].name(source) for n in REPLAY_FIELDS if getattr(cfg, n) is None]
+        if missing:
+            raise ConfigError(
+                f"{SETTINGS['replay'].name(source)} per needs {' '.join(missing)}",
+                "every replay number must be given",
+            )
+    problems = value_problems(cfg, source)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    check_report_to(cfg.report_to, SETTINGS["report_to"].name(source))
+    return _resolved(cfg, [k for k in RECORDS if _used(k, cfg)])
+
+
+def replay_run(cfg: RunConfig) -> ValidRun:
+    """A replay's run, its `objective` the captured one, once its optimizer contract equals the
+    source's: the records whose every setting the objective's contract pins."""
+    pinned = set(objective(cfg.objective).contract_keys)
+    kinds = [k for k in RECORDS if {SETTINGS[n].toml for n in _names(k)} <= pinned]
+    return _resolved(cfg, kinds)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayPins:
+    """What a replay config must name before any check runs (its required keys): the model,
+    the replay's output directory, the seed and the adapter state it starts from."""
+
+    model: str
+    output: str
+    seed: int
+    init_adapter: str
+
+
+def replay_pins(cfg: RunConfig) -> ReplayPins:
+    """A loaded replay config's required inputs (the loader refuses a config without them)."""
+    return ReplayPins(**{n: _given(cfg, n) for n in _names(ReplayPins)})
+
+
+def _names(kind: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(kind))
+
+
+def _used(kind: type, cfg: RunConfig) -> bool:
+    """Whether a validated `cfg` uses the record: its settings apply to the objective (the
+    replay buffer's: with `--replay per`; evaluation's: when its examples are given)."""
+    if kind is PerReplay:
+        return cfg.replay == "per"
+    if kind is Evaluation:
+        return cfg.eval_examples is not None
+    return all(applies(n, cfg.objective) for n in _names(kind))
+
+
+def _resolved(cfg: RunConfig, kinds: list[type]) -> ValidRun:
+    values = {n: _given(cfg, n) for n in COMMON}
+    records = tuple(k(**{n: _given(cfg, n) for n in _names(k)}) for k in kinds)
+    return ValidRun(config=cfg, records=records, **values)
+
+
+def _given(cfg: RunConfig, name: str) -> Any:
+    value = getattr(cfg, name)
+    if value is None:  # validation (or the replay's contract) requires it: a bug in twinrun
+        raise RuntimeError(f"{name} of a {cfg.objective} run was resolved before it was checked")
+    return tuple(value) if isinstance(value, list) else value

@@ -1,0 +1,120 @@
+"""The validated run: `validate` returns a frozen, typed value whose records are exactly those its
+objective uses; asking for another is a bug in twinrun (RuntimeError), never the user's error."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from twinrun.config.resolved import (
+    RECORDS,
+    EpochPlan,
+    Evaluation,
+    Examples,
+    PerReplay,
+    PolicyUpdate,
+    Preference,
+    ReplayPins,
+    Rollouts,
+    StepCount,
+    TextWindows,
+    ValidRun,
+    replay_pins,
+    replay_run,
+    validate,
+)
+from twinrun.config.run import RunConfig, required_fields
+from twinrun.core.errors import TwinrunError
+from twinrun.objectives.registry import NAMES, objective
+
+VALUES: dict[str, Any] = {
+    "model": "m", "examples": "e.jsonl", "output": "o", "seed": 7, "epochs": 2, "batch_size": 2,
+    "accumulation": 3, "learning_rate": 1e-3, "warmup_steps": 0, "lr_schedule": "cosine",
+    "lora_rank": 4, "lora_alpha": 8.0, "precision": "f32", "chat_template": "on", "beta": 0.1,
+    "steps": 5, "corpus": ["a.txt", "b.txt"], "window": 8, "windows_per_step": 4,
+    "prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6, "temperature": 0.7,
+    "clip_eps": 0.2, "advantage_clip": 5.0, "token_cap": 3, "env": "arithmetic",
+}  # fmt: skip
+
+
+def given(name: str, **over: Any) -> RunConfig:
+    """A complete config of objective `name`: every number it requires, and nothing else."""
+    values = {n: VALUES[n] for n in required_fields(name)}
+    return RunConfig(objective=name, threads=1, **(values | over))
+
+
+def expected(name: str) -> set[type]:
+    o = objective(name)
+    kinds: set[type] = {EpochPlan if o.counts == "epochs" else StepCount}
+    kinds |= {Examples} if o.reads_examples else {TextWindows}
+    kinds |= {Rollouts, PolicyUpdate} if o.samples else set()
+    kinds |= {Preference} if "dpo.beta" in o.contract_keys else set()
+    return kinds
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_objective_has_the_records_it_uses(name: str) -> None:
+    run = validate(given(name))
+    assert isinstance(run, ValidRun)
+    assert {type(r) for r in run.records} == expected(name)
+    for kind in RECORDS:
+        assert run.has(kind) == (kind in expected(name)), kind
+
+
+def test_the_values_are_the_given_ones() -> None:
+    cfg = given("grpo")
+    run = validate(cfg)
+    assert run.config is cfg
+    assert (run.model, run.output, run.seed, run.batch_size) == ("m", "o", 7, 2)
+    assert (run.learning_rate, run.warmup_steps, run.lr_schedule) == (1e-3, 0, "cosine")
+    assert (run.lora_rank, run.lora_alpha, run.precision) == (4, 8.0, "f32")
+    assert run.record(StepCount) == StepCount(5)
+    assert run.record(Examples) == Examples("e.jsonl", "on") and run.record(Examples).templated
+    assert run.record(Rollouts) == Rollouts(2, 4, 6, 5.0, "arithmetic")
+    assert run.record(PolicyUpdate) == PolicyUpdate(0.2, 0.7, 3)
+    assert validate(given("sft")).record(EpochPlan) == EpochPlan(2, 3)
+    assert validate(given("dpo")).record(Preference) == Preference(0.1)
+    assert validate(given("text")).record(TextWindows) == TextWindows(("a.txt", "b.txt"), 8, 4)
+
+
+def test_replay_per_adds_its_buffer() -> None:
+    numbers = {"replay_capacity": 16, "replay_alpha": 0.6, "replay_beta": 0.4,
+               "replay_fraction": 0.5}  # fmt: skip
+    run = validate(given("grpo", replay="per", **numbers))
+    assert run.record(PerReplay) == PerReplay(16, 0.6, 0.4, 0.5)
+
+
+def test_evaluation_is_a_record_when_its_examples_are_given() -> None:
+    run = validate(given("text", eval_examples="eval.jsonl", eval_every=2))
+    assert run.record(Evaluation) == Evaluation("eval.jsonl", 2)
+    assert not validate(given("text")).has(Evaluation)
+
+
+def test_a_record_the_run_lacks_is_a_bug_not_a_user_error() -> None:
+    run = validate(given("sft"))
+    with pytest.raises(RuntimeError, match="sft run has no StepCount") as err:
+        run.record(StepCount)
+    assert not isinstance(err.value, TwinrunError)
+
+
+def test_the_run_and_its_records_are_frozen() -> None:
+    run = validate(given("text"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.seed = 8  # type: ignore[misc]  # the point: it cannot be written
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.record(TextWindows).window = 9  # type: ignore[misc]  # the point, again
+    assert isinstance(run.record(TextWindows).corpus, tuple)
+    moved = run.with_config(device="cuda:1")
+    assert moved.config.device == "cuda:1" and run.config.device == "cpu"
+
+
+def test_a_replay_has_the_records_its_contract_pins() -> None:
+    assert {type(r) for r in replay_run(given("grpo")).records} == {PolicyUpdate}
+    assert {type(r) for r in replay_run(given("dpo")).records} == {Preference}
+    assert replay_run(given("sft")).records == ()
+    bare = RunConfig(objective="grpo", model="m", output="o", seed=1, init_adapter="a")
+    assert replay_pins(bare) == ReplayPins("m", "o", 1, "a")
+    with pytest.raises(RuntimeError, match="batch_size of a grpo run was resolved before"):
+        replay_run(bare)  # a replay whose contract was not checked: a bug
