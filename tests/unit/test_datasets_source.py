@@ -143,3 +143,17 @@ def test_without_datasets_the_line_says_how_to_install_or_convert(
             load_rows(source)
         assert "pip install 'twinrun[datasets]'" in (err.value.hint or "")
         assert convert in (err.value.hint or "")
+
+
+def test_jsonl_never_imports_datasets() -> None:
+    """`datasets` costs about 2 s to import: only a Parquet or save_to_disk source pays it."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from twinrun.data.examples import load_rows, shipped_examples\n"
+        "load_rows(shipped_examples('sft.jsonl'))\n"
+        "assert 'datasets' not in sys.modules and 'pyarrow' not in sys.modules\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
