@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from twinrun.model.row_gradients import collect_rows
@@ -68,6 +69,7 @@ class Plan:
     order: torch.Tensor | None  # [B] each row's place among the groups' rows; None: in order
     positions: torch.Tensor  # [total] each packed token's position in its row (0 at the padding)
     additive: dict[torch.dtype, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+    last_slotted: list[Any] = field(default_factory=list)  # [key, x, `slotted(x)`]
 
     def masks(self, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """Each group's additive attention mask in `dtype` (0 where a query sees a key, the
@@ -79,6 +81,19 @@ class Plan:
                 for m in (g.mask for g in self.groups)
             )
         return self.additive[dtype]
+
+    def slotted(self, x: torch.Tensor, keep: bool = False) -> list[torch.Tensor]:
+        """x ([1, N, d]) laid out in each group's slots, [R, W, d], a padded slot zero. With
+        `keep`, the last one kept is reused for a tensor on the same memory, unchanged since (the
+        LoRA factors of q, k and v read the same input; the kept tensor holds its memory)."""
+        key = (x.data_ptr(), x.shape, x.stride(), x.dtype, x._version)
+        if keep and self.last_slotted and self.last_slotted[0] == key:
+            return self.last_slotted[2]  # type: ignore[no-any-return]  # what is put below
+        x2 = F.pad(x.reshape(-1, x.shape[-1]), (0, 0, 0, 1))  # + a zero row (index `total`)
+        out = [x2.index_select(0, g.zero_slots).view(len(g.rows), g.width, -1) for g in self.groups]
+        if keep:
+            self.last_slotted[:] = [key, x, out]
+        return out
 
 
 def _long(values: list[int], device: torch.device) -> torch.Tensor:
@@ -158,19 +173,16 @@ def chunked_linear(
 
 
 def row_weight_grads(
-    plan: Plan, grad: torch.Tensor, x: torch.Tensor, dtype: torch.dtype
+    plan: Plan, grad: torch.Tensor, x: torch.Tensor, dtype: torch.dtype, keep: bool = False
 ) -> torch.Tensor:
     """[B, out, in]: each row's gradient of a weight that maps x ([1, N, in]) to the output
     whose gradient is `grad` ([1, N, out]) — over the row's tokens only, the rows of one slot
-    width as one batched matmul over zero-padded slots — in row order."""
-    g2 = torch.cat([grad.reshape(-1, grad.shape[-1]), grad.new_zeros(1, grad.shape[-1])])
-    x2 = torch.cat([x.reshape(-1, x.shape[-1]), x.new_zeros(1, x.shape[-1])])
-    per_group = []
-    for group in plan.groups:
-        r, w = len(group.rows), group.width
-        g3 = g2.index_select(0, group.zero_slots).view(r, w, -1)
-        x3 = x2.index_select(0, group.zero_slots).view(r, w, -1)
-        per_group.append(torch.bmm(g3.transpose(1, 2), x3).to(dtype))
+    width as one batched matmul over zero-padded slots — in row order. `keep`: x's slots may
+    be reused (`Plan.slotted`)."""
+    per_group = [
+        torch.bmm(g3.transpose(1, 2), x3).to(dtype)
+        for g3, x3 in zip(plan.slotted(grad), plan.slotted(x, keep), strict=True)
+    ]
     laid = per_group[0] if len(per_group) == 1 else torch.cat(per_group)
     return laid if plan.order is None else laid.index_select(0, plan.order)
 
@@ -199,7 +211,7 @@ class RowLoRA(torch.autograd.Function):
         grad_h = chunked_linear(grad, b.t())
         collect_rows(ctx.order, b, row_weight_grads(plan, grad, h, b.dtype))
         grad_x = chunked_linear(grad_h, a.t()) if ctx.needs_input_grad[0] else None
-        collect_rows(ctx.order, a, row_weight_grads(plan, grad_h, x, a.dtype))
+        collect_rows(ctx.order, a, row_weight_grads(plan, grad_h, x, a.dtype, keep=True))
         return grad_x, None, None, None, None
 
 
@@ -253,13 +265,13 @@ def row_attention(
         r, w = len(group.rows), group.width
 
         def rows_of(x: torch.Tensor, group: Group = group, r: int = r, w: int = w) -> torch.Tensor:
-            x = x[0].index_select(1, group.slots)  # [heads, R*W, d]
-            return x.view(x.shape[0], r, w, x.shape[-1]).transpose(0, 1)
+            x = x.index_select(2, group.slots)  # [1, heads, R*W, d]
+            return x.view(x.shape[1], r, w, x.shape[-1]).transpose(0, 1)
 
         out = eager(module, rows_of(query), rows_of(key), rows_of(value), mask, **kwargs)[0]
         outs.append(out.reshape(r * w, *out.shape[2:]))  # [R*W, heads, d]
-    outs.append(outs[0].new_zeros(1, *outs[0].shape[1:]))  # what the padding reads
-    return torch.cat(outs).index_select(0, plan.back)[None], None
+    laid = F.pad(outs[0] if len(outs) == 1 else torch.cat(outs), (0, 0, 0, 0, 0, 1))  # + a zero
+    return laid.index_select(0, plan.back)[None], None  # row, which the padding reads
 
 
 def _register() -> None:

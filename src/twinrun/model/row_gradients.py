@@ -13,6 +13,7 @@ it alone); a parameter that gets both kinds in one backward has its stacks taken
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -91,8 +92,12 @@ def add_rows_into_grad(param: torch.Tensor, rows: torch.Tensor) -> None:
         param.grad = rows[0].clone()
         rows = rows[1:]
     if rows.shape[0]:
-        at = torch.zeros(rows.shape[0], dtype=torch.long, device=rows.device)
-        param.grad.unsqueeze(0).index_add_(0, at, rows)
+        param.grad.unsqueeze(0).index_add_(0, _zeros(rows.shape[0], rows.device), rows)
+
+
+@functools.cache
+def _zeros(n: int, device: torch.device) -> torch.Tensor:
+    return torch.zeros(n, dtype=torch.long, device=device)
 
 
 def flush() -> None:
