@@ -230,21 +230,21 @@ def _chunked_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def chunked_linears(hf: nn.Module) -> Iterator[None]:
-    """Inside the block every `nn.Linear` of `hf` runs `chunked_linear` on its weight and bias
-    (an instance `forward`, so its hooks still run; taken back on leaving)."""
-    linears = [m for m in hf.modules() if isinstance(m, nn.Linear)]
+def chunked_linears(linears: list[nn.Linear]) -> Iterator[None]:
+    """Inside the block each of `linears` runs `chunked_linear` on its weight and bias (an
+    instance `forward`, so its hooks still run; set in the instance's `__dict__`, as
+    `nn.Module.__setattr__` would for a plain value, and taken back on leaving)."""
     before = [m.__dict__.get("forward") for m in linears]
     for m in linears:
-        m.forward = _chunked_forward.__get__(m)  # type: ignore[method-assign]  # an instance's own forward, taken back below
+        m.__dict__["forward"] = _chunked_forward.__get__(m)
     try:
         yield
     finally:
         for m, had in zip(linears, before, strict=True):
             if had is None:
-                del m.forward
+                del m.__dict__["forward"]
             else:
-                m.forward = had  # type: ignore[method-assign]  # the instance forward it had
+                m.__dict__["forward"] = had
 
 
 def row_attention(
@@ -282,8 +282,9 @@ def _register() -> None:
 
 
 @contextlib.contextmanager
-def packed(hf: Any, plan: Plan, order: int) -> Iterator[None]:
-    """Inside the block, `hf` runs packed (see the module docstring)."""
+def packed(hf: Any, plan: Plan, order: int, linears: list[nn.Linear]) -> Iterator[None]:
+    """Inside the block, `hf` (whose `nn.Linear` layers are `linears`) runs packed (see the
+    module docstring)."""
     _register()
     config = hf.config
     before = config._attn_implementation
@@ -291,7 +292,7 @@ def packed(hf: Any, plan: Plan, order: int) -> Iterator[None]:
     _active.append(plan)
     _order.append(order)
     try:
-        with chunked_linears(hf):
+        with chunked_linears(linears):
             yield
     finally:
         _active.pop()
