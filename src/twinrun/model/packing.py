@@ -29,6 +29,7 @@ forward (whose matmuls have as many rows as the row has tokens).
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import sys
 from array import array
@@ -274,7 +275,9 @@ def row_attention(
     return laid.index_select(0, plan.back)[None], None  # row, which the padding reads
 
 
+@functools.cache
 def _register() -> None:
+    """Register `row_attention` with transformers, once per process."""
     from transformers import AttentionInterface
 
     if ATTENTION not in AttentionInterface._global_mapping:
