@@ -26,7 +26,8 @@ run once per backward, as usual), so `torch.autograd.grad` does not see them. On
 time: the collected gradients are module state.
 
 Cost (bench/batch_invariant.py): packing keeps one forward per batch; what remains is per-call
-overhead (chunked linears, per-width attention groups, per-row gradient bookkeeping).
+overhead (chunked linears, the per-row attention's gathers and eager softmax, the per-row LoRA
+weight gradients: a gather into slots and a batched matmul per factor).
 """
 
 from __future__ import annotations

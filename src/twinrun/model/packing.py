@@ -5,10 +5,11 @@ tokens are laid end to end in one sequence, padded to a multiple of `CHUNK` toke
 mixes a row's own tokens runs per row; everything position-wise runs on the packed tokens:
 
 - every linear layer (each `nn.Linear` of the model: projections, MLP, LoRA factors, output
-  layer; `chunked_linears` points their forward at `chunked_linear`) on chunks of exactly `CHUNK`
-  token rows, so each matmul has the same shape whatever the batch and a row's
-  bits depend only on its tokens (a row's position inside a chunk does not change its bits: the
-  tests check that on many positions);
+  layer; `chunked_linears` points their forward at `chunked_linear` for the forward, and
+  tests/unit/test_row_gradients.py checks that no `F.linear` call is left) on chunks of exactly
+  `CHUNK` token rows, so each matmul has the same shape whatever the batch and a row's bits
+  depend only on its tokens (a row's position inside a chunk does not change its bits: the tests
+  check that on many positions);
 - embeddings, norms, rotary embeddings and residual adds on the packed tensor (each token alone);
 - attention per row, on the row's own queries and keys (`row_attention`: the model's own eager
   attention; the rows of one slot width — 32 or 64 tokens, then the next multiple of 32
@@ -18,8 +19,11 @@ mixes a row's own tokens runs per row; everything position-wise runs on the pack
   one batched matmul over zero-padded slots, the rows stacked in row order and handed to
   `row_gradients.collect_rows`, which adds them into `.grad` row by row.
 
-What depends only on the rows' lengths (slots, masks, the row order of the groups) is made once
-per forward (`plan_for`, `Plan.masks`), not per layer.
+Fewer, larger calls (the cost on short rows is per call, bench/batch_invariant.py): what depends
+only on the rows' lengths (slots, masks, positions, the groups' row order) is made once per
+forward (`plan_for`, `Plan.masks`), not per layer; the LoRA A factors of q, k and v share one
+slot layout of their input (`Plan.slotted`); a forward's row gradients go to `.grad` as one
+`index_add_` per parameter.
 
 Positions restart at 0 for every row. A batch of one runs the same way, so a row's logits,
 hidden states and gradient are the same bits in any batch. They are not the bits of the ordinary
@@ -89,7 +93,7 @@ class Plan:
         LoRA factors of q, k and v read the same input; the kept tensor holds its memory)."""
         key = (x.data_ptr(), x.shape, x.stride(), x.dtype, x._version)
         if keep and self.last_slotted and self.last_slotted[0] == key:
-            return self.last_slotted[2]  # type: ignore[no-any-return]  # what is put below
+            return list(self.last_slotted[2])
         x2 = F.pad(x.reshape(-1, x.shape[-1]), (0, 0, 0, 1))  # + a zero row (index `total`)
         out = [x2.index_select(0, g.zero_slots).view(len(g.rows), g.width, -1) for g in self.groups]
         if keep:
