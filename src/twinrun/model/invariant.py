@@ -26,12 +26,13 @@ run once per backward, as usual), so `torch.autograd.grad` does not see them. On
 time: the collected gradients are module state.
 
 Cost (bench/batch_invariant.py): packing keeps one forward per batch; what remains is per-call
-overhead (chunked linears, per-width attention groups, per-row gradient bookkeeping).
+overhead (chunked linears, the per-row attention's gathers and eager softmax, the per-row LoRA
+weight gradients: a gather into slots and a batched matmul per factor).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -93,11 +94,12 @@ def real_lengths(attention_mask: torch.Tensor | None, b: int, t: int) -> list[in
     return out
 
 
-def trainable_parameters(model: nn.Module | RowModel) -> Trainable:
-    """(module, name, parameter) for every parameter that requires grad, in module order."""
+def trainable_parameters(modules: Iterable[nn.Module]) -> Trainable:
+    """(module, name, parameter) for every parameter of `modules` (a model's `modules()`) that
+    requires grad, in module order."""
     return [
         (mod, name, p)
-        for mod in model.modules()
+        for mod in modules
         for name, p in mod._parameters.items()
         if p is not None and p.requires_grad
     ]
@@ -128,9 +130,11 @@ def run_rows(
     """Every row alone at its real length (`model.run_batch`), results right-padded with 0."""
     b, t = input_ids.shape
     lengths = real_lengths(attention_mask, b, t)
-    trainable = trainable_parameters(model) if torch.is_grad_enabled() else []
-    if packable(model, trainable, max(lengths)):
-        return run_packed(model, input_ids, lengths, hidden_layer, steer)
+    modules = list(model.modules())  # walked once per forward
+    trainable = trainable_parameters(modules) if torch.is_grad_enabled() else []
+    if packable(model, modules, trainable, max(lengths)):
+        linears = [m for m in modules if isinstance(m, nn.Linear)]
+        return run_packed(model, input_ids, lengths, hidden_layer, steer, linears)
     aliases: tuple[torch.Tensor, ...] = ()
     if trainable:
         aliases = row_aliases(b, tuple(p for _, _, p in trainable))
@@ -149,7 +153,7 @@ def run_rows(
     return result
 
 
-def packable(model: RowModel, trainable: Trainable, longest: int) -> bool:
+def packable(model: RowModel, modules: list[nn.Module], trainable: Trainable, longest: int) -> bool:
     """Whether `run_packed` can run this forward: every trainable parameter is a LoRA factor
     (used by `F.linear` alone, without a bias), no sliding window is shorter than a row, and the
     model is on the CPU. The packed path's promise rests on a row's bits not depending on how many
@@ -166,7 +170,7 @@ def packable(model: RowModel, trainable: Trainable, longest: int) -> bool:
         return False
     lora = {
         id(factor.weight)
-        for m in model.modules()
+        for m in modules
         if isinstance(m, LoRALinear)
         for factor in (m.lora_A, m.lora_B)
     }
@@ -179,16 +183,17 @@ def run_packed(
     lengths: list[int],
     hidden_layer: int | None,
     steer: tuple[int, torch.Tensor] | None,
+    linears: list[nn.Linear],
 ) -> ModelOutput:
-    """The rows' real tokens as one packed sequence (`twinrun.model.packing`), results
-    right-padded with 0."""
+    """The rows' real tokens as one packed sequence (`twinrun.model.packing`; `linears`: the
+    model's `nn.Linear` layers), results right-padded with 0."""
     from twinrun.model.packing import pack, packed, plan_for, unpack
 
     b, t = input_ids.shape
     plan = plan_for(lengths, input_ids.device)
     ids, positions, flat = pack(input_ids, plan)
     hf = model.hf  # type: ignore[attr-defined]  # packable() checked that the model has .hf
-    with packed(hf, plan, new_forward()):
+    with packed(hf, plan, new_forward(), linears):
         out = model.run_batch(ids, None, None, hidden_layer, steer, positions)
     hidden = unpack(out.hidden, flat, b, t) if out.hidden is not None else None
     result = ModelOutput(unpack(out.logits, flat, b, t), hidden)
@@ -199,7 +204,7 @@ def run_packed(
 def rowwise(module: nn.Module, rows: list[torch.Tensor]) -> list[torch.Tensor]:
     """`module` applied to each row's tensor on its own, each row with its own parameter aliases
     (for a trainable module outside the model, e.g. the reward head)."""
-    trainable = trainable_parameters(module) if torch.is_grad_enabled() else []
+    trainable = trainable_parameters(module.modules()) if torch.is_grad_enabled() else []
     aliases: tuple[torch.Tensor, ...] = ()
     if trainable:
         aliases = row_aliases(len(rows), tuple(p for _, _, p in trainable))

@@ -76,10 +76,10 @@ class LoRALinear(nn.Module):
         a = self.lora_A.weight
         if x.dtype != a.dtype:
             x = x.to(a.dtype)
-        from twinrun.model.packing import recording_rows, row_linear
+        from twinrun.model.packing import recording_rows, row_lora
 
         if recording_rows(a):  # a batch-invariant packed forward: gradients per row
-            delta = row_linear(row_linear(x, a), self.lora_B.weight)
+            delta = row_lora(x, a, self.lora_B.weight)
         else:
             delta = self.lora_B(self.lora_A(x))
         result = result + delta * self.scaling

@@ -2,29 +2,37 @@
 
 Autograd adds the gradients a parameter receives from several rows in the order its scheduler
 reaches them, so a batch's sum would depend on the batch. Batch-invariant mode instead hands each
-row's gradient here (`collect`, keyed by row index and forward order); an engine callback queued by
-the first `collect` of a backward (`flush`) adds them into `.grad` row by row, the forwards of one
-row first summed in forward order. Used by `twinrun.model.invariant` (per-row parameter aliases)
-and `twinrun.model.packing` (per-row LoRA weight gradients of the packed forward).
+row's gradient here, keyed by row index and forward order: one row at a time (`collect`, the
+per-row parameter aliases of `twinrun.model.invariant`) or a forward's rows at once, stacked
+(`collect_rows`, the LoRA weight gradients of `twinrun.model.packing`'s packed forward). An
+engine callback queued by the first collect of a backward (`flush`) adds them into `.grad` row by
+row, the forwards of one row first summed in forward order. Stacked rows are summed and added as
+the same tensor operations on whole stacks (elementwise, so each row's bits are those of adding
+it alone); a parameter that gets both kinds in one backward has its stacks taken apart first.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 
-Entry = tuple[int, int, tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...]]
+Entry = tuple[int, int, int, tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...]]
+Stack = tuple[int, int, torch.Tensor, torch.Tensor]  # (order, seq, leaf, [rows, *leaf.shape])
+Totals = dict[int, tuple[torch.Tensor, torch.Tensor]]  # id(leaf) -> (leaf, gradient)
 
 
 class _Pending:
     """Row gradients collected during one backward pass, flushed by an engine callback."""
 
-    entries: list[Entry] = []
+    entries: list[Entry] = []  # (row, order, seq, leaves, grads)
+    stacks: list[Stack] = []
     queued = False
     forwards = itertools.count()
+    seq = itertools.count()  # collection order (the hooks' order follows it)
     apart: list[dict[int, torch.Tensor]] | None = None  # `rows_apart`: the rows, not `.grad`
 
 
@@ -41,35 +49,120 @@ def rows_apart() -> Iterator[list[dict[int, torch.Tensor]]]:
         _Pending.apart = None
 
 
-def flush() -> None:
-    """Add the collected row gradients into `.grad`: row index by row index; for one row index
-    the forwards' gradients are first summed in forward order, then added (as autograd adds the
-    gradients of a parameter used by several forwards in one backward)."""
-    entries = sorted(_Pending.entries, key=lambda e: (e[0], e[1]))
-    _Pending.entries = []
-    _Pending.queued = False
-    touched: dict[int, torch.Tensor] = {}
-    for _, group in itertools.groupby(entries, key=lambda e: e[0]):
-        totals: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for _, _, leaves, grads in group:
+def _row_totals(entries: list[Entry]) -> dict[int, Totals]:
+    """Per row index (ascending), each leaf's gradient: the row's forwards summed in order."""
+    out: dict[int, Totals] = {}
+    for row, group in itertools.groupby(sorted(entries, key=lambda e: e[:3]), key=lambda e: e[0]):
+        totals: Totals = {}
+        for *_, leaves, grads in group:
             for param, g in zip(leaves, grads, strict=True):
                 if g is None:
                     continue
                 key = id(param)
                 totals[key] = (param, g if key not in totals else totals[key][1] + g)
-        if _Pending.apart is not None:
-            _Pending.apart.append({key: total.detach() for key, (_, total) in totals.items()})
+        out[row] = totals
+    return out
+
+
+def _stack_totals(stacks: list[Stack]) -> Totals:
+    """Each stacked leaf's rows [R, ...]: its forwards' stacks summed in forward order (a
+    forward with fewer rows adds to the rows it has)."""
+    out: Totals = {}
+    for _, _, leaf, rows in sorted(stacks, key=lambda s: s[:2]):
+        key = id(leaf)
+        if key not in out:
+            out[key] = (leaf, rows)
             continue
+        had = out[key][1]
+        if had.shape[0] == rows.shape[0]:
+            out[key] = (leaf, had + rows)
+        else:
+            n = min(had.shape[0], rows.shape[0])
+            longer = had if had.shape[0] > n else rows
+            out[key] = (leaf, torch.cat([had[:n] + rows[:n], longer[n:]]))
+    return out
+
+
+def add_rows_into_grad(param: torch.Tensor, rows: torch.Tensor) -> None:
+    """Add rows[0], rows[1], ... into `.grad` one after the other (the first cloned into a
+    missing `.grad`): `index_add_` with every index 0 adds its source rows in index order, the
+    bits of one `add_` per row in one op (tests/unit/test_row_gradients.py holds it to that)."""
+    rows = rows.detach()
+    if param.grad is None:
+        param.grad = rows[0].clone()
+        rows = rows[1:]
+    if rows.shape[0]:
+        param.grad.unsqueeze(0).index_add_(0, _zeros(rows.shape[0], rows.device), rows)
+
+
+@functools.cache
+def _zeros(n: int, device: torch.device) -> torch.Tensor:
+    return torch.zeros(n, dtype=torch.long, device=device)
+
+
+def flush() -> None:
+    """Add the collected row gradients into `.grad`: row index by row index; for one row index
+    the forwards' gradients are first summed in forward order, then added (as autograd adds the
+    gradients of a parameter used by several forwards in one backward)."""
+    entries, stacks = _Pending.entries, _Pending.stacks
+    _Pending.entries, _Pending.stacks, _Pending.queued = [], [], False
+    by_row = {id(p) for e in entries for p in e[3]}
+    if any(id(leaf) in by_row for _, _, leaf, _ in stacks):  # both kinds: take the stacks apart
+        entries = entries + [
+            (row, order, seq, (leaf,), (g,))
+            for order, seq, leaf, rows in stacks
+            for row, g in enumerate(rows.unbind(0))
+        ]
+        stacks = []
+    per_row = _row_totals(entries)
+    stacked = _stack_totals(stacks)
+    if _Pending.apart is not None:
+        count = max((len(rows) for _, rows in stacked.values()), default=0)
+        for row in sorted(set(per_row) | set(range(count))):
+            got = {key: total.detach() for key, (_, total) in per_row.get(row, {}).items()}
+            for key, (_, rows) in stacked.items():
+                if row < rows.shape[0]:
+                    got[key] = rows[row].detach()
+            _Pending.apart.append(got)
+        return
+    for totals in per_row.values():
         for param, total in totals.values():
             if param.grad is None:
                 param.grad = total.detach().clone()
             else:
                 param.grad.add_(total)
-            touched[id(param)] = param
-    for param in touched.values():  # as AccumulateGrad does, once per parameter and backward
+    for param, rows in stacked.values():
+        add_rows_into_grad(param, rows)
+    for param in _first_seen(entries, stacks):  # as AccumulateGrad does, once per parameter
         hooks = getattr(param, "_post_accumulate_grad_hooks", None) or {}
         for hook in list(hooks.values()):
             hook(param)
+
+
+def _first_seen(entries: list[Entry], stacks: list[Stack]) -> list[torch.Tensor]:
+    """The parameters given a gradient, in the order they first appear among the row gradients
+    (row index, forward order, collection order; a stack is at its row 0)."""
+    first: dict[int, tuple[tuple[int, int, int], torch.Tensor]] = {}
+
+    def seen(at: tuple[int, int, int], param: torch.Tensor) -> None:
+        if id(param) not in first or first[id(param)][0] > at:
+            first[id(param)] = (at, param)
+
+    for row, order, seq, leaves, grads in entries:
+        for param, g in zip(leaves, grads, strict=True):
+            if g is not None:
+                seen((row, order, seq), param)
+    for order, seq, leaf, _ in stacks:
+        seen((0, order, seq), leaf)
+    return [param for _, param in sorted(first.values(), key=lambda v: v[0])]
+
+
+def _queue() -> int:
+    """Queue `flush` for the end of this backward pass (once); the next collection number."""
+    if not _Pending.queued:
+        torch.autograd.Variable._execution_engine.queue_callback(flush)
+        _Pending.queued = True
+    return next(_Pending.seq)
 
 
 def collect(
@@ -77,14 +170,17 @@ def collect(
 ) -> None:
     """Hand over one row's gradients for `leaves` from the forward numbered `order`; the first
     call of a backward pass queues `flush` for its end."""
-    if not _Pending.queued:
-        torch.autograd.Variable._execution_engine.queue_callback(flush)
-        _Pending.queued = True
-    _Pending.entries.append((row, order, leaves, grads))
+    _Pending.entries.append((row, order, _queue(), leaves, grads))
+
+
+def collect_rows(order: int, leaf: torch.Tensor, rows: torch.Tensor) -> None:
+    """Hand over the gradients of `leaf` from every row of the forward numbered `order` at once:
+    `rows[i]` is row i's (rows 0 to R-1, each row's own gradient)."""
+    _Pending.stacks.append((order, _queue(), leaf, rows))
 
 
 def new_forward() -> int:
     """The order of a new forward; drops what a backward that raised left behind."""
-    if _Pending.entries or _Pending.queued:
-        _Pending.entries, _Pending.queued = [], False
+    if _Pending.entries or _Pending.stacks or _Pending.queued:
+        _Pending.entries, _Pending.stacks, _Pending.queued = [], [], False
     return next(_Pending.forwards)
