@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,30 @@ from twinrun.core.portable import pin_environment
 # Before torch is imported: the suite's runs share this process, and torch chooses its CPU
 # kernels once (the portable mode's pinned bytes hold only with the portable kernels).
 pin_environment()
+
+
+# Test files that share a session fixture too costly to build on both workers: the 1-process runs
+# every data-parallel test compares with (tests/distributed/conftest.py, ~30 s). Under the
+# default `--dist loadfile` they form one unit of work, so one worker builds it once.
+SHARED_UNITS = {
+    "tests/distributed/test_invariance.py": "tests/distributed (1-process runs)",
+    "tests/distributed/test_shard_base.py": "tests/distributed (1-process runs)",
+}
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown when xdist is not loaded
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, with the files of SHARED_UNITS as one unit (any other mode: xdist's)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFixtureFiles(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return SHARED_UNITS.get(scope, scope)
+
+    return SharedFixtureFiles(config, log)
 
 
 @pytest.fixture(scope="session")

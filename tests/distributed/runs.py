@@ -68,8 +68,15 @@ EXTRA_GRPO = {
     # a single-turn plugin that counts its calls: one instance per prompt group, so its state
     # cannot run from one group (or process) into the next
     "grpo-stateful": {"env": f"{STATEFUL_MODULE}:make"},
-    # multi-turn: the calculator nudges the untrained model until the turn limit
-    "grpo-tools": {"env": "calculator", "max_turns": "2", "tool_timeout": "30", "steps": "2"},
+    # multi-turn: the calculator nudges the untrained model until the turn limit; one step (its
+    # prompts, tool spec included, run to several hundred tokens: the costliest run of the set)
+    "grpo-tools": {
+        "env": "calculator",
+        "max_turns": "2",
+        "tool_timeout": "30",
+        "steps": "1",
+        "warmup_steps": "0",
+    },
 }
 
 

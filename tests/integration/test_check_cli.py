@@ -55,35 +55,6 @@ def check(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str
 
 
 @pytest.mark.slow  # three real SFT runs
-def test_deterministic_sft_passes(
-    tmp_path: Path, toy_model_dir: Path, sft_examples: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    keep = tmp_path / "keep"
-    rc, out, err = check(capsys, "--keep", str(keep), "--", *sft_cmd(toy_model_dir, sft_examples))
-    lines = out.splitlines()
-    assert rc == 0, out + err
-    assert lines[0].startswith("step-0 bit-exact: yes (loss ")
-    loss0 = float(lines[0].removeprefix("step-0 bit-exact: yes (loss ").rstrip(")"))
-    assert lines[1].startswith("same-seed max divergence: 0 (<= tol 0.01) — fully bit-exact")
-    assert "diag digests at 4 steps" in lines[1]
-    assert lines[2].startswith("cross-seed divergence: ") and "distinct trajectory" in lines[2]
-    assert not any(ln.startswith("FIRST_DIVERGENCE") for ln in lines)
-    assert not any(ln.startswith("sidecars:") for ln in lines)  # they agree; nothing parted
-    assert any(ln.startswith("verdict: PASS (seeds 0,1) — bit-exact") for ln in lines)
-    assert "run 3/3: seed-1" in err  # progress goes to stderr
-    # the runs are kept where they were asked for, with their logs
-    for name in ("seed-0-a", "seed-0-b", "seed-1"):
-        assert (keep / name / "metrics.jsonl").is_file() and (keep / name / "diag.jsonl").is_file()
-        assert (keep / "logs" / f"{name}.stderr.log").is_file()
-    first = json.loads((keep / "seed-0-a" / "metrics.jsonl").read_text().splitlines()[0])
-    assert first["step"] == 0 and first["loss"] == loss0
-    assert json.loads((keep / "seed-0-a" / "twinrun.json").read_text())  # a real run
-    # --keep refuses to run over old runs
-    rc, _, err = check(capsys, "--keep", str(keep), "--", *sft_cmd(toy_model_dir, sft_examples))
-    assert rc == 2 and "already exists" in err
-
-
-@pytest.mark.slow  # three real SFT runs
 def test_unseeded_sampler_fails_and_is_localised(
     tmp_path: Path, toy_model_dir: Path, sft_examples: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -157,21 +128,36 @@ def test_stand_in_trainer_json_and_seedless(
     assert rc == 2 and d["exit_code"] == 2 and "RuntimeError: planted failure" in d["stderr_tail"]
 
 
-@pytest.mark.slow  # four real SFT runs
-def test_quick_runs_the_first_three_steps_and_judges_them(
+@pytest.mark.slow  # three real SFT runs and one in this process
+def test_deterministic_sft_passes_quick_on_its_first_three_steps(
     tmp_path: Path, toy_model_dir: Path, sft_examples: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A deterministic command passes (`--quick`: its first 3 steps, the full run's own steps),
+    its runs kept where --keep says, with their logs; a second --keep there is refused. The full
+    check's path is the failing test above."""
     keep = tmp_path / "keep"
     cmd = sft_cmd(toy_model_dir, sft_examples, "--epochs", "2")  # 8 steps planned
     rc, out, err = check(capsys, "--quick", "--keep", str(keep), "--", *cmd)
     assert rc == 0, out + err
-    assert out.splitlines()[0] == "quick: the first 3 steps of each run (--stop-after)"
-    assert any(ln.startswith("verdict: PASS (seeds 0,1) — bit-exact") for ln in out.splitlines())
+    lines = out.splitlines()
+    assert lines[0] == "quick: the first 3 steps of each run (--stop-after)"
+    assert lines[1].startswith("step-0 bit-exact: yes (loss ")
+    loss0 = float(lines[1].removeprefix("step-0 bit-exact: yes (loss ").rstrip(")"))
+    assert lines[2].startswith("same-seed max divergence: 0 (<= tol 0.01) — fully bit-exact")
+    assert "diag digests at 3 steps" in lines[2]
+    assert lines[3].startswith("cross-seed divergence: ") and "distinct trajectory" in lines[3]
+    assert not any(ln.startswith("FIRST_DIVERGENCE") for ln in lines)
+    assert not any(ln.startswith("sidecars:") for ln in lines)  # they agree; nothing parted
+    assert any(ln.startswith("verdict: PASS (seeds 0,1) — bit-exact") for ln in lines)
+    assert "run 3/3: seed-1" in err  # progress goes to stderr
+    for name in ("seed-0-a", "seed-0-b", "seed-1"):
+        assert (keep / name / "metrics.jsonl").is_file() and (keep / name / "diag.jsonl").is_file()
+        assert (keep / "logs" / f"{name}.stderr.log").is_file()
     quick_rows = [
         json.loads(x) for x in (keep / "seed-0-a" / "metrics.jsonl").read_text().splitlines()
     ]
-    assert [r["step"] for r in quick_rows] == [0, 1, 2]
-    side = json.loads((keep / "seed-0-a" / "twinrun.json").read_text())
+    assert [r["step"] for r in quick_rows] == [0, 1, 2] and quick_rows[0]["loss"] == loss0
+    side = json.loads((keep / "seed-0-a" / "twinrun.json").read_text())  # a real run
     assert side["train"]["stop_after"] == 3
     assert (side["metrics"]["steps"], side["metrics"]["planned_steps"]) == (3, 8)
     # the quick steps are the full run's steps: same lr (8-step schedule) and loss bits
@@ -181,6 +167,9 @@ def test_quick_runs_the_first_three_steps_and_judges_them(
     full_rows = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines()]
     for q, f in zip(quick_rows, full_rows[:3], strict=True):
         assert (q["lr"], q["loss"], q["grad_norm"]) == (f["lr"], f["loss"], f["grad_norm"])
+    # --keep refuses to run over old runs (before it starts one)
+    rc, _, err = check(capsys, "--quick", "--keep", str(keep), "--", *cmd)
+    assert rc == 2 and "already exists" in err
 
 
 @pytest.mark.parametrize(
