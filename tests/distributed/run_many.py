@@ -4,6 +4,7 @@ one process group, like `torchrun -m twinrun` does once per command."""
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 
@@ -19,6 +20,7 @@ def main(spec: str) -> int:
         if code != 0:
             return code
     teardown()
+    gc.freeze()  # as twinrun's main does: no last collections over torch's objects at exit
     return 0
 
 
