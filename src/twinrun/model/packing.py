@@ -131,7 +131,7 @@ def plan_for(lengths: list[int], device: torch.device) -> Plan:
     for row, n in enumerate(lengths):
         by_width.setdefault(slot_width(n), []).append(row)
     groups = []
-    back = [0] * used + [0] * (total - used)
+    back = [0] * total
     base = 0
     for width in sorted(by_width):
         rows = by_width[width]
