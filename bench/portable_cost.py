@@ -1,5 +1,6 @@
-"""Benchmark: what the portable CPU kernels (`--cpu-kernels portable`, the default) cost per
-step against the machine's own (`native`), and which libraries decide the bytes.
+"""Benchmark: what the portable CPU kernels (`--cpu-kernels portable`: exact matrix products, own
+transcendental functions, ATen's AVX2 kernels) cost per step against the machine's own
+(`native`), and which libraries decide the bytes.
 
 Cost. SFT with LoRA rank 8 (q/k/v/o), f32, chat template on, seed 1, lr 1e-3:
 - the toy model (`twinrun toy-model --seed 0`), the 64 shipped SFT examples, batch 4, 1 epoch
@@ -10,10 +11,11 @@ Each pair is one fresh `twinrun tune sft` process per mode, the order alternatin
 loop's `wall_s` from metrics.jsonl (step 0 left out); portable / native is the ratio of the
 pooled medians, with the per-pair ratios as its spread.
 
-What decides the bytes (toy, one thread): the adapter SHA256 of native runs with one library's
-code path moved by its own variable — ATen's capability (`ATEN_CPU_CAPABILITY=default`), MKL's
-branch (`MKL_CBWR=COMPATIBLE`) — against plain native and portable, and whether oneDNN ran at
-all (`ONEDNN_VERBOSE=1` lines).
+What decides the bytes (toy, one thread): the adapter SHA256 of native and portable runs with
+one library's code path moved by its own variable — ATen's capability
+(`ATEN_CPU_CAPABILITY=default`, native only: the portable mode pins it), MKL's branch
+(`MKL_CBWR=COMPATIBLE`, `MKL_CBWR=AVX2`) — and whether oneDNN ran at all (`ONEDNN_VERBOSE=1`
+lines). Native bytes move with MKL's branch; portable bytes must not.
 
     python bench/portable_cost.py [--pairs 3] [--smollm2-pairs 2] [--no-smollm2]
 
@@ -104,7 +106,11 @@ def deciders(model: Path, work: Path) -> list[dict[str, Any]]:
         ("native, ATen DEFAULT (`ATEN_CPU_CAPABILITY=default`)", "native",
          {"ATEN_CPU_CAPABILITY": "default"}),
         ("native, MKL COMPATIBLE (`MKL_CBWR=COMPATIBLE`)", "native", {"MKL_CBWR": "COMPATIBLE"}),
+        ("native, MKL AVX2 (`MKL_CBWR=AVX2`)", "native", {"MKL_CBWR": "AVX2"}),
         ("portable (oneDNN traced: `ONEDNN_VERBOSE=1`)", "portable", {"ONEDNN_VERBOSE": "1"}),
+        ("portable, MKL COMPATIBLE (`MKL_CBWR=COMPATIBLE`)", "portable",
+         {"MKL_CBWR": "COMPATIBLE"}),
+        ("portable, MKL AVX2 (`MKL_CBWR=AVX2`)", "portable", {"MKL_CBWR": "AVX2"}),
     ]  # fmt: skip
     out = []
     for i, (name, mode, env) in enumerate(variants):
@@ -162,11 +168,12 @@ def main() -> None:
             f"{fmt(r['native_step_s'])} | **{r['ratio']:.2f}×** ({pp['min']:.2f}–{pp['max']:.2f}) |"
         )
     lines += ["", "What decides the bytes (toy, one thread; adapter SHA256, first 12 digits):", "",
-              "| run | ATen | MKL branch | oneDNN on | oneDNN calls | adapter |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+              "| run | ATen | MKL branch | exact products | oneDNN on | oneDNN calls | adapter |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for d in result["decide"]:
         k = d["cpu_kernels"]
         lines.append(f"| {d['variant']} | {k['aten_capability']} | {k['mkl_cbwr']} | "
+                     f"{'yes' if k.get('exact_products') else 'no'} | "
                      f"{'yes' if k['onednn'] else 'no'} | {d['onednn_lines']} | "
                      f"`{d['adapter_sha256'][:12]}` |")  # fmt: skip
     md = "\n".join(lines)
@@ -175,8 +182,8 @@ def main() -> None:
     doc = {"meta": meta, **result}
     (RESULTS / "portable_cost.json").write_text(json.dumps(doc, indent=2) + "\n")
     (RESULTS / "portable_cost.md").write_text("# Portable CPU kernels: cost\n\n" + md + "\n")
-    intro = ("What the portable CPU kernels (the default) cost per step against the machine's own, "
-             "and which libraries decide the bytes (`python bench/portable_cost.py`).")  # fmt: skip
+    intro = ("What the portable CPU kernels cost per step against the machine's own, and which "
+             "libraries decide the bytes (`python bench/portable_cost.py`).")  # fmt: skip
     update_docs_section("portable_cost", "Portable CPU kernels: cost", intro, md)
 
 

@@ -12,7 +12,8 @@ import pytest
 
 from twinrun.cli.main import run_cli
 from twinrun.golden.files import golden_path
-from twinrun.golden.fingerprint import fingerprint
+from twinrun.golden.fingerprint import fingerprint, written_on
+from twinrun.golden.traces import trace_path
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 
@@ -70,7 +71,54 @@ def test_a_changed_value_fails_naming_the_first_item_that_moved(
     assert lines[0].startswith(f"golden: FAIL — first moved item {named}: expected ")
     assert lines[0].endswith(f"got {json.dumps(want)}")
     assert lines[1].startswith(f"  1 of 13 items moved: {named}")
-    assert lines[3].startswith("  if the change is intended") and "golden write" in lines[3]
+    assert lines[3].startswith("  written on ") and "; this machine: " in lines[3]
+    if doc["written_on"] == written_on():
+        assert lines[4].startswith("  if the change is intended") and "golden write" in lines[4]
+    else:
+        assert "portability bug" in lines[4] and "--overwrite" not in lines[4]
+
+
+def test_a_file_written_on_another_cpu_names_both_and_never_advises_rewriting_it(
+    committed: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = json.loads(committed.read_text())
+    doc["written_on"] = {"cpu_model": "Some Other CPU", "native_capability": "AVX2"}
+    doc["items"]["evaluate.tokens"] += 1
+    (tmp_path / committed.name).write_text(json.dumps(doc))
+    rc, lines, _ = golden(capsys, "check", str(tmp_path))
+    here = written_on()
+    assert rc == 1
+    assert lines[3] == (f"  written on Some Other CPU (AVX2); this machine: {here['cpu_model']} "
+                        f"({here['native_capability']})")  # fmt: skip
+    assert "portability bug" in lines[4] and "golden trace" in lines[4]
+    assert not any("--overwrite" in line for line in lines)
+
+
+def test_the_committed_op_trace_matches_and_a_moved_op_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    committed = trace_path(GOLDEN, fingerprint())
+    rc, lines, err = golden(capsys, "trace", str(GOLDEN))
+    assert rc == 0, "\n".join(lines) + err
+    assert lines[0].startswith("golden trace: PASS — ") and lines[0].endswith(f"equal {committed}")
+    doc = json.loads(committed.read_text())
+    at = next(i for i, e in enumerate(doc["entries"]) if e[0] == "aten.mm.default" and i > 100)
+    op, shapes, _, digest, site = doc["entries"][at]
+    doc["entries"][at][3] = "0" * 16
+    (tmp_path / committed.name).write_text(json.dumps(doc))
+    rc, lines, _ = golden(capsys, "trace", str(tmp_path))
+    assert rc == 1
+    assert lines[0] == (f"golden trace: FAIL — op {at}: {op} on {shapes} computed other bytes "
+                        f"({'0' * 16} vs {digest}), called from {site}")  # fmt: skip
+    assert lines[1].startswith("  written on ") and site.endswith(tuple("0123456789"))
+
+
+def test_a_missing_op_trace_is_one_clear_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, lines, err = golden(capsys, "trace", str(tmp_path))
+    assert rc == 2 and not lines and len(err.splitlines()) == 1
+    assert err.startswith("twinrun: error: no op trace for this platform (optrace-torch-")
 
 
 def test_a_platform_without_a_file_is_one_clear_line(
@@ -89,7 +137,11 @@ def test_write_reproduces_the_committed_file_and_refuses_to_replace_one(
     rc, lines, _ = golden(capsys, "write", str(tmp_path))
     written = tmp_path / committed.name
     assert rc == 0 and lines == [f"golden: wrote {written}"]
-    assert written.read_bytes() == committed.read_bytes()
+    mine, theirs = json.loads(written.read_text()), json.loads(committed.read_text())
+    assert mine["written_on"] == written_on()  # the machine that wrote it: this one
+    assert {k: v for k, v in mine.items() if k != "written_on"} == {
+        k: v for k, v in theirs.items() if k != "written_on"
+    }
     shutil.copy(committed, written)
     rc, _, err = golden(capsys, "write", str(tmp_path))
     assert rc == 2 and err.startswith(f"twinrun: error: {written} exists")

@@ -5,9 +5,12 @@ bytes (a new model implementation, new tokenization), re-pin: run this module, a
 "got" values it reports into PINNED below.
 
 The values are keyed by platform fingerprint. The suite runs with the portable CPU kernels, so on
-every x86-64 machine the key is `cpu:x86_64-portable-AVX2` and one set of values must hold on an
-Intel AVX-512 and an AMD AVX2 machine alike (these were written on an AMD EPYC, AVX2); a
-platform with no values of its own skips, naming its key, and never fails for being elsewhere.
+every x86-64 machine the key is `cpu:x86_64-portable-exact` and one set of values must hold on
+an Intel AVX-512 and an AMD AVX2 machine alike (these were written on an Intel Xeon, AVX-512,
+once, when the portable mode moved to exact products; the AMD-written values of the mode before
+them did not hold on Intel); a platform with no values of its own skips, naming its key, and
+never fails for being elsewhere. A failure on another x86-64 machine is a portability bug: do not
+re-pin there (tests/integration/test_cpu_emulation.py emulates other CPUs on this one).
 """
 
 from __future__ import annotations
@@ -26,23 +29,23 @@ FILES = {
     "head": "reward_head.safetensors",
 }
 PLATFORM = fingerprint()["device"]
-BY_PLATFORM: dict[str, dict[str, dict[str, str]]] = {"cpu:x86_64-portable-AVX2": {
+BY_PLATFORM: dict[str, dict[str, dict[str, str]]] = {"cpu:x86_64-portable-exact": {
     "sft": {
-        "adapter": "a41241ab401c761723f5d5569fc20c16953ee73106b9ba08f7ce62957f06cf90",
-        "diag": "b4d5af0919df8dea2a2b92e9b5b4873f5b0fb9da5d5129127eee3cf31ebaf258",
+        "adapter": "3dc3c4719a65b62962c71a8202ca679a02bc6edd11faa4d7468a03c56cbcf7aa",
+        "diag": "1dc75c7a4ad3aa223d329ee0efa9834def907f09443473ba1dfaa95d24677231",
     },
     "dpo": {
-        "adapter": "178746acfdf0df1e24509cb71fb3f776186e6830dc8cf910e47663edff5c7071",
-        "diag": "a9b07485faebd61e96a3f0a8fde7e3b0089e886203ffb40b970bde2cd2a90a55",
+        "adapter": "b6e110afa5327dd0450eb4ff7d383c5705a137661d37599cd1adeb8f9d69c8c7",
+        "diag": "7b52c6ae360b5be689f8f1b0db3b8fd83669d5d4294e4aa9153d126a2f537789",
     },
     "reward": {
-        "adapter": "d04a7453bbea4c98ad6346cd9fb0165b00bf3ebf090cf80d1b959d93a54d3b08",
-        "diag": "fcd271a13906e02e7e88adfdc59f77cbd8030ae1c97b4490ae157a1ed55be39a",
-        "head": "7d37e7b5570221e2e2668e530531289075ebb7fb8e545aebec735629367ee53e",
+        "adapter": "39a5dd3c9d7b5ad63112031b82db4845274da128b2e6e4f92479fb1889deeff6",
+        "diag": "60052354baa69fecc2d53d2740f8b7c692bda6551afc4485bc906f66b6c5961e",
+        "head": "004bceaa926a87fc3a7b1392c3c9877a48a4dd231a7a67c002a6f072a60709f4",
     },
-    "grpo": {  # diag re-pinned when GRPO rows gained observation leaves; the adapter held
-        "adapter": "94e603d825a1d09237a28a1565a75821f0762d923266516252bb62d1d44314da",
-        "diag": "2e96507a57be371a6a87cf91c9a44e4f7437d007c8c5fe498125856410457970",
+    "grpo": {
+        "adapter": "85a705c9250b0cd842b03a61fe091eff098e672fbd8d24dff6309c3f91ab3b5f",
+        "diag": "dfde80bd1c16ecf5b015f669d2bd8873a0c6fc427669f8afe44bfbe23191dc28",
     },
 }}  # fmt: skip
 PINNED = BY_PLATFORM.get(PLATFORM, {})
@@ -51,10 +54,10 @@ needs_pins = pytest.mark.skipif(
 )
 # GRPO with --rollout-block 1 (each prompt group decoded alone, as every GRPO run was before
 # block decoding): a block of one prompt is exactly the per-group decode, so these are the
-# per-group bytes (re-pinned with the rest for the portable kernels).
-PER_GROUP_GRPO_BY_PLATFORM: dict[str, dict[str, str]] = {"cpu:x86_64-portable-AVX2": {
-    "adapter": "3d833c5fc4b324c831c55bbe03cb956977347f0296fb15684627a63205ee5736",
-    "diag": "f6c5120af05243ccfba8a71f021eb819e9662045f74f54e2ab2a0e8927a01142",
+# per-group bytes (re-pinned with the rest for the exact products).
+PER_GROUP_GRPO_BY_PLATFORM: dict[str, dict[str, str]] = {"cpu:x86_64-portable-exact": {
+    "adapter": "85a705c9250b0cd842b03a61fe091eff098e672fbd8d24dff6309c3f91ab3b5f",
+    "diag": "dfde80bd1c16ecf5b015f669d2bd8873a0c6fc427669f8afe44bfbe23191dc28",
 }}  # fmt: skip
 
 

@@ -20,13 +20,14 @@ def without_threads(args: list[str]) -> list[str]:
     return args[:i] + args[i + 2 :]
 
 
-def test_a_cpu_run_without_threads_is_refused(
+def test_a_native_cpu_run_without_threads_is_refused(
     tmp_path: Path, toy_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     examples = write_examples(tmp_path / "data")["sft"]
     out = tmp_path / "run"
+    args = without_threads(run_args("sft", toy_model_dir, examples, out, "--cpu-kernels", "native"))
     capsys.readouterr()
-    assert run_cli(without_threads(run_args("sft", toy_model_dir, examples, out))) == 2
+    assert run_cli(args) == 2
     err = capsys.readouterr().err
     assert err == ("twinrun: error: missing required flag: --threads — every training number "
                    "must be given (twinrun has no silent defaults)\n")  # fmt: skip
@@ -40,39 +41,47 @@ def test_a_run_records_the_portable_kernels(tmp_path: Path, toy_model_dir: Path)
     side = json.loads((out / "twinrun.json").read_text())
     kernels = side["determinism"]["cpu_kernels"]
     assert side["train"]["cpu_kernels"] == "portable" and kernels["mode"] == "portable"
-    assert kernels["aten_capability"] == "AVX2" and kernels["mkl_cbwr"] == "COMPATIBLE"
+    assert kernels["aten_capability"] == "AVX2" and kernels["exact_products"] is True
+    assert kernels["portable_functions"] is True and kernels["sdpa_fused"] is False
     assert kernels["onednn"] is False and kernels["native_capability"] in ("AVX2", "AVX512")
     assert kernels["cpu_model"] == side["determinism"]["device_name"]
 
 
-def test_threads_1_and_2_write_other_bytes_and_each_reproduces(
+@pytest.mark.parametrize("extra", [[], ["--batch-invariant"]], ids=["padded", "batch-invariant"])
+def test_threads_1_2_and_4_write_the_same_bytes_and_the_count_is_optional(
+    tmp_path: Path, toy_model_dir: Path, extra: list[str]
+) -> None:
+    """Exact products and per-row sums: the thread count no longer shapes a portable run's
+    bytes, so --threads may be left out (torch's default count is used and recorded)."""
+    examples = write_examples(tmp_path / "data")["sft"]
+    shas, recorded = {}, {}
+    for name, threads in (("t1", "1"), ("t2", "2"), ("t4", "4"), ("default", None)):
+        args = run_args("sft", toy_model_dir, examples, tmp_path / name, "--diag", *extra)
+        if threads is None:
+            args = without_threads(args)
+        else:
+            args[args.index("--threads") + 1] = threads
+        assert run_cli(args) == 0
+        shas[name] = sha256_of(tmp_path / name / "adapter_model.safetensors")
+        side = json.loads((tmp_path / name / "twinrun.json").read_text())
+        recorded[name] = (side["train"]["threads"], side["determinism"]["threads"])
+    assert len(set(shas.values())) == 1, shas
+    assert recorded["t4"] == (4, 4) and recorded["default"][0] is None
+    assert recorded["default"][1] >= 1
+
+
+def test_native_threads_1_and_2_may_differ_and_each_reproduces(
     tmp_path: Path, toy_model_dir: Path
 ) -> None:
-    """Why --threads is required: the count splits sums (MKL's matrix multiplies, ATen's
-    softmax backward), so it shapes the bytes; each count is its own reproducible run."""
+    """Why native runs still name --threads: MKL's own sums split by thread."""
     examples = write_examples(tmp_path / "data")["sft"]
     shas = {}
     for name, threads in (("a1", "1"), ("b1", "1"), ("a2", "2"), ("b2", "2")):
-        args = run_args("sft", toy_model_dir, examples, tmp_path / name)
+        args = run_args("sft", toy_model_dir, examples, tmp_path / name, "--cpu-kernels", "native")
         args[args.index("--threads") + 1] = threads
         assert run_cli(args) == 0
         shas[name] = sha256_of(tmp_path / name / "adapter_model.safetensors")
     assert shas["a1"] == shas["b1"] and shas["a2"] == shas["b2"]
-    assert shas["a1"] != shas["a2"]
-
-
-def test_batch_invariant_on_several_threads_is_refused(
-    tmp_path: Path, toy_model_dir: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    examples = write_examples(tmp_path / "data")["sft"]
-    out = tmp_path / "run"
-    args = run_args("sft", toy_model_dir, examples, out, "--batch-invariant")
-    args[args.index("--threads") + 1] = "2"
-    capsys.readouterr()
-    assert run_cli(args) == 2
-    err = capsys.readouterr().err
-    assert "--batch-invariant with --cpu-kernels portable needs --threads 1" in err
-    assert err.count("\n") == 1 and not out.exists()
 
 
 def test_kernels_that_did_not_take_are_refused_before_anything_is_written(
@@ -82,7 +91,7 @@ def test_kernels_that_did_not_take_are_refused_before_anything_is_written(
     mode with one line (the same line torch gets when it chose its kernels too early)."""
     examples = write_examples(tmp_path / "data")["sft"]
     out = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")}
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     done = subprocess.run(
         [sys.executable, "-m", "twinrun", *run_args("sft", toy_model_dir, examples, out)],
         capture_output=True, text=True, env=env | {"ATEN_CPU_CAPABILITY": "default"},

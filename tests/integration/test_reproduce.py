@@ -103,6 +103,9 @@ def test_a_run_on_other_cpu_kernels_diverges_and_names_them(
     assert any(f.startswith("  determinism.cpu_kernels.aten_capability: recorded=\"DEFAULT\" "
                             "re-run=\"AVX2\" (environment)") for f in facts), lines  # fmt: skip
     assert any(f.startswith("FIRST_DIVERGENCE: step=0 ") for f in facts), lines
+    assert lines[-1].startswith("why: the run used --cpu-kernels native on ")
+    assert lines[-1].endswith("train it with --cpu-kernels portable for bytes every x86-64 CPU "
+                              "writes")  # fmt: skip
 
 
 def test_a_torchrun_run_reproduces_on_one_process(

@@ -85,12 +85,14 @@ def test_extract_is_transformers_hidden_states(
         ids = tok.prompt_ids([{"role": "user", "content": question}], chat_template=True)
         with torch.no_grad():
             states = hf(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        # atol 5e-5: the portable products keep 22 bits of each line's range, and in the padded
+        # batch of 2 the pad keys' values enter a value column's range (alone they do not)
         if layer < hf.config.num_hidden_layers:
             want = states[layer][0, -1]
-            torch.testing.assert_close(hidden[i], want, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(hidden[i], want, rtol=1e-5, atol=5e-5)
         else:
             # transformers' last entry is after the final norm; twinrun's is the stream before it
             with torch.no_grad():
                 normed = hf.model.norm(hidden[i])
-            torch.testing.assert_close(normed, states[layer][0, -1], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(normed, states[layer][0, -1], rtol=1e-5, atol=5e-5)
             assert not torch.allclose(hidden[i], states[layer][0, -1], atol=1e-2)

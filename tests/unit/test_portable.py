@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 from twinrun.core import portable
@@ -31,8 +32,36 @@ def test_this_process_reads_back_portable() -> None:
     """The suite pins the environment before torch loads (tests/conftest.py)."""
     portable.establish_kernels("portable")
     record = portable.read_back()
-    assert record["aten_capability"] == "AVX2" and record["mkl_cbwr"] == "COMPATIBLE"
+    assert record["aten_capability"] == "AVX2" and record["exact_products"] is True
     assert record["onednn"] is False and portable.is_portable(record)
     assert not portable.is_portable(record | {"aten_capability": "AVX512"})
-    assert not portable.is_portable(record | {"mkl_cbwr": "AUTO"})
+    assert not portable.is_portable(record | {"exact_products": False})
+    assert portable.is_portable(record | {"mkl_cbwr": "AUTO"})  # MKL's branch no longer matters
     assert record["native_capability"] in ("AVX2", "AVX512") and record["machine"] == "x86_64"
+
+
+def test_native_takes_the_portable_kernels_back_and_portable_puts_them_in_place() -> None:
+    import torch
+
+    from twinrun.core import portable_ops
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 700, generator=g), torch.randn(700, 5, generator=g)
+    try:
+        native = portable.establish_kernels("native")
+        assert native["exact_products"] is False and not portable_ops.installed()
+        assert native["onednn"] is True and native["sdpa_fused"] is True
+        record = portable.establish_kernels("portable")
+        assert record["exact_products"] is True and portable_ops.installed()
+        from twinrun.core.exact_matmul import exact_matmul
+
+        assert torch.equal(torch.mm(a, b), exact_matmul(a, b))
+        root = torch.from_numpy(np.sqrt(b.abs().numpy()))  # IEEE's correctly rounded sqrt
+        assert torch.equal(torch.sqrt(b.abs()), root)
+    finally:
+        portable.establish_kernels("portable")
+
+
+def test_the_mkl_branch_names_are_the_numbers_mkl_reads_back() -> None:
+    assert portable._MKL_BRANCHES[3] == "COMPATIBLE" and portable._MKL_BRANCHES[10] == "AVX2"
+    assert portable._MKL_BRANCHES[12] == "AVX512" and portable._MKL_BRANCHES[1] == "OFF"

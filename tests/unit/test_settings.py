@@ -239,7 +239,7 @@ def test_help_marks_the_required_flags(capsys: pytest.CaptureFixture[str]) -> No
     for name in required_fields("grpo"):
         flag = SETTINGS[name].flag
         assert f"{flag} " in text and text.split(f"{flag} ", 1)[1].split()[1] == "[required]", flag
-    assert "--threads INTEGER [required on CPU]" in text
+    assert "--threads INTEGER [required with --cpu-kernels native]" in text
     assert "--max-turns INTEGER Tool environments" in text  # optional flags are not marked
 
 

@@ -91,10 +91,11 @@ def run_options(objective: str) -> F:
 
 
 def required_mark(name: str, s: Setting, objective: str) -> str:
-    """What `--help` says before a flag's help: "[required]" for a run number, "[required on
-    CPU]" for the thread count (it shapes a CPU run's bytes), else nothing."""
+    """What `--help` says before a flag's help: "[required]" for a run number, "[required with
+    --cpu-kernels native]" for the thread count (it shapes a native CPU run's bytes), else
+    nothing."""
     if name == "threads":
-        return "[required on CPU]"
+        return "[required with --cpu-kernels native]"
     return "[required]" if s.required and objective in s.objectives else ""
 
 

@@ -180,8 +180,8 @@ def validate(cfg: RunConfig, source: Source = "flag") -> ValidRun:
     missing = [
         SETTINGS[n].name(source) for n in required_fields(cfg.objective) if getattr(cfg, n) is None
     ]
-    if cfg.threads is None and cfg.device == "cpu":  # the thread count splits CPU reductions
-        missing.append(SETTINGS["threads"].name(source))
+    if cfg.threads is None and cfg.device == "cpu" and cfg.cpu_kernels == "native":
+        missing.append(SETTINGS["threads"].name(source))  # native BLAS sums split by thread
     if missing:
         what = "flag" if source == "flag" else "key"
         raise ConfigError(

@@ -250,13 +250,15 @@ class RunConfig:
     )  # fmt: skip
     threads: int | None = _s(
         "int", "--threads", "backend.options.threads",
-        "torch threads; required on the CPU, where the count shapes the bytes.", low=1,
+        "torch threads (recorded; torch's default when left out). Required with --cpu-kernels "
+        "native, where the count shapes the bytes.", low=1,
     )  # fmt: skip
     device: str = _s("str", "--device", "backend.devices", "cpu | cuda:0.", default="cpu")
     cpu_kernels: str = _s(
         "str", "--cpu-kernels", "backend.options.cpu_kernels",
-        "portable: the same bytes on every x86-64 CPU (AVX2 kernels, MKL's compatible branch); "
-        "native: the machine's own kernels, faster, bytes of this CPU kind only.",
+        "portable: the same bytes on every x86-64 CPU and thread count (exact matrix products, "
+        "own transcendental functions, AVX2 kernels); native: the machine's own kernels, "
+        "faster, bytes of this CPU kind and thread count only.",
         default="portable", choices=CPU_KERNELS,
     )  # fmt: skip
     strict: bool = _s(
@@ -430,18 +432,6 @@ def value_problems(cfg: RunConfig, source: Source = "flag") -> list[str]:
         problems.append(f"{n['eval_limit']} needs {n['eval_examples']}")
     if (cfg.spike_factor is None) != (cfg.spike_window is None):
         problems.append(f"{n['spike_factor']} and {n['spike_window']} go together")
-    if (
-        cfg.batch_invariant
-        and cfg.device == "cpu"
-        and cfg.cpu_kernels == "portable"
-        and cfg.threads not in (None, 1)
-    ):
-        # MKL's compatible branch splits a matrix multiply's sum by thread, so on several
-        # threads a row's result depends on the batch it rides in (measured)
-        problems.append(
-            f"{n['batch_invariant']} with {n['cpu_kernels']} portable needs {n['threads']} 1 "
-            f"(or {n['cpu_kernels']} native)"
-        )
     return problems
 
 

@@ -141,7 +141,7 @@ def establish(
     _check_threads(threads)
     _check_attention(attention)
     check_mode(cpu_kernels)
-    kernels = establish_kernels(cpu_kernels)
+    kernels = establish_kernels(cpu_kernels, device)
 
     import torch
 

@@ -1,29 +1,31 @@
 """Portable CPU kernels: a CPU run's bytes that do not depend on the CPU model or vendor.
 
-torch's CPU results depend on which code path its libraries pick for the machine's instruction
-set. Measured on torch 2.13 (toy and SmolLM2 training steps; docs/reproduce.md):
+Pinning a library's dispatch does not carry bytes across vendors (measured on torch 2.13: MKL's
+compatible branch wrote other bytes on an Intel Xeon than on an AMD EPYC, and MKL's vector-math
+functions choose their code per CPU under every branch). So the portable mode does not pin
+libraries; it computes what would depend on them from arithmetic with one possible result:
 
-- **ATen** (torch's own kernels: elementwise maths, softmax, norms, reductions) dispatches by
-  CPU capability — DEFAULT, AVX2 or AVX512 — and the three write other adapter bytes. Pinned by
-  `ATEN_CPU_CAPABILITY=avx2`: every x86-64 CPU since 2013 runs the same AVX2 code.
-- **MKL** (every float32 matrix multiply) picks its own branch per CPU; on a non-Intel CPU even
-  `MKL_CBWR=AVX2` falls back to MKL's automatic branch (read back: 2, not 9), which wrote other
-  bytes than MKL's default on an AMD EPYC. Only `MKL_CBWR=COMPATIBLE` is documented to give the
-  same results on Intel and non-Intel CPUs, so that is what the portable mode pins.
-- **oneDNN** runs no operation of an f32 training step (`ONEDNN_VERBOSE=1` prints nothing), but
-  torch routes bf16 matrix multiplies to it on AVX-512 CPUs only; the portable mode turns it off
-  (`torch.backends.mkldnn.enabled = False`) so bf16 takes ATen's AVX2 path everywhere.
-- **Sleef** (ATen's vectorised transcendental functions) is compiled into each capability's
-  kernels: pinning ATen's capability pins it too.
+- **Matrix products** (`mm`, `addmm`, `bmm`, `baddbmm`, `mv`, `addmv`, `dot`, forward and
+  backward, base, LoRA and attention): exact sums of integer-valued slices in float64, rounded
+  once (`twinrun.core.exact_matmul`). Whatever BLAS kernel, CPU or thread count runs the float64
+  product, every partial sum is an exact integer, so the bits cannot change.
+- **sqrt and the transcendental functions torch sends to MKL's vector math** (`sqrt`, `exp`,
+  `log`, `log2`, `log10`, `tanh`, `erf`, `pow(x, 0.5)`): correctly rounded or a fixed sequence of
+  IEEE operations (`twinrun.core.portable_math`).
+- Both are registered as torch's CPU kernels for those ops while the mode is on
+  (`twinrun.core.portable_ops`), so transformers' model code runs unchanged.
+- **ATen's own kernels** (elementwise maths, softmax, norms, reductions, Sleef's vectorised
+  functions) dispatch by CPU capability; pinned by `ATEN_CPU_CAPABILITY=avx2`, every x86-64 CPU
+  since 2013 runs the same AVX2 code — fixed instruction sequences of IEEE operations.
+- **oneDNN** would run bf16 matrix products on AVX-512 CPUs only: off. **SDPA's** fused CPU
+  kernel calls the BLAS directly: off, so `--attention sdpa` takes torch's math path (the
+  products above and ATen's softmax).
 
-The thread count is not made irrelevant: MKL's COMPATIBLE branch and ATen's softmax backward
-split their work by thread, so a training run on the CPU names `--threads` (no silent default).
-
-Both variables must be in the environment before torch runs its first kernel (ATen reads its
-capability once, MKL its branch at its first call). The CLI pins them at start-up
-(`pin_environment`), before torch is imported; `establish_kernels` then reads every setting
-back and refuses with one line when torch already chose another path in this process. `native`
-pins nothing and records what is in effect.
+MKL's branch (`MKL_CBWR`) no longer matters and is left to the user; it is recorded. The
+capability variable must be in the environment before torch runs its first kernel. The CLI pins
+it at start-up (`pin_environment`), before torch is imported; `establish_kernels` reads every
+setting back and refuses with one line when torch already chose another path in this process.
+`native` pins nothing, gives torch its own kernels back and records what is in effect.
 """
 
 from __future__ import annotations
@@ -38,14 +40,17 @@ from twinrun.core.errors import ConfigError, ContractError
 
 MODES = ("portable", "native")
 CAPABILITY = "AVX2"
-PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
+PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2"}
 
-# MKL's CNR branch numbers (mkl_cbwr_get(MKL_CBWR_BRANCH)), for the record.
-_MKL_BRANCHES = {0: "OFF", 1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSE4_2"}
-_MKL_BRANCHES.update({7: "AVX", 9: "AVX2", 11: "AVX512_MIC", 12: "AVX512", 14: "AVX512_E1"})
+# MKL's CNR branch numbers as mkl_cbwr_get reads them back (MKL_CBWR=AVX2 reads 10), for the
+# record: the portable mode's bytes do not depend on the branch.
+_MKL_BRANCHES = {0: "OFF", 1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3"}
+_MKL_BRANCHES.update({7: "SSE4_1", 8: "SSE4_2", 9: "AVX", 10: "AVX2", 11: "AVX512_MIC"})
+_MKL_BRANCHES.update({12: "AVX512", 13: "AVX512_MIC_E1", 14: "AVX512_E1"})
 _MKL_STRICT = 0x10000
 
 _pinned_here: dict[str, str] = {}  # what pin_environment set (so `native` can take it back)
+_switched_off: list[str] = []  # torch switches the portable mode turned off in this process
 
 
 def check_mode(mode: str) -> None:
@@ -125,10 +130,15 @@ def read_back() -> dict[str, Any]:
     """What is in effect now: the record the sidecar keeps under `determinism.cpu_kernels`."""
     import torch
 
+    from twinrun.core import portable_ops
+
     return {
         "aten_capability": str(torch.backends.cpu.get_cpu_capability()),
-        "mkl_cbwr": mkl_branch(),
+        "exact_products": portable_ops.installed(),
+        "portable_functions": portable_ops.installed(),
         "onednn": bool(torch.backends.mkldnn.enabled),
+        "sdpa_fused": bool(torch.backends.cuda.flash_sdp_enabled()),
+        "mkl_cbwr": mkl_branch(),
         "native_capability": native_capability(),
         "cpu_model": cpu_model(),
         "machine": platform.machine(),
@@ -138,16 +148,33 @@ def read_back() -> dict[str, Any]:
 def is_portable(record: dict[str, Any]) -> bool:
     return (
         record.get("aten_capability") == CAPABILITY
-        and record.get("mkl_cbwr") in ("COMPATIBLE", None)
+        and record.get("exact_products") is True
+        and record.get("portable_functions") is True
         and record.get("onednn") is False
     )
 
 
-def establish_kernels(mode: str) -> dict[str, Any]:
-    """Pin (portable) or only record (native) the CPU kernels; read every setting back."""
+def _switch_back() -> None:
+    """Turn back on what the portable mode turned off (a `native` run after a portable one)."""
+    import torch
+
+    if "onednn" in _switched_off:
+        torch.backends.mkldnn.enabled = True  # type: ignore[assignment]  # a torch ContextProp
+    if "sdpa_fused" in _switched_off:
+        torch.backends.cuda.enable_flash_sdp(True)
+    _switched_off.clear()
+
+
+def establish_kernels(mode: str, device: str = "cpu") -> dict[str, Any]:
+    """Put in place (portable) or take back (native) the portable kernels; read back. SDPA's
+    fused kernel is switched off for a CPU run only (the switch is torch's, for every device)."""
     check_mode(mode)
     if mode == "native":
         unpin_environment()
+        from twinrun.core import portable_ops
+
+        portable_ops.uninstall()
+        _switch_back()
         return {"mode": "native", **read_back()}
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise ContractError(
@@ -157,14 +184,20 @@ def establish_kernels(mode: str) -> dict[str, Any]:
     pin_environment()
     import torch
 
-    torch.backends.mkldnn.enabled = False  # type: ignore[assignment]  # a torch ContextProp
+    from twinrun.core import portable_ops
+
+    if torch.backends.mkldnn.enabled:
+        torch.backends.mkldnn.enabled = False  # type: ignore[assignment]  # a ContextProp
+        _switched_off.append("onednn")
+    if device == "cpu" and torch.backends.cuda.flash_sdp_enabled():
+        torch.backends.cuda.enable_flash_sdp(False)  # CPU SDPA then takes the math path
+        _switched_off.append("sdpa_fused")
+    elif device != "cpu" and "sdpa_fused" in _switched_off:
+        torch.backends.cuda.enable_flash_sdp(True)  # a GPU run after a CPU one: its fused SDPA
+        _switched_off.remove("sdpa_fused")
+    portable_ops.install()
     record = {"mode": "portable", **read_back()}
-    problems = []
     if record["aten_capability"] != CAPABILITY:
-        problems.append(f"torch runs {record['aten_capability']} kernels, not {CAPABILITY}")
-    if record["mkl_cbwr"] not in ("COMPATIBLE", None):
-        problems.append(f"MKL runs its {record['mkl_cbwr']} branch, not COMPATIBLE")
-    if problems:
         cause = (
             "this CPU lacks AVX2"
             if record["native_capability"] not in ("AVX2", "AVX512")
@@ -173,9 +206,10 @@ def establish_kernels(mode: str) -> dict[str, Any]:
             + " is set)"
         )
         raise ContractError(
-            f"portable CPU kernels did not take: {'; '.join(problems)} — {cause}",
+            f"portable CPU kernels did not take: torch runs {record['aten_capability']} "
+            f"kernels, not {CAPABILITY} — {cause}",
             "run twinrun in a fresh process with "
             + " ".join(f"{k}={v}" for k, v in PINNED_ENV.items())
-            + " (or those unset), or use --cpu-kernels native",
+            + " (or it unset), or use --cpu-kernels native",
         )
     return record

@@ -155,6 +155,26 @@ def _first_divergence(
             f"advice: {first.leaf}: {sidecars_differ_in(differences, advice)}{advice}"]  # fmt: skip
 
 
+def native_note(sidecar: dict[str, Any], rerun: dict[str, Any]) -> list[str]:
+    """Why a run made with the machine's own kernels on another kind of CPU may not reproduce,
+    and how to get bytes that do."""
+
+    def kernels(doc: dict[str, Any]) -> dict[str, Any]:
+        found = (doc.get("determinism") or {}).get("cpu_kernels")
+        return found if isinstance(found, dict) else {}
+
+    was, now = kernels(sidecar), kernels(rerun)
+    keys = ("cpu_model", "aten_capability", "native_capability", "mkl_cbwr")
+    if was.get("mode") != "native" or all(was.get(k) == now.get(k) for k in keys):
+        return []
+    return [
+        f"why: the run used --cpu-kernels native on {was.get('cpu_model', 'another CPU')} "
+        f"({was.get('aten_capability', '?')} kernels): the machine's own matrix products and "
+        "vector maths, whose bytes hold on that kind of CPU and thread count only; train it "
+        "with --cpu-kernels portable for bytes every x86-64 CPU writes"
+    ]
+
+
 def reproduce(
     run_dir: str | Path, output: str | Path, quiet: bool = True, overwrite: bool = False
 ) -> Reproduction:
@@ -192,5 +212,6 @@ def reproduce(
     same = "recorded facts: all equal (same versions, CPU kernels, threads, device)"
     lines += ["recorded facts that differ:", *facts] if facts else [same]
     lines += _first_divergence(run_dir, output, differences)
+    lines += native_note(sidecar, rerun)
     return Reproduction(DIVERGED, "reproduce: DIVERGED — the re-run wrote other bytes", lines,
                         differences)  # fmt: skip

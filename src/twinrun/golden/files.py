@@ -5,8 +5,9 @@
      "items": {"sft.adapter_sha256": "...", ..., "extract.hidden": [512 floats]}}
 
 On the CPU the suite runs with the portable kernels, so one file serves every x86-64 machine;
-`written_on` says which machine wrote it (a check elsewhere that fails means the portable mode
-is not yet portable there).
+`written_on` says which machine wrote it. A check that fails on another kind of CPU names both
+machines and never advises rewriting the file (that would break the machine that wrote it): it
+is a portability bug, and `twinrun golden trace` names the first op that moved.
 
 `write_golden` computes the suite and writes the file atomically (refusing to replace one
 without `overwrite`). `check_golden` computes the suite and compares it with the file of this
@@ -61,12 +62,31 @@ class Moved:
     got: Any
 
 
+def machine_line(wrote: Any) -> str:
+    """`written on <CPU> (<capability>); this machine: <CPU> (<capability>)`."""
+    here = written_on("cpu")
+
+    def name(w: Any) -> str:
+        if not isinstance(w, dict):
+            return "an unrecorded machine"
+        if "device_name" in w:
+            return str(w["device_name"])
+        return f"{w.get('cpu_model', '?')} ({w.get('native_capability', '?')})"
+
+    return f"written on {name(wrote)}; this machine: {name(here)}"
+
+
+def same_machine_kind(wrote: Any) -> bool:
+    return isinstance(wrote, dict) and wrote == written_on("cpu")
+
+
 @dataclass
 class GoldenResult:
     path: Path
     fingerprint: dict[str, Any]
     items: int
     moved: list[Moved]
+    written_on: Any = None
 
     @property
     def ok(self) -> bool:
@@ -79,11 +99,21 @@ class GoldenResult:
             return [f"golden: PASS — {self.items} items equal {self.path} ({where})"]
         first = self.moved[0]
         names = ", ".join(m.item for m in self.moved[:8]) + (" ..." if len(self.moved) > 8 else "")
-        return [
+        lines = [
             f"golden: FAIL — first moved item {first.item}: expected {show(first.expected)}, "
             f"got {show(first.got)}",
             f"  {len(self.moved)} of {self.items} items moved: {names}",
             f"  {self.path} ({where})",
+            f"  {machine_line(self.written_on)}",
+        ]
+        if not same_machine_kind(self.written_on):
+            return lines + [
+                "  the portable kernels promise these bytes on every x86-64 CPU, so this is a "
+                "portability bug, not a file to rewrite here (that would break the machine that "
+                f"wrote it): run `twinrun golden trace {self.path.parent}` to name the first op "
+                "that moved, and report it",
+            ]
+        return lines + [
             "  if the change is intended (it moves every run alike: say why in the commit), run "
             f"`twinrun golden write {self.path.parent} --overwrite` on this platform and commit "
             f"{self.path.name}",
@@ -145,4 +175,4 @@ def check_golden(folder: str | Path, device: str = "cpu") -> GoldenResult:
         )
     doc = read_golden(path)
     moved = compare_items(doc["items"], run_suite(device))
-    return GoldenResult(path, fp, len(doc["items"]), moved)
+    return GoldenResult(path, fp, len(doc["items"]), moved, doc.get("written_on"))

@@ -1,7 +1,9 @@
 """The platform fingerprint a golden file or a pinned value belongs to: the torch version, where
 it ran and the precision. On the CPU "where" is the kernels in effect, not the machine: under
-the portable mode every x86-64 CPU with AVX2 runs the same kernels (`cpu:x86_64-portable-AVX2`),
-so one file serves an Intel AVX-512 and an AMD AVX2 machine alike; native kernels are keyed by
+the portable mode every x86-64 CPU with AVX2 computes the same bits (`cpu:x86_64-portable-exact`:
+exact matrix products, own transcendental functions, ATen's AVX2 kernels), so one file serves an
+Intel AVX-512 and an AMD AVX2 machine alike (the mode before exact products, whose bytes did not
+carry across vendors, was `cpu:x86_64-portable-AVX2`); native kernels are keyed by
 the capability torch chose (`cpu:x86_64-AVX512`). On CUDA it is the GPU model. Runs on one
 fingerprint are expected to agree bit for bit; across fingerprints they may not."""
 
@@ -11,6 +13,8 @@ import platform
 import re
 from typing import Any
 
+PORTABLE = "portable-exact"
+
 
 def fingerprint(
     device: str = "cpu", precision: str = "f32", cpu_kernels: str = "portable"
@@ -19,12 +23,10 @@ def fingerprint(
     reads back and enforces; native: the capability torch chose)."""
     import torch
 
-    from twinrun.core.portable import CAPABILITY
-
     if device.startswith("cuda"):
         where = f"cuda:{torch.cuda.get_device_name(device)}"
     elif cpu_kernels == "portable":
-        where = f"cpu:{platform.machine()}-portable-{CAPABILITY}"
+        where = f"cpu:{platform.machine()}-{PORTABLE}"
     else:
         where = f"cpu:{platform.machine()}-{torch.backends.cpu.get_cpu_capability()}"
     return {"torch": torch.__version__, "device": where, "precision": precision}
@@ -42,6 +44,6 @@ def written_on(device: str = "cpu") -> dict[str, Any]:
 
 
 def slug(fp: dict[str, Any]) -> str:
-    """A file-name-safe form: `torch-2.13.0+cpu_cpu-x86_64-portable-AVX2_f32`."""
+    """A file-name-safe form: `torch-2.13.0+cpu_cpu-x86_64-portable-exact_f32`."""
     text = f"torch-{fp['torch']}_{fp['device']}_{fp['precision']}"
     return re.sub(r"[^A-Za-z0-9.+_-]+", "-", text)

@@ -3,19 +3,22 @@ and numbers that must not move on one platform.
 
 Items, in the order they are checked (the first that moved is the one reported):
 
-- `<objective>.adapter_sha256` for sft, dpo, reward (and `reward.head_sha256`), grpo and text:
-  two-step runs on shipped examples (a fixed text for `text`); `grpo.diag_sha256`, the GRPO
-  run's diag.jsonl — its sampled tokens, logprobs and rewards (the random toy answers no
-  arithmetic question, so every advantage is zero and the adapter alone would not show a change
-  in sampling);
+- `<objective>.adapter_sha256` for sft, dpo, ipo, reward (and `reward.head_sha256`), grpo and
+  text: runs of 2 to 4 optimizer steps on shipped examples (a fixed text for `text`);
+  `grpo.diag_sha256`, the GRPO run's diag.jsonl — its sampled tokens, logprobs and rewards.
+  GRPO's reward varies with the sampled bytes (`twinrun.golden.shaped_env`), so its advantages
+  are not all zero, and prioritized replay feeds rollouts of an earlier policy back, so its
+  ratio goes through `exp` of a log-ratio that is not 0. The text run trains windows of 320
+  tokens (inner dimensions past 512) on two threads;
 - `evaluate.loss`, `evaluate.tokens`, `evaluate.per_example` of the sft adapter on its examples;
 - `generate.tokens`: the text adapter's 24 greedy tokens for one plain prompt (the sft adapter
   learns to end its answers at once, which would leave little to compare);
 - `extract.hidden`: 512 floats, the sft adapter's mean-pooled layer-2 hidden states of 8
   examples (8 x 64).
 
-Every run is in-process at f32 on one thread. `run_suite` is computed once per process and
-device: the suite is deterministic, and a second `golden check` need not train again.
+Every run is in-process at f32, on one thread but the text run's two. `run_suite` is computed
+once per process and device: the suite is deterministic, and a second `golden check` need not
+train again.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ TEXT = (
     "Reproducible training is a habit. Same seed, same data, same bytes: the adapter a run "
     "writes today is the adapter it writes tomorrow, and the one a colleague writes elsewhere. "
 ) * 3
+SHAPED_ENV = "twinrun.golden.shaped_env:make"
 _CACHE: dict[str, dict[str, Any]] = {}
 
 
@@ -40,7 +44,7 @@ def common(model: Path, out: Path, objective: str, **more: Any) -> RunConfig:
     return RunConfig(
         objective=objective, model=str(model), output=str(out), seed=0, batch_size=2,
         learning_rate=1e-2, warmup_steps=0, lr_schedule="cosine", lora_rank=4, lora_alpha=8.0,
-        precision="f32", threads=1, quiet=True, **more,
+        precision="f32", quiet=True, **({"threads": 1} | more),
     )  # fmt: skip
 
 
@@ -74,14 +78,15 @@ def run_settings(data: dict[str, Path], device: str) -> dict[str, dict[str, Any]
         "ipo": {"examples": str(data["pairs.jsonl"]), "beta": 0.1, **epochs},
         "reward": {"examples": str(data["pairs.jsonl"]), **epochs},
         "grpo": {
-            "examples": str(data["arith.jsonl"]), "steps": 2, "prompts_per_step": 1,
-            "group_size": 2, "max_new_tokens": 4, "temperature": 1.0, "clip_eps": 0.2,
-            "advantage_clip": 5.0, "token_cap": 4, "env": "arithmetic", "chat_template": "on",
-            "device": device, "diag": True,
+            "examples": str(data["arith.jsonl"]), "steps": 4, "prompts_per_step": 2,
+            "group_size": 3, "max_new_tokens": 6, "temperature": 1.0, "clip_eps": 0.2,
+            "advantage_clip": 5.0, "token_cap": 6, "env": SHAPED_ENV, "chat_template": "on",
+            "replay": "per", "replay_capacity": 16, "replay_alpha": 0.6, "replay_beta": 0.4,
+            "replay_fraction": 0.5, "device": device, "diag": True,
         },
-        "text": {
-            "corpus": [str(data["text"])], "window": 32, "windows_per_step": 2, "steps": 2,
-            "device": device,
+        "text": {  # windows of 320 tokens: inner dimensions past 512 (LoRA A's gradient)
+            "corpus": [str(data["text"])], "window": 320, "windows_per_step": 2, "steps": 3,
+            "device": device, "threads": 2,
         },
     }  # fmt: skip
 

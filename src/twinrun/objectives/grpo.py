@@ -99,14 +99,15 @@ def grpo_loss(
     if row_weights is not None:
         per_token = per_token * row_weights.to(f64).unsqueeze(1)
     per_token = torch.where(active, per_token, zero)
-    loss = per_token.sum() / denominator
-    row_losses = per_token.sum(dim=1) / denominator
+    row_sums = per_token.sum(dim=1)  # per row, then over rows: no thread count splits the sum
+    loss = row_sums.sum() / denominator
+    row_losses = row_sums / denominator
 
     with torch.no_grad():
         is_clipped = ((ratio > 1.0 + clip_eps) & (adv > 0)) | ((ratio < 1.0 - clip_eps) & (adv < 0))
         n_clipped = int((is_clipped & active).sum().item())
         n_active = int(active.sum().item())
-        ratio_sum = float(torch.where(active, ratio, zero).sum().item())
+        ratio_sum = float(torch.where(active, ratio, zero).sum(dim=1).sum().item())
     return GRPOLossOut(
         loss=loss,
         row_losses=row_losses,

@@ -52,6 +52,7 @@ Nothing is replaced at run time: a hook is an object in `Loop.hooks`, called whe
 from __future__ import annotations
 
 import enum
+import math
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -376,7 +377,7 @@ class Loop:
         for hook in self.at["at_boundary"]:
             hook.at_boundary(view)
         outcome = view.outcome
-        grad_norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in state.grads])))
+        grad_norm = fixed_order_norm(state.grads)
         t1 = time.perf_counter()
         self.optimizer.step()
         state.timings["optimizer_s"] = time.perf_counter() - t1
@@ -453,6 +454,22 @@ class Attempt(NamedTuple):
     loss: float
     grads: list[torch.Tensor]
     rng_after: torch.Tensor
+
+
+NORM_ROW = 4096  # below ATen's grain size: one row's sum never splits across threads
+
+
+def fixed_order_norm(tensors: Sequence[torch.Tensor]) -> float:
+    """The L2 norm of all tensors together, in an order no thread count changes: float64
+    squares in rows of NORM_ROW (each row reduced whole by one thread), the row sums then added
+    one after another as Python floats."""
+    total = 0.0
+    for g in tensors:
+        flat = g.detach().reshape(-1).to(torch.float64)
+        rows = torch.nn.functional.pad(flat, (0, (-flat.numel()) % NORM_ROW)).view(-1, NORM_ROW)
+        for s in (rows * rows).sum(dim=1).tolist():
+            total += s
+    return math.sqrt(total)
 
 
 def sum_in_forward_order(params: Params, per_forward: list[Parts]) -> list[torch.Tensor]:
