@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from twinrun.core.portable import pin_environment
+# The suite runs the portable CPU kernels (its pinned bytes and golden file are portable ones):
+# the default for every run that names no --cpu-kernels, in this process and the processes it
+# starts. Set before twinrun.config is imported (the flag's default is read then).
+# tests/unit/test_portable.py checks the default without it (native).
+os.environ["TWINRUN_CPU_KERNELS"] = "portable"
+
+from twinrun.core.portable import pin_environment  # noqa: E402 (after the default is set)
 
 # Before torch is imported: the suite's runs share this process, and torch chooses its CPU
 # kernels once (the portable mode's pinned bytes hold only with the portable kernels).

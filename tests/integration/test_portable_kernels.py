@@ -45,6 +45,28 @@ def test_a_run_records_the_portable_kernels(tmp_path: Path, toy_model_dir: Path)
     assert kernels["portable_functions"] is True and kernels["sdpa_fused"] is False
     assert kernels["onednn"] is False and kernels["native_capability"] in ("AVX2", "AVX512")
     assert kernels["cpu_model"] == side["determinism"]["device_name"]
+    assert kernels["promise"] == "the same bytes on every x86-64 CPU with AVX2, at any thread count"
+
+
+def test_without_the_suites_default_a_run_takes_native_kernels_and_needs_threads(
+    tmp_path: Path, toy_model_dir: Path
+) -> None:
+    """The suite sets TWINRUN_CPU_KERNELS=portable (tests/conftest.py); a user's shell does not:
+    there the default is native, whose bytes depend on the thread count."""
+    examples = write_examples(tmp_path / "data")["sft"]
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "TWINRUN_CPU_KERNELS"}
+    args = without_threads(run_args("sft", toy_model_dir, examples, out))
+    done = subprocess.run([sys.executable, "-m", "twinrun", *args], capture_output=True,
+                          text=True, env=env)  # fmt: skip
+    assert done.returncode == 2 and "missing required flag: --threads" in done.stderr
+    assert not out.exists()
+    done = subprocess.run([sys.executable, "-m", "twinrun", *args, "--threads", "1"],
+                          capture_output=True, text=True, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    kernels = json.loads((out / "twinrun.json").read_text())["determinism"]["cpu_kernels"]
+    assert kernels["mode"] == "native" and kernels["exact_products"] is False
+    assert kernels["promise"].startswith("the same bytes on this kind of CPU (")
 
 
 @pytest.mark.parametrize("extra", [[], ["--batch-invariant"]], ids=["padded", "batch-invariant"])

@@ -65,3 +65,23 @@ def test_native_takes_the_portable_kernels_back_and_portable_puts_them_in_place(
 def test_the_mkl_branch_names_are_the_numbers_mkl_reads_back() -> None:
     assert portable._MKL_BRANCHES[3] == "COMPATIBLE" and portable._MKL_BRANCHES[10] == "AVX2"
     assert portable._MKL_BRANCHES[12] == "AVX512" and portable._MKL_BRANCHES[1] == "OFF"
+
+
+def test_the_default_mode_is_native_unless_the_environment_names_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TWINRUN_CPU_KERNELS", raising=False)
+    assert portable.default_mode() == "native"
+    monkeypatch.setenv("TWINRUN_CPU_KERNELS", "portable")
+    assert portable.default_mode() == "portable"
+    monkeypatch.setenv("TWINRUN_CPU_KERNELS", "fast")
+    with pytest.raises(ConfigError, match="^TWINRUN_CPU_KERNELS must be portable or native$"):
+        portable.check_mode(portable.default_mode())
+
+
+def test_each_mode_states_its_promise() -> None:
+    assert portable.promise({"mode": "portable"}) == (
+        "the same bytes on every x86-64 CPU with AVX2, at any thread count"
+    )
+    native = portable.promise({"mode": "native", "cpu_model": "X", "aten_capability": "AVX512"})
+    assert native.startswith("the same bytes on this kind of CPU (X, AVX512 kernels) at this")

@@ -25,7 +25,7 @@ from twinrun.config.setting import (
 )
 from twinrun.config.values import targets_problems
 from twinrun.core.errors import ConfigError
-from twinrun.core.portable import MODES
+from twinrun.core.portable import MODES, default_mode
 from twinrun.core.redact import redact, redact_env_args
 from twinrun.objectives.registry import BY_NAME, names
 
@@ -256,10 +256,11 @@ class RunConfig:
     device: str = _s("str", "--device", "backend.devices", "cpu | cuda:0.", default="cpu")
     cpu_kernels: str = _s(
         "str", "--cpu-kernels", "backend.options.cpu_kernels",
+        "native: the machine's own kernels, fast, bytes of this CPU kind and thread count only; "
         "portable: the same bytes on every x86-64 CPU and thread count (exact matrix products, "
-        "own transcendental functions, AVX2 kernels); native: the machine's own kernels, "
-        "faster, bytes of this CPU kind and thread count only.",
-        default="portable", choices=CPU_KERNELS,
+        "own transcendental functions, AVX2 kernels), several times slower. Default: native, "
+        "or TWINRUN_CPU_KERNELS.",
+        default=default_mode(), choices=CPU_KERNELS,
     )  # fmt: skip
     strict: bool = _s(
         "bool", "--strict/--no-strict", "backend.options.strict_deterministic",

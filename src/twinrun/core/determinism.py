@@ -131,7 +131,7 @@ def establish(
     threads: int | None,
     device: str = "cpu",
     attention: str = "eager",
-    cpu_kernels: str = "portable",
+    cpu_kernels: str = "native",
 ) -> dict[str, Any]:
     """Establish (strict) or only record (non-strict) the determinism settings; return the
     provenance dict. All inputs are validated before anything global is changed. The CPU

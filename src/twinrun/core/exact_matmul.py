@@ -45,8 +45,8 @@ def slice_bits(k: int) -> int:
 
 
 def pieces(k: int) -> tuple[int, int]:
-    """(number of pieces, piece size): the inner dimension cut into equal pieces of at most
-    PIECE indices (the last one zero-padded)."""
+    """(number of pieces, piece size): the inner dimension cut into pieces of `size` indices
+    (the last one shorter), at most PIECE, as equal as that allows."""
     n = -(-k // PIECE)
     return n, -(-k // n)
 
@@ -62,11 +62,12 @@ def _abs_max(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.maximum(x.amax(dim=dim, keepdim=True), x.amin(dim=dim, keepdim=True).neg())
 
 
-def _integer_slices(x64: torch.Tensor, dim: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Integer-valued float64 slices of x64 along `dim` (in place) and each line's exponent e
-    as int64 (the line's largest magnitude is below 2**e): x ≈ q * 2**(e - w), |q| <= 2**w."""
-    e = torch.frexp(_abs_max(x64, dim))[1].to(torch.int64)  # amax = m * 2**e, 0.5 <= m < 1
-    return torch.round_(x64.mul_(pow2(w - e))), e
+def _integer_slices(x: torch.Tensor, dim: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Integer-valued float64 slices of x along `dim` and each line's exponent e as int64 (the
+    line's largest magnitude is below 2**e): x ≈ q * 2**(e - w), |q| <= 2**w. The maximum is
+    taken in x's own dtype (exact), the scaling promotes to float64 (exact)."""
+    e = torch.frexp(_abs_max(x, dim).to(torch.float64))[1].to(torch.int64)  # m * 2**e, m < 1
+    return torch.round_(x * pow2(w - e)), e
 
 
 def _nonfinite(a: torch.Tensor, b: torch.Tensor, prod: torch.Tensor) -> torch.Tensor:
@@ -124,15 +125,13 @@ def exact_product64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     clean_b = b if finite else torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0)
     n, size = pieces(k)
     w = slice_bits(size)
-    pad = n * size - k
-    a64 = torch.nn.functional.pad(clean_a.to(torch.float64), (0, pad))
-    b64 = torch.nn.functional.pad(clean_b.to(torch.float64), (0, 0, 0, pad))
-    qa, ea = _integer_slices(a64.unflatten(-1, (n, size)), -1, w)  # [.., M, n, size]
-    qb, eb = _integer_slices(b64.unflatten(-2, (n, size)), -2, w)  # [.., n, size, N]
-    sa, sb = pow2((ea - w).clamp(-1022, 1023)), pow2((eb - w).clamp(-1022, 1023))
     acc = None
-    for p in range(n):  # each piece exact, scaled back exactly; the pieces added in order
-        part = _blas(qa[..., p, :], qb[..., p, :, :]).mul_(sa[..., p, :]).mul_(sb[..., p, :, :])
+    for start in range(0, k, size):  # each piece exact, scaled back exactly; added in order
+        stop = min(start + size, k)
+        qa, ea = _integer_slices(clean_a[..., start:stop], -1, w)  # per row of a
+        qb, eb = _integer_slices(clean_b[..., start:stop, :], -2, w)  # per column of b
+        part = _blas(qa, qb).mul_(pow2((ea - w).clamp(-1022, 1023)))
+        part.mul_(pow2((eb - w).clamp(-1022, 1023)))
         acc = part if acc is None else acc.add_(part)
     assert acc is not None
     return acc if finite else _nonfinite(a, b, acc)

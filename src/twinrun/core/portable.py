@@ -39,6 +39,7 @@ from typing import Any
 from twinrun.core.errors import ConfigError, ContractError
 
 MODES = ("portable", "native")
+DEFAULT_ENV = "TWINRUN_CPU_KERNELS"  # a machine's or CI's default mode; unset: native
 CAPABILITY = "AVX2"
 PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2"}
 
@@ -53,12 +54,30 @@ _pinned_here: dict[str, str] = {}  # what pin_environment set (so `native` can t
 _switched_off: list[str] = []  # torch switches the portable mode turned off in this process
 
 
+def default_mode() -> str:
+    """The mode a run takes when none is given: `TWINRUN_CPU_KERNELS` if set, else native (the
+    portable mode's exact products cost several times native per step: docs/benchmarks.md)."""
+    return os.environ.get(DEFAULT_ENV) or "native"
+
+
 def check_mode(mode: str) -> None:
     if mode not in MODES:
+        source = DEFAULT_ENV if mode == os.environ.get(DEFAULT_ENV) else "--cpu-kernels"
         raise ConfigError(
-            "--cpu-kernels must be portable or native",  # the value is not shown: a secret?
+            f"{source} must be portable or native",  # the value is not shown: a secret?
             "use --cpu-kernels portable (the same bytes on every x86-64 CPU) or native",
         )
+
+
+def promise(record: dict[str, Any]) -> str:
+    """What a run's bytes promise, in words, for the sidecar."""
+    if record.get("mode") == "portable":
+        return "the same bytes on every x86-64 CPU with AVX2, at any thread count"
+    return (
+        f"the same bytes on this kind of CPU ({record.get('cpu_model')}, "
+        f"{record.get('aten_capability')} kernels) at this thread count only; "
+        "--cpu-kernels portable for bytes every x86-64 CPU writes"
+    )
 
 
 def pin_environment() -> None:
@@ -175,7 +194,8 @@ def establish_kernels(mode: str, device: str = "cpu") -> dict[str, Any]:
 
         portable_ops.uninstall()
         _switch_back()
-        return {"mode": "native", **read_back()}
+        native = {"mode": "native", **read_back()}
+        return native | {"promise": promise(native)}
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise ContractError(
             f"portable CPU kernels are defined for x86-64; this machine is {platform.machine()}",
@@ -212,4 +232,4 @@ def establish_kernels(mode: str, device: str = "cpu") -> dict[str, Any]:
             + " ".join(f"{k}={v}" for k, v in PINNED_ENV.items())
             + " (or it unset), or use --cpu-kernels native",
         )
-    return record
+    return record | {"promise": promise(record)}

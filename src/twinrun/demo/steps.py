@@ -55,7 +55,7 @@ class Tour:
             "warmup_steps": b.warmup_steps, "lr_schedule": "cosine", "lora_rank": b.lora_rank,
             "lora_alpha": 2.0 * b.lora_rank, "lora_targets": b.lora_targets, "precision": "f32",
             "chat_template": "on", "diag": True, "threads": self.threads, "overwrite": True,
-            "quiet": True,
+            "quiet": True, "cpu_kernels": "portable",
         }  # fmt: skip
         values.update(over)
         return RunConfig(**values)
@@ -245,7 +245,8 @@ def capture_source(tour: Tour) -> dict[str, Any]:
         "model": {"path": str(tour.model), "chat_template": "on", "lora_rank": 4,
                   "lora_alpha": 8},
         "data": {"examples": str(four_examples(tour.root))},
-        "backend": {"devices": "cpu", "options": {"threads": tour.threads}},
+        "backend": {"devices": "cpu",
+                    "options": {"threads": tour.threads, "cpu_kernels": "portable"}},
         "resume": {"from": str(init)},
         "logging": {"dir": str(tour.root / "capture-source")},
         "optimizer_batch": {"capture": True},
@@ -317,7 +318,7 @@ def check_command(tour: Tour) -> list[str]:
         "--learning-rate", str(b.learning_rate), "--warmup-steps", "1",
         "--lr-schedule", "cosine", "--lora-rank", str(b.lora_rank),
         "--lora-alpha", str(2 * b.lora_rank), "--precision", "f32", "--chat-template", "on",
-        "--diag", "--threads", str(tour.threads), "--quiet",
+        "--diag", "--threads", str(tour.threads), "--quiet", "--cpu-kernels", "portable",
     ]  # fmt: skip
 
 

@@ -44,7 +44,7 @@ def common(model: Path, out: Path, objective: str, **more: Any) -> RunConfig:
     return RunConfig(
         objective=objective, model=str(model), output=str(out), seed=0, batch_size=2,
         learning_rate=1e-2, warmup_steps=0, lr_schedule="cosine", lora_rank=4, lora_alpha=8.0,
-        precision="f32", quiet=True, **({"threads": 1} | more),
+        precision="f32", quiet=True, cpu_kernels="portable", **({"threads": 1} | more),
     )  # fmt: skip
 
 
@@ -126,6 +126,7 @@ def greedy_tokens(model: Path, adapter: Path, device: str) -> list[int]:
             precision="f32",
             device=device,
             threads=1,
+            cpu_kernels="portable",
             max_new_tokens=GREEDY_TOKENS,
             temperature=0.0,
             seed=0,
@@ -143,7 +144,8 @@ def inference_items(
     from twinrun.infer.extract import ExtractConfig, run_extract
 
     shared: dict[str, Any] = {"model": str(model), "adapter": str(adapter), "chat_template": "on",
-              "precision": "f32", "device": device, "threads": 1}  # fmt: skip
+              "precision": "f32", "device": device, "threads": 1,
+              "cpu_kernels": "portable"}  # fmt: skip
     report = run_evaluate(
         EvalConfig(
             **shared,

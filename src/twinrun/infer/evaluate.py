@@ -9,13 +9,14 @@ gives, whatever `batch_size`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import common_problems, require_flags
 from twinrun.config.values import resolve_max_length
 from twinrun.core.errors import ConfigError
+from twinrun.core.portable import default_mode
 
 REPORT_FORMAT = "twinrun.infer.evaluate.v1"
 
@@ -31,7 +32,7 @@ class EvalConfig:
     output: str | None = None
     threads: int | None = None
     device: str = "cpu"
-    cpu_kernels: str = "portable"
+    cpu_kernels: str = field(default_factory=default_mode)
     strict: bool = True
     batch_invariant: bool = False
     overwrite: bool = False

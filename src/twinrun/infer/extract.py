@@ -31,13 +31,14 @@ order; with `--batch-invariant` each row's hidden states are bitwise what a batc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import common_problems, require_flags
 from twinrun.config.values import resolve_max_length
 from twinrun.core.errors import ConfigError, DataError
+from twinrun.core.portable import default_mode
 
 HIDDEN_FORMAT = "twinrun.hidden.v1"
 STEERING_FORMAT = "twinrun.infer.steering.v1"
@@ -60,7 +61,7 @@ class ExtractConfig:
     batch_invariant: bool = False
     threads: int | None = None
     device: str = "cpu"
-    cpu_kernels: str = "portable"
+    cpu_kernels: str = field(default_factory=default_mode)
     strict: bool = True
     overwrite: bool = False
     quiet: bool = False

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import common_problems, require_flags
 from twinrun.config.values import resolve_max_length
 from twinrun.core.errors import ConfigError
+from twinrun.core.portable import default_mode
 
 
 @dataclass(kw_only=True)
@@ -24,7 +25,7 @@ class GenerateConfig:
     steer: str | None = None
     steer_scale: float | None = None
     device: str = "cpu"
-    cpu_kernels: str = "portable"
+    cpu_kernels: str = field(default_factory=default_mode)
     threads: int | None = None
     strict: bool = True
 
