@@ -40,12 +40,17 @@ def golden_path(folder: Path, fp: dict[str, Any]) -> Path:
     return folder / f"golden-{slug(fp)}.json"
 
 
+def refuse_existing(path: Path, overwrite: bool) -> None:
+    """A golden or trace file is replaced only with --overwrite."""
+    if path.exists() and not overwrite:
+        raise OutputError(f"{path} exists", "pass --overwrite to replace it (after review)")
+
+
 def write_golden(folder: str | Path, device: str = "cpu", overwrite: bool = False) -> Path:
     """Compute the suite and write this platform's golden file into `folder`."""
     fp = fingerprint(device)
     path = golden_path(Path(folder), fp)
-    if path.exists() and not overwrite:
-        raise OutputError(f"{path} exists", "pass --overwrite to replace it (after review)")
+    refuse_existing(path, overwrite)
     items = run_suite(device)
     Path(folder).mkdir(parents=True, exist_ok=True)
     doc = {"format": FORMAT, "fingerprint": fp, "written_on": written_on(device), "items": items}

@@ -23,7 +23,6 @@ agreed, so the first mismatch is the op whose kernel computed differently.
 from __future__ import annotations
 
 import hashlib
-import sys
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -141,5 +140,4 @@ def trace_callable(fn: Any) -> list[list[Any]]:
     """Run fn() under an OpTrace; its entries."""
     with OpTrace() as trace:
         fn()
-    sys.stdout.flush()
     return trace.entries

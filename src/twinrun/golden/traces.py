@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.core import reading
-from twinrun.core.errors import DataError, OutputError
+from twinrun.core.errors import DataError
 from twinrun.core.fileio import atomic_write_text
 from twinrun.golden.fingerprint import fingerprint, slug, written_on
 from twinrun.golden.op_trace import FORMAT, OpMismatch, compare_op_traces
@@ -55,10 +55,11 @@ def _dump(doc: dict[str, Any]) -> str:
 
 
 def write_trace(folder: str | Path, device: str = "cpu", overwrite: bool = False) -> Path:
+    from twinrun.golden.files import refuse_existing
+
     fp = fingerprint(device)
     path = trace_path(Path(folder), fp)
-    if path.exists() and not overwrite:
-        raise OutputError(f"{path} exists", "pass --overwrite to replace it (after review)")
+    refuse_existing(path, overwrite)
     entries = traced_step(device)
     doc = {"format": FORMAT, "fingerprint": fp, "written_on": written_on(device),
            "entries": entries}  # fmt: skip
