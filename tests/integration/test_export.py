@@ -85,9 +85,9 @@ def test_export_refuses_a_changed_base_and_an_existing_output(
     assert run_cli(["export", str(trained), "--output", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err
     assert run_cli(["export", str(trained), "--output", str(out), "--overwrite"]) == 2
-    assert "which twinrun did not write" in capsys.readouterr().err
+    assert "is not an export twinrun wrote" in capsys.readouterr().err
     assert (out / "mine.txt").read_text() == "keep" and len(list(out.iterdir())) == 1
-    assert run_cli(["export", str(tmp_path), "--output", str(tmp_path / "x")]) == 2
+    assert run_cli(["export", str(other), "--output", str(tmp_path / "x")]) == 2
     assert "not a finished twinrun run" in capsys.readouterr().err
 
 

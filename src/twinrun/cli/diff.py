@@ -185,6 +185,7 @@ def _json(r: CompareResult, report: str | None, recorded: list[RecordedDifferenc
     default=None,
     help="Write a steps x leaves heatmap of relative differences to this PNG.",
 )
+@click.option("--overwrite", is_flag=True, help="Replace a --report PNG an earlier diff wrote.")
 def diff(
     run_a: str,
     run_b: str,
@@ -194,6 +195,7 @@ def diff(
     as_json: bool,
     common_leaves: bool,
     report: str | None,
+    overwrite: bool,
 ) -> int:
     """First divergence between two runs.
 
@@ -203,6 +205,10 @@ def diff(
     inputs and environment they record differently are printed first. Exit status:
     0 deterministic, 1 divergence, 2 missing or unreadable input.
     """
+    if report is not None:
+        from twinrun.diag.report import claim_report
+
+        claim_report(report, overwrite, (run_a, run_b))
     result = compare(
         run_a,
         run_b,

@@ -2,14 +2,14 @@
 
 One panel per metric that any run's `metrics.jsonl` has — `loss`, `lr`, `grad_norm`,
 `reward_mean` (GRPO), `eval_loss` (with `--eval-examples`), in that order — against the optimizer
-step, one line per run labelled by its directory name. Rows of other phases and non-finite values
-are left out (a NaN loss shows as a gap). matplotlib's Agg backend draws it without a display;
-the file is written atomically.
+step, one line per run labelled by its directory name (a `$` in it stays a `$`). Rows of other
+phases, non-finite values and magnitudes above 1e300 (which no axis can span) are left out (a NaN
+loss shows as a gap). matplotlib's Agg backend draws it without a display; the file is written
+atomically, and says inside that `twinrun plot` wrote it (what a later `--overwrite` checks).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -28,21 +28,38 @@ def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]
         if row.get("phase", "train") != "train":
             continue
         if isinstance(value, int | float) and not isinstance(value, bool):
-            if math.isfinite(value) and isinstance(row.get("step"), int):
+            if abs(value) <= DRAWABLE and isinstance(row.get("step"), int):
                 steps.append(int(row["step"]))
                 values.append(float(value))
     return steps, values
 
 
-def write_curves(runs: list[Path], out: str | os.PathLike[str]) -> list[str]:
-    """Draw the curves of `runs` into the PNG `out`; returns the metrics drawn."""
+CURVES_PICTURE = "curves.png"  # `twinrun plot` into a run (the tour's run-a/curves.png)
+SOFTWARE = "twinrun plot"  # the PNG's Software text: what --overwrite checks before replacing
+DRAWABLE = 1e300  # larger magnitudes overflow the axis arithmetic (a range of 2e308 is inf)
+
+
+def label(run: Path) -> str:
+    """The legend text of `run`: its name, with `$` escaped (no mathtext from a file name)."""
+    return run.name.replace("$", r"\$")
+
+
+def write_curves(
+    runs: list[Path], out: str | os.PathLike[str], overwrite: bool = False
+) -> list[str]:
+    """Draw the curves of `runs` into the PNG `out`; returns the metrics drawn. An existing
+    `out` is replaced only with `overwrite` and only when `twinrun plot` wrote it; `out` is
+    never one of the runs' files."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from twinrun.core.paths import output_file
+    from twinrun.core.owned import claim_file, png_signed
     from twinrun.diag.metrics_file import read_metrics
 
-    output_file(out, overwrite=True)  # a link, a directory or an unwritable place: refused
+    claim_file(  # a link, a directory, an unwritable place, an input, another's file: refused
+        out, overwrite, SOFTWARE, png_signed(SOFTWARE),
+        inputs={f"run {r}": r for r in runs}, allowed_names=(CURVES_PICTURE,),
+    )  # fmt: skip
 
     hint = "name run directories a training command wrote"
     table = {run: read_metrics(run, hint) for run in runs}
@@ -59,12 +76,12 @@ def write_curves(runs: list[Path], out: str | os.PathLike[str]) -> list[str]:
         for run, rows in table.items():
             steps, values = series(rows, key)
             if steps:
-                ax.plot(steps, values, marker="." if len(steps) < 50 else None, label=run.name)
+                ax.plot(steps, values, marker="." if len(steps) < 50 else None, label=label(run))
         ax.set_title(key)
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize="small")
     atomic_write_with(
-        out, lambda tmp: fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
+        out, lambda tmp: fig.savefig(tmp, format="png", dpi=100, metadata={"Software": SOFTWARE})
     )
     return keys

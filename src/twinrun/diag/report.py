@@ -20,7 +20,22 @@ from twinrun.core.fileio import atomic_write_with
 if TYPE_CHECKING:
     from twinrun.diag.compare import CompareResult
 
-__all__ = ["write_report"]
+__all__ = ["DIFF_PICTURE", "SOFTWARE", "claim_report", "write_report"]
+SOFTWARE = "twinrun diff"
+DIFF_PICTURE = "diff.png"  # `twinrun diff --report` into a run (the tour's faulty/diff.png)
+
+
+def claim_report(path: str | os.PathLike[str], overwrite: bool, runs: tuple[str, ...]) -> None:
+    """Before any comparison: `--report` is not a link, a directory, one of the runs' files or
+    another program's file; an existing one goes only with `overwrite` (its PNG text says
+    `twinrun diff` wrote it)."""
+    from twinrun.core.owned import claim_file, png_signed
+
+    claim_file(
+        path, overwrite, SOFTWARE, png_signed(SOFTWARE), what="--report",
+        inputs={f"run {r}": r for r in runs}, allowed_names=(DIFF_PICTURE,),
+    )  # fmt: skip
+
 
 FLOOR = 1e-17
 
@@ -98,5 +113,6 @@ def write_report(
     fig.tight_layout()
 
     out = Path(path)
-    atomic_write_with(out, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    meta = {"Software": SOFTWARE}  # what a later --overwrite checks before replacing
+    atomic_write_with(out, lambda tmp: fig.savefig(tmp, format="png", dpi=110, metadata=meta))
     return out

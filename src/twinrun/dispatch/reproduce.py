@@ -179,7 +179,7 @@ def reproduce(
     run_dir: str | Path, output: str | Path, quiet: bool = True, overwrite: bool = False
 ) -> Reproduction:
     """Re-run `run_dir` into `output` and judge the result (see the module docstring)."""
-    from twinrun.train.outputs import check_output_dir
+    from twinrun.train.outputs import check_output_dir, config_inputs
     from twinrun.train.recipes import train
 
     run_dir, output = Path(run_dir), Path(output)
@@ -188,7 +188,8 @@ def reproduce(
         if sidecar is None:
             raise DataError(f"{run_dir} has no {SIDECAR}", "give the directory a run wrote")
         cfg = config_from_sidecar(sidecar, output, quiet, overwrite)
-        check_output_dir(output, overwrite)  # before the inputs are hashed and the model loads
+        # before the inputs are hashed and the model loads; never the run it checks, or in it
+        check_output_dir(output, overwrite, {"run being reproduced": run_dir, **config_inputs(cfg)})
         problem = _missing_input(cfg) or _moved_input(cfg, sidecar)
         if problem:
             return Reproduction(COULD_NOT_RUN, f"reproduce: could not run — {problem}")

@@ -19,6 +19,7 @@ files DIR has.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,10 +41,14 @@ def golden_path(folder: Path, fp: dict[str, Any]) -> Path:
     return folder / f"golden-{slug(fp)}.json"
 
 
-def refuse_existing(path: Path, overwrite: bool) -> None:
-    """A golden or trace file is replaced only with --overwrite."""
-    if path.exists() and not overwrite:
+def refuse_existing(path: Path, overwrite: bool, fmt: str = "") -> None:
+    """A golden or trace file is replaced only with --overwrite, and only when it is one (its
+    "format" is `fmt`, this file's by default): never a link, a folder or another file."""
+    from twinrun.core.owned import claim_file, json_format
+
+    if os.path.lexists(path) and not overwrite:
         raise OutputError(f"{path} exists", "pass --overwrite to replace it (after review)")
+    claim_file(path, overwrite, "twinrun golden", json_format(fmt or FORMAT), what="golden file")
 
 
 def write_golden(folder: str | Path, device: str = "cpu", overwrite: bool = False) -> Path:

@@ -59,7 +59,7 @@ def write_trace(folder: str | Path, device: str = "cpu", overwrite: bool = False
 
     fp = fingerprint(device)
     path = trace_path(Path(folder), fp)
-    refuse_existing(path, overwrite)
+    refuse_existing(path, overwrite, FORMAT)
     entries = traced_step(device)
     doc = {"format": FORMAT, "fingerprint": fp, "written_on": written_on(device),
            "entries": entries}  # fmt: skip

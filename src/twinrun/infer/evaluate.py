@@ -59,12 +59,33 @@ class EvalConfig:
         )
         if problems:
             raise ConfigError("; ".join(problems))
-        from twinrun.core.paths import output_file
+        from twinrun.core.owned import claim_file, json_format
 
-        # before the model loads: a link, a directory, a path under a file, an unwritable place
-        output_file(self.output, self.overwrite)  # type: ignore[arg-type]  # required above
+        # before the model loads: a link, a directory, a path under a file, an unwritable
+        # place, an input, a file another program wrote
+        inputs = {"model": self.model, "adapter": self.adapter, "examples": self.examples}
+        claim_file(
+            self.output,  # type: ignore[arg-type]  # required above
+            self.overwrite, "twinrun tune evaluate", json_format(REPORT_FORMAT), inputs,
+        )  # fmt: skip
         if self.diag is not None:
-            output_file(self.diag, self.overwrite, "--diag")
+            claim_file(
+                self.diag, self.overwrite, "twinrun tune evaluate", diag_file, inputs, "--diag"
+            )
+
+
+def diag_file(path: Path) -> bool:
+    """`is_ours` for an earlier `--diag` file: a JSONL file whose first row is a diag row."""
+    import json
+
+    from twinrun.diag.rows import DIAG_FORMAT
+
+    try:
+        with open(path, "rb") as f:
+            first = json.loads(f.readline(1 << 20) or b"null")
+    except (OSError, ValueError):
+        return False
+    return isinstance(first, dict) and first.get("format") == DIAG_FORMAT
 
 
 def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:

@@ -94,10 +94,23 @@ class ExtractConfig:
             problems.append("--output must end in .safetensors")
         if problems:
             raise ConfigError("; ".join(problems))
-        from twinrun.core.paths import output_file
+        from twinrun.core.owned import claim_file, json_format
 
-        for path in (self.out_path, self.sidecar_path):  # before the model loads
-            output_file(path, self.overwrite)
+        inputs = {"model": self.model, "adapter": self.adapter, "examples": self.examples}
+        sidecar_ours = json_format(HIDDEN_FORMAT, STEERING_FORMAT)
+
+        def tensors_ours(path: Path) -> bool:  # the sidecar beside it records these bytes
+            from twinrun.core.digest import sha256_file
+            from twinrun.core.jsonlimits import load_json_file
+
+            if not sidecar_ours(self.sidecar_path):
+                return False
+            record = load_json_file(self.sidecar_path, "extract sidecar")
+            return record.get("output_sha256") == sha256_file(path)
+
+        # before the model loads: one check of both files, neither an input nor another's
+        claim_file(self.out_path, self.overwrite, "twinrun extract", tensors_ours, inputs)
+        claim_file(self.sidecar_path, self.overwrite, "twinrun extract", sidecar_ours, inputs)
 
     @property
     def out_path(self) -> Path:

@@ -24,9 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from twinrun.core.errors import ConfigError, DataError, ModelError
+from twinrun.core.errors import ConfigError, DataError, ModelError, OutputError
 from twinrun.core.fileio import atomic_write_json, fsync_dir
 from twinrun.core.jsonlimits import load_json_file
+from twinrun.core.owned import manifest_entries, refuse_input_overlap, remove
 
 EXPORT_RECORD = "twinrun.export.json"
 EXPORT_FORMAT = "twinrun.export.v1"
@@ -66,6 +67,33 @@ def base_of(run: Path, record: dict[str, Any], model: str | None) -> Path:
     return path
 
 
+def earlier_export(out: Path, overwrite: bool) -> list[Path]:
+    """The entries of an earlier export at `out` that `--overwrite` replaces (its manifest's
+    files, with the bytes it recorded, and their folders); [] when `out` does not exist.
+    OutputError, before anything is read or removed, for anything else."""
+    if not os.path.lexists(out):
+        return []
+    if not overwrite:
+        raise OutputError(f"{out} already exists", "choose a new --output, or pass --overwrite")
+    if not out.is_dir():
+        raise OutputError(f"--output {out} exists and is not a directory", "choose a new path")
+    manifest = out / EXPORT_RECORD
+    doc = load_json_file(manifest, "export record") if manifest.is_file() else None
+    listed = doc.get("files") if isinstance(doc, dict) else None
+    if (
+        not isinstance(doc, dict)
+        or doc.get("format") != EXPORT_FORMAT
+        or not isinstance(listed, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in listed.items())
+    ):
+        raise OutputError(
+            f"--overwrite refused: {out} is not an export twinrun wrote (no {EXPORT_RECORD} "
+            "listing its files)",
+            "choose a new --output; --overwrite replaces only an earlier export's own files",
+        )
+    return manifest_entries(out, listed, EXPORT_RECORD)
+
+
 def export_merged(run: str | os.PathLike[str], output: str | os.PathLike[str],
                   model: str | None = None, overwrite: bool = False,
                   loading: Callable[[Path], None] | None = None) -> dict[str, Any]:  # fmt: skip
@@ -83,16 +111,11 @@ def export_merged(run: str | os.PathLike[str], output: str | os.PathLike[str],
 
     run_dir = Path(run)
     out = output_path(output)  # a link, a path under a file or an unwritable place: refused
-    if out.exists() and not overwrite:
-        raise ConfigError(f"{out} already exists", "choose a new --output, or pass --overwrite")
-    if out.exists() and not (out / EXPORT_RECORD).is_file():
-        raise ConfigError(
-            f"{out} holds files which twinrun did not write (it is not an earlier export); "
-            "--overwrite replaces only an export",
-            "choose a new --output",
-        )
+    refuse_input_overlap(out, {"run": run_dir, "base model": model})
+    earlier = earlier_export(out, overwrite)  # nothing foreign goes, and nothing changed
     record = run_record(run_dir)
     base = base_of(run_dir, record, model)
+    refuse_input_overlap(out, {"base model": base})
     if loading is not None:
         loading(base)
     merged = PeftModel.from_pretrained(
@@ -108,6 +131,7 @@ def export_merged(run: str | os.PathLike[str], output: str | os.PathLike[str],
         merged.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         files = [p for p in model_files(tmp) if p.is_file()]
+        written = sorted(p for p in tmp.rglob("*") if p.is_file())
         info = {
             "format": EXPORT_FORMAT,
             "run": str(run_dir.resolve()),
@@ -116,11 +140,13 @@ def export_merged(run: str | os.PathLike[str], output: str | os.PathLike[str],
             "base_sha256": record.get("model", {}).get("sha256"),
             "merged_sha256": sha256_files(files, tmp),
             "versions": runtime_versions(),
+            # every file this export wrote: what a later --overwrite may remove, and only
+            # while it still holds these bytes
+            "files": {p.relative_to(tmp).as_posix(): sha256_file(p) for p in written},
         }
         atomic_write_json(tmp / EXPORT_RECORD, info)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        remove(earlier)  # the earlier export's own files, deepest first; DIR stays, empty
+        os.replace(tmp, out)  # a rename over the emptied directory
         fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.core.errors import OutputError, TwinrunError
-from twinrun.core.owned import ANY_TREE, KILLED_WRITE, Layout, remove, survey
+from twinrun.core.owned import KILLED_WRITE, Layout, refuse_input_overlap, remove, survey
+from twinrun.diag.curves import CURVES_PICTURE
+from twinrun.diag.report import DIFF_PICTURE
 
 SIDECAR = "twinrun.json"
 SIDECAR_FORMAT = "twinrun.run.v1"
@@ -26,8 +28,6 @@ INPUTS = "twinrun.inputs.json"  # the marker; train.resume_check compares it on 
 INPUTS_FORMAT = "twinrun.inputs.v1"  # a training run's inputs record
 REPLAY_INPUTS_FORMAT = "twinrun.replay-inputs.v1"  # a replay's: what it verified
 METRICS, DIAG, TRACE = "metrics.jsonl", "diag.jsonl", "trace.jsonl"
-DIFF_PICTURE = "diff.png"  # `twinrun diff --report` into a run (the tour's faulty/diff.png)
-CURVES_PICTURE = "curves.png"  # `twinrun plot` into a run (the tour's run-a/curves.png)
 TRACKER_DIRS = ("tensorboard", "wandb", "mlruns")  # --report-to (train/hooks/report.py)
 
 
@@ -60,8 +60,8 @@ def run_layout() -> Layout:
         rf"{capture}\.manifest\.json": None,
         rf"{capture}\.state": _files(*mf.STATE_FILES.values()),
         rf"{capture}\.final": adapter,
-        # --report-to: the trackers' own folders (their contents are theirs)
-        **{re.escape(name): ANY_TREE for name in TRACKER_DIRS},
+        # not the --report-to folders (TRACKER_DIRS): their contents are the trackers' (an
+        # offline W&B run not yet synced), so a directory holding one is never cleared
     }
 
 
@@ -84,6 +84,8 @@ def owned_entries(p: Path) -> list[Path]:
     if found.foreign is not None:
         rel = found.foreign.relative_to(p)
         why = f" ({found.why})" if found.why else ""
+        if rel.parts[0] in TRACKER_DIRS:
+            why = " (a --report-to tracker's logs, perhaps not yet synced)"
         raise OutputError(
             f"--overwrite refused: {p} holds {rel}, which twinrun did not write{why}",
             "move it out of the directory, or choose another --output; --overwrite removes "
@@ -111,13 +113,17 @@ def clear_run_dir(p: Path) -> None:
     remove(owned_entries(p) if any(p.iterdir()) else [])
 
 
-def check_output_dir(path: str | Path, overwrite: bool) -> Path:
-    """Refuse a symbolic link, a file, or an existing non-empty directory unless `overwrite` and
-    it is a twinrun run directory holding nothing else; changes nothing on disk."""
+def check_output_dir(
+    path: str | Path, overwrite: bool, inputs: dict[str, Any] | None = None
+) -> Path:
+    """Refuse a symbolic link, a file, an existing non-empty directory unless `overwrite` and
+    it is a twinrun run directory holding nothing else, and a directory that is one of `inputs`
+    (name -> path or None), lies in one or holds one; changes nothing on disk."""
     from twinrun.core.paths import output_path
 
     p = Path(path)
     output_path(p)  # a link (dangling too), under a file, in an unwritable directory
+    refuse_input_overlap(p, inputs or {})
     if p.exists() and not p.is_dir():
         raise OutputError(f"--output {p} exists and is not a directory", "choose another path")
     if p.is_dir() and any(p.iterdir()):
@@ -128,6 +134,18 @@ def check_output_dir(path: str | Path, overwrite: bool) -> Path:
             )
         owned_entries(p)
     return p
+
+
+def config_inputs(cfg: Any) -> dict[str, Any]:
+    """The paths a training config reads (name -> path or None): its output is none of them."""
+    corpus = {f"corpus file {c}": c for c in (getattr(cfg, "corpus", None) or [])}
+    return {
+        "model": getattr(cfg, "model", None),
+        "examples": getattr(cfg, "examples", None),
+        "eval examples": getattr(cfg, "eval_examples", None),
+        "initial adapter": getattr(cfg, "init_adapter", None),
+        **corpus,
+    }
 
 
 def begin_output_dir(p: Path, overwrite: bool, inputs: dict[str, Any]) -> None:

@@ -29,7 +29,7 @@ from twinrun.core.redact import redact
 from twinrun.data.examples import SourcedRow, examples_sha256, load_rows
 from twinrun.train import distributed
 from twinrun.train.faults import Faults, parse_faults
-from twinrun.train.outputs import begin_output_dir, check_output_dir, sidecar
+from twinrun.train.outputs import begin_output_dir, check_output_dir, config_inputs, sidecar
 from twinrun.train.resume_check import check_resume, run_inputs
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ def _open_locked(
 ) -> tuple[Session, list[E]]:
     cfg = run.config
     if not cfg.resume:
-        check_output_dir(run.output, cfg.overwrite)
+        check_output_dir(run.output, cfg.overwrite, config_inputs(cfg))
     out = Path(run.output)
     model_dir = Path(run.model)
     from twinrun.core.determinism import establish, runtime_versions
