@@ -24,6 +24,7 @@ from twinrun.config.setting import (
     settings_of,
 )
 from twinrun.config.values import targets_problems
+from twinrun.core.determinism import threads_problem
 from twinrun.core.errors import ConfigError
 from twinrun.core.portable import MODES, default_mode
 from twinrun.core.redact import redact, redact_env_args
@@ -415,6 +416,8 @@ def value_problems(cfg: RunConfig, source: Source = "flag") -> list[str]:
             continue
         if (p := s.problem(value, source)) is not None:
             problems.append(p)
+        elif name == "threads" and (p := threads_problem(value, s.name(source))) is not None:
+            problems.append(p)  # before any thread pool: flags, TOML and sidecars alike
     if cfg.lora_targets is not None:
         problems += targets_problems(cfg.lora_targets, SETTINGS["lora_targets"].name(source))
     n = {k: s.name(source) for k, s in SETTINGS.items()}

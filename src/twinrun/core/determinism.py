@@ -64,6 +64,37 @@ def parse_device(device: str) -> int | None:
     return int(m.group(1))
 
 
+# The most torch threads a run may ask for: this machine's cores, or THREADS_FLOOR where that is
+# more -- a native run recorded on a bigger machine must still replay with its own count (the
+# count shapes its bytes), while 100000 threads would exhaust the machine before a step.
+THREADS_FLOOR = 256
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def threads_cap() -> int:
+    """The largest thread count accepted: max(THREADS_FLOOR, this machine's cores)."""
+    return max(THREADS_FLOOR, machine_cores())
+
+
+def threads_problem(threads: int, name: str = "--threads") -> str | None:
+    """An integer thread count's problem past the type check: more than `threads_cap()`."""
+    cap, cores = threads_cap(), machine_cores()
+    if threads <= cap:
+        return None
+    shown = str(threads) if threads.bit_length() <= 80 else "an integer too large to show"
+    return (
+        f"{name} {shown} is more than this machine's {cores} cores and the cap of {cap} "
+        f"(twinrun accepts at most max({THREADS_FLOOR}, cores))"
+    )
+
+
 def _check_threads(threads: int | None) -> None:
     if threads is None:
         return
@@ -72,6 +103,11 @@ def _check_threads(threads: int | None) -> None:
             f"--threads must be an integer >= 1, got {threads!r}",
             "use --threads N with N >= 1, or leave it out to keep torch's default",
         )
+    if (problem := threads_problem(threads)) is not None:
+        raise ConfigError(problem, THREADS_HINT)
+
+
+THREADS_HINT = "use --threads N with N at most the machine's cores, or leave it out"
 
 
 def _check_attention(attention: str) -> None:

@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from pathlib import Path
 from typing import Any
 
+from twinrun.core.errors import DataError
+from twinrun.core.reading import _kind
+
 CHUNK = 1 << 20
+
+
+def open_hashed(path: str | os.PathLike[str]) -> io.BufferedReader:
+    """`path` opened for hashing, refused (DataError, one line) unless it is a regular file: a
+    FIFO would block the open forever and a link to /dev/zero would read without end. The open is
+    non-blocking and the kind is checked on the open descriptor, so nothing swapped in between
+    can hang it; a missing file is still FileNotFoundError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    kind = _kind(os.fstat(fd).st_mode)
+    if kind is not None:
+        os.close(fd)
+        raise DataError(f"{os.fspath(path)} is {kind}, not a file", "replace it with the file")
+    return os.fdopen(fd, "rb")
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_hashed(path) as fh:
         while chunk := fh.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()
@@ -28,8 +45,8 @@ def sha256_files(paths: list[Path], root: Path) -> str:
     for p in sorted(paths):
         rel = p.relative_to(root).as_posix().encode()
         h.update(len(rel).to_bytes(8, "big") + rel)
-        h.update(p.stat().st_size.to_bytes(8, "big"))
-        with open(p, "rb") as fh:
+        with open_hashed(p) as fh:
+            h.update(os.fstat(fh.fileno()).st_size.to_bytes(8, "big"))
             while chunk := fh.read(CHUNK):
                 h.update(chunk)
     return h.hexdigest()

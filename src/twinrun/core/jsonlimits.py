@@ -34,11 +34,14 @@ class Limits:
     max_depth: int = 64
     max_int_digits: int = 40  # 2**128 has 39
     allow_nonfinite: bool = False  # NaN / Infinity / numbers that overflow a float
+    max_rows: int | None = None  # rows of an examples source (None: bounded by bytes only)
 
 
 DEFAULT = Limits()
-EXAMPLES = Limits(max_bytes=8 * MiB, max_file_bytes=1024 * MiB)  # a row bigger than 8 MiB
-# of text is far past any context window; the limit keeps tokenization memory bounded
+EXAMPLES = Limits(max_bytes=8 * MiB, max_file_bytes=1024 * MiB, max_rows=1_000_000)  # a row
+# bigger than 8 MiB of text is far past any context window; the limit keeps tokenization memory
+# bounded. A million rows (tiny ones hold ~0.5 GB as Python objects) in any format: JSONL, a JSON
+# array, CSV, Parquet (counted from its footer, before any row is read) or a save_to_disk folder
 SMALL = Limits(max_bytes=4 * MiB, max_file_bytes=4 * MiB)  # manifests, records, configs
 RECORDS = Limits(max_bytes=256 * MiB, max_file_bytes=256 * MiB)  # checkpoint state (metrics)
 DIAG = Limits(max_bytes=4 * MiB, max_file_bytes=4096 * MiB, allow_nonfinite=True)
@@ -145,6 +148,79 @@ def parse_json(text: str | bytes, where: str, limits: Limits = DEFAULT) -> Any:
     except ValueError as exc:  # e.g. int() beyond Python's own digit limit
         raise DataError(f"{where}: not valid JSON ({type(exc).__name__})") from None
     return value
+
+
+@functools.lru_cache(maxsize=32)
+def _raw_decoder(limits: Limits) -> Any:
+    return json.JSONDecoder(
+        parse_int=_parse_int(limits),
+        parse_float=None if limits.allow_nonfinite else _parse_float(limits),
+        parse_constant=_parse_constant(limits),
+    ).raw_decode
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def iter_json_array(data: bytes, where: str, limits: Limits) -> Iterator[tuple[int, Any]]:
+    """(index, value) for each element of a JSON array document, parsed one element at a time
+    (each within `limits`, like one JSONL row): the whole array never exists as Python objects
+    at once, so a caller that stops at a row count stops the parse there too."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{where}: not UTF-8 text ({exc.reason})", "save it as UTF-8") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    decode = _raw_decoder(limits)
+    i = _WS.match(text, 0).end()  # type: ignore[union-attr]
+    if text[i : i + 1] != "[":
+        raise DataError(f"{where}: not a JSON array", "fix or regenerate the file")
+    i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
+    index = 0
+    if text[i : i + 1] == "]":
+        i += 1
+    else:
+        while True:
+            at = f"{where}[{index}]"
+            try:
+                value, end = decode(text, i)
+                if end - i <= limits.max_bytes:
+                    _check_shape(value, limits)
+            except _Refused as exc:
+                raise DataError(f"{at}: refused {exc}", "fix or regenerate the file") from None
+            except RecursionError:
+                raise DataError(
+                    f"{at}: refused nesting deeper than {limits.max_depth} levels",
+                    "fix or regenerate the file",
+                ) from None
+            except json.JSONDecodeError as exc:
+                raise DataError(
+                    f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
+                    "fix or regenerate the file",
+                ) from None
+            except ValueError as exc:
+                raise DataError(f"{at}: not valid JSON ({type(exc).__name__})") from None
+            if end - i > limits.max_bytes:
+                raise DataError(
+                    f"{at}: a row over the limit of {limits.max_bytes} bytes", "shorten the row"
+                )
+            yield index, value
+            index += 1
+            i = _WS.match(text, end).end()  # type: ignore[union-attr]
+            sep = text[i : i + 1]
+            if sep == "]":
+                i += 1
+                break
+            if sep != ",":
+                line = text.count("\n", 0, i) + 1
+                raise DataError(
+                    f"{where}: not valid JSON (expected ',' or ']' at line {line})",
+                    "fix or regenerate the file",
+                )
+            i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
+    if _WS.match(text, i).end() != len(text):  # type: ignore[union-attr]
+        raise DataError(f"{where}: not valid JSON (extra data after the array)")
 
 
 def read_limited(path: str | os.PathLike[str], what: str, max_bytes: int) -> bytes:

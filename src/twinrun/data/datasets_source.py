@@ -17,6 +17,7 @@ from twinrun.core.jsonlimits import Limits
 
 Kind = Literal["parquet", "saved", "splits"]
 PARQUET_MAGIC = b"PAR1"
+PAGE_OVERHEAD = 64 << 10  # bytes a column chunk may hold beyond its values (headers, levels)
 SAVED_MARKERS = ("state.json", "dataset_info.json")
 INSTALL = "pip install 'twinrun[datasets]'"
 TO_JSONL = {
@@ -103,6 +104,69 @@ def _splits(p: Path) -> list[str]:
         return []
 
 
+def parquet_bounds(p: Path, limits: Limits) -> None:
+    """Refuse a Parquet file whose footer says it is over `limits`: more rows than
+    `max_rows`, more uncompressed bytes than `max_file_bytes` (the cap a JSONL file's bytes
+    have; compression ratios of 1000:1 make the file's own size no bound), or a row group whose
+    bytes exceed `max_bytes` per row (then one of its rows is over the per-row limit). Only the
+    footer is read."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(p).metadata
+    except Exception as exc:  # any reader failure is the file's: one line naming it
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise DataError(
+            f"{p}: not readable as {NAMES['parquet']} ({reason})", "check the file, or rewrite it"
+        ) from None
+    hint = "split the data, or give a subset"
+    if limits.max_rows is not None and meta.num_rows > limits.max_rows:
+        raise DataError(f"{p}: {meta.num_rows} rows, over the limit of {limits.max_rows}", hint)
+    total = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        size = sum(group.column(c).total_uncompressed_size for c in range(group.num_columns))
+        total += size
+        overhead = PAGE_OVERHEAD * group.num_columns  # page headers, levels: not row data
+        if size - overhead > limits.max_bytes * max(group.num_rows, 1):
+            raise DataError(
+                f"{p}: row group {g} holds {size} uncompressed bytes in {group.num_rows} rows, "
+                f"so a row over the limit of {limits.max_bytes} bytes",
+                "shorten the rows",
+            )
+    if total > limits.max_file_bytes:
+        raise DataError(
+            f"{p}: {total} bytes uncompressed, over the limit of {limits.max_file_bytes}", hint
+        )
+
+
+def _decoded_bounds(p: Path, table: Any, limits: Limits) -> None:
+    """The decoded Arrow table within the limits (a footer can lie about its sizes): its
+    buffers under `max_file_bytes`, no string or binary value over `max_bytes`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if limits.max_rows is not None and table.num_rows > limits.max_rows:
+        raise DataError(f"{p}: {table.num_rows} rows, over the limit of {limits.max_rows}")
+    if table.nbytes > limits.max_file_bytes:
+        raise DataError(
+            f"{p}: {table.nbytes} bytes decoded, over the limit of {limits.max_file_bytes}",
+            "split the data",
+        )
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        kind = column.type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):  # fmt: skip
+            continue
+        longest = pc.max(pc.binary_length(column)).as_py()
+        if longest is not None and longest > limits.max_bytes:
+            raise DataError(
+                f"{p}: column {name!r} holds a value of {longest} bytes, over the limit of "
+                f"{limits.max_bytes} for a row",
+                "shorten the rows",
+            )
+
+
 def read_source(p: Path, kind: Kind, limits: Limits) -> list[tuple[dict[str, Any], str]]:
     """The rows of `p` as (object, where) pairs, where = `PATH[INDEX]`; a DataError naming the
     source for one that cannot be read, holds several splits, or is over `limits`."""
@@ -120,14 +184,19 @@ def read_source(p: Path, kind: Kind, limits: Limits) -> list[tuple[dict[str, Any
             f"{p}: {size} bytes, over the limit of {limits.max_file_bytes}", "split the data"
         )
     datasets = _datasets(p, kind)
+    if kind == "parquet":
+        parquet_bounds(p, limits)  # from the footer, before a row is decoded
     try:
         if kind == "parquet":
             import pyarrow.parquet as pq
 
-            table = datasets.table.InMemoryTable(pq.read_table(p))
-            rows = datasets.Dataset(table).to_list()
+            arrow = pq.read_table(p)
+            _decoded_bounds(p, arrow, limits)  # what was decoded, before any Python object
+            rows = datasets.Dataset(datasets.table.InMemoryTable(arrow)).to_list()
         else:
             rows = datasets.load_from_disk(str(p), keep_in_memory=True).to_list()
+    except DataError:
+        raise
     except Exception as exc:  # any reader failure is the file's: one line naming it
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise DataError(

@@ -6,7 +6,6 @@ the completion starts; the loss covers the completion."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any, Protocol
 from twinrun.core import reading
 from twinrun.core.digest import sha256_file
 from twinrun.core.errors import DataError
-from twinrun.core.jsonlimits import EXAMPLES, Limits, iter_jsonl, parse_json, read_limited
+from twinrun.core.jsonlimits import EXAMPLES, Limits, iter_json_array, iter_jsonl, read_limited
 from twinrun.data.datasets_source import other_format, read_source, source_kind, source_sha256
 
 
@@ -49,7 +48,9 @@ def load_rows(path: str | Path, limits: Limits = EXAMPLES) -> list[SourcedRow]:
     and the file are bounded by `limits` (bytes per row and per file, integer digits, nesting)."""
     p = Path(path)
     if p.is_dir() and (kind := source_kind(p)) is not None:
-        return _checked_rows(p, [_as_object(*pair) for pair in read_source(p, kind, limits)])
+        return _checked_rows(
+            p, [_as_object(*pair) for pair in read_source(p, kind, limits)], limits
+        )
     with reading.open_regular(p, "examples file", hint="check the --examples path") as fh:
         head = fh.read(4096)
         while head.strip() == b"" and (more := fh.read(4096)):
@@ -57,31 +58,40 @@ def load_rows(path: str | Path, limits: Limits = EXAMPLES) -> list[SourcedRow]:
     if not head.strip():
         raise DataError(f"{p}: the examples file is empty", "give at least one example")
     if (kind := source_kind(p, head)) is not None:
-        return _checked_rows(p, [_as_object(*pair) for pair in read_source(p, kind, limits)])
+        return _checked_rows(
+            p, [_as_object(*pair) for pair in read_source(p, kind, limits)], limits
+        )
     if (other := other_format(head)) is not None:
         raise DataError(f"{p} is {other[0]}; {READS}", other[1])
     rows: list[SourcedRow] = []
     if p.suffix.lower() == ".csv":
         rows = csv_rows(p, limits)
-    elif head.lstrip().startswith(b"["):
-        whole = Limits(**{**limits.__dict__, "max_bytes": limits.max_file_bytes})
-        items = parse_json(read_limited(p, "examples file", limits.max_file_bytes), str(p), whole)
-        for i, item in enumerate(items):
-            if len(json.dumps(item, ensure_ascii=False)) > limits.max_bytes:
-                raise DataError(
-                    f"{p}[{i}]: a row over the limit of {limits.max_bytes} bytes",
-                    "shorten the row",
-                )
+    elif head.lstrip().startswith(b"["):  # parsed one element at a time, up to the row cap
+        data = read_limited(p, "examples file", limits.max_file_bytes)
+        for i, item in iter_json_array(data, str(p), limits):
+            _row_cap(p, i, limits)
             rows.append(_as_object(item, f"{p}[{i}]"))
     else:
         for lineno, item in iter_jsonl(p, "examples file", limits):
+            _row_cap(p, len(rows), limits)
             rows.append(_as_object(item, f"{p}:{lineno}"))
-    return _checked_rows(p, rows)
+    return _checked_rows(p, rows, limits)
 
 
-def _checked_rows(p: Path, rows: list[SourcedRow]) -> list[SourcedRow]:
+def _row_cap(p: Path, index: int, limits: Limits) -> None:
+    """Refuse row `index` (0-based) past `limits.max_rows`, before it is kept."""
+    if limits.max_rows is not None and index >= limits.max_rows:
+        raise DataError(
+            f"{p}: more than {limits.max_rows} rows, over the limit for an examples file",
+            "split the data, or give a subset",
+        )
+
+
+def _checked_rows(p: Path, rows: list[SourcedRow], limits: Limits = EXAMPLES) -> list[SourcedRow]:
     if not rows:
         raise DataError(f"{p}: the examples file has no rows", "give at least one example")
+    if limits.max_rows is not None and len(rows) > limits.max_rows:
+        _row_cap(p, len(rows), limits)  # CSV and datasets sources, counted once read
     return rows
 
 

@@ -81,7 +81,12 @@ def verify_checksums(path: Path) -> None:
         extra, missing = sorted(present - set(sums)), sorted(set(sums) - present)
         raise corrupt(path, f"files not listed {extra}, listed but missing {missing}")
     for name in sorted(sums):
-        got = sha256_file(path / name)
+        try:  # a FIFO or a link to /dev/zero in place of a file is refused, never read
+            got = sha256_file(path / name)
+        except DataError as exc:
+            raise corrupt(path, exc.message.replace(str(path / name), name, 1)) from None
+        except OSError as exc:
+            raise corrupt(path, f"{name} cannot be read ({exc.strerror or exc})") from None
         if got != sums[name]:
             raise corrupt(path, f"{name}: Expected sha256 {sums[name]}  Got {got}")
 
