@@ -252,7 +252,7 @@ class RunConfig:
     threads: int | None = _s(
         "int", "--threads", "backend.options.threads",
         "torch threads (recorded; torch's default when left out). Required with --cpu-kernels "
-        "native, where the count shapes the bytes.", low=1,
+        "native, where the count shapes the bytes. At most max(256, this machine's cores).", low=1,
     )  # fmt: skip
     device: str = _s("str", "--device", "backend.devices", "cpu | cuda:0.", default="cpu")
     cpu_kernels: str = _s(
