@@ -15,7 +15,13 @@ import pytest
 
 from tests.distributed.launch import torchrun
 from tests.integration.test_text_cli import text_args, write_corpus
-from tests.integration.toy_runs import OBJECTIVES, run_args, sha256_of, write_examples
+from tests.integration.toy_runs import (
+    OBJECTIVES,
+    SHAPED_MODULE,
+    run_args,
+    sha256_of,
+    write_examples,
+)
 from twinrun.cli.main import run_cli
 
 OUTPUTS = ("adapter_model.safetensors", "reward_head.safetensors", "diag.jsonl")
@@ -28,7 +34,12 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def reproduce(run: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
     capsys.readouterr()
-    rc = run_cli(["reproduce", str(run), "--output", str(out)])
+    confirm: list[str] = []  # a run of a plugin reproduces only when the plugin is named
+    sidecar = run / "twinrun.json"
+    env = json.loads(sidecar.read_text()).get("train", {}).get("env") if sidecar.is_file() else None
+    if isinstance(env, str) and env == f"{SHAPED_MODULE}:make":
+        confirm = ["--env", env]
+    rc = run_cli(["reproduce", str(run), "--output", str(out), *confirm])
     return rc, capsys.readouterr().out.splitlines()
 
 

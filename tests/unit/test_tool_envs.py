@@ -165,7 +165,7 @@ def test_builtins_take_no_arguments_and_single_turn_names_are_refused() -> None:
     with pytest.raises(ConfigError, match="unknown tool environment 'calc'"):
         make_tool_environment("calc", None, 1.0)
     for bad in (0, -1.0, float("nan"), True):
-        with pytest.raises(ConfigError, match="timeout must be a number of seconds > 0"):
+        with pytest.raises(ConfigError, match="--tool-timeout must be a number of seconds in"):
             make_tool_environment("calculator", None, bad)
     with pytest.raises(DataError, match="'calculator': examples row has no string 'prompt'"):
         episode("calculator", {"answer": "1"}).start()

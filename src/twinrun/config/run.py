@@ -188,8 +188,9 @@ class RunConfig:
     )  # fmt: skip
     tool_timeout: float | None = _s(
         "float", "--tool-timeout", "environment.tool_timeout",
-        "Tool environments: seconds any one call into the environment may take (required).",
-        objectives=GRPO, low=0, low_open=True, shapes=False,
+        "Tool environments: seconds any one call into the environment may take (required, "
+        "at most 86400: one day).",
+        objectives=GRPO, low=0, low_open=True, high=86400, shapes=False,
     )  # fmt: skip
     replay: str = _s(
         "str", "--replay", "replay.kind", "none | per.",

@@ -86,11 +86,15 @@ class Setting:
         if self.kind in ("int", "float"):
             return number_problem(name, value, self)
         if self.kind == "pair":
+            if not isinstance(value, list | tuple) or len(value) != 2:
+                return f"{name} must be two numbers"
             for item in value:
                 if (p := number_problem(name, item, self)) is not None:
                     return p
             return None
         if self.kind == "list[int]":
+            if not isinstance(value, list | tuple):
+                return f"{name} must be a list of integers"
             for item in value:
                 if (p := number_problem(name, item, self)) is not None:
                     return p

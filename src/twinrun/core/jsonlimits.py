@@ -173,10 +173,10 @@ def iter_json_array(data: bytes, where: str, limits: Limits) -> Iterator[tuple[i
     if text.startswith("\ufeff"):
         text = text[1:]
     decode = _raw_decoder(limits)
-    i = _WS.match(text, 0).end()  # type: ignore[union-attr]
+    i = _WS.match(text, 0).end()  # type: ignore[union-attr]  # _WS matches the empty string: never None
     if text[i : i + 1] != "[":
         raise DataError(f"{where}: not a JSON array", "fix or regenerate the file")
-    i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
+    i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]  # _WS matches the empty string: never None
     index = 0
     if text[i : i + 1] == "]":
         i += 1
@@ -207,7 +207,7 @@ def iter_json_array(data: bytes, where: str, limits: Limits) -> Iterator[tuple[i
                 )
             yield index, value
             index += 1
-            i = _WS.match(text, end).end()  # type: ignore[union-attr]
+            i = _WS.match(text, end).end()  # type: ignore[union-attr]  # _WS matches the empty string: never None
             sep = text[i : i + 1]
             if sep == "]":
                 i += 1
@@ -218,8 +218,8 @@ def iter_json_array(data: bytes, where: str, limits: Limits) -> Iterator[tuple[i
                     f"{where}: not valid JSON (expected ',' or ']' at line {line})",
                     "fix or regenerate the file",
                 )
-            i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
-    if _WS.match(text, i).end() != len(text):  # type: ignore[union-attr]
+            i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]  # _WS matches the empty string: never None
+    if _WS.match(text, i).end() != len(text):  # type: ignore[union-attr]  # _WS matches the empty string: never None
         raise DataError(f"{where}: not valid JSON (extra data after the array)")
 
 

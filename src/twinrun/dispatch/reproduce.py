@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.run import RunConfig
-from twinrun.core.errors import DataError, TwinrunError
+from twinrun.core.errors import ConfigError, DataError, TwinrunError
 from twinrun.core.redact import REDACTED
 from twinrun.data.examples import examples_sha256
 from twinrun.diag.recorded import (
@@ -69,7 +69,20 @@ def config_from_sidecar(
             "the sidecar has no train/inputs sections", "reproduce reads a training run's sidecar"
         )
     names = {f.name for f in dataclasses.fields(RunConfig)}
+    reserved = sorted(k for k in train if k in _NOT_TRAIN)
+    if reserved:
+        raise DataError(
+            f"the sidecar's train section holds {', '.join(reserved)}, which a run never "
+            "records there (paths are in inputs; the output is --output)",
+            "give the directory a run wrote, with its twinrun.json unedited",
+        )
     values = {k: v for k, v in train.items() if k in names}
+    wrong = sorted(k for k, v in values.items() if not _recorded_type(k, v))
+    if wrong:
+        raise DataError(
+            f"the sidecar's train section holds a value of the wrong type for {', '.join(wrong)}",
+            "give the directory a run wrote, with its twinrun.json unedited",
+        )
     if isinstance(values.get("adam_betas"), list):
         values["adam_betas"] = tuple(values["adam_betas"])
     redacted = [k for k, v in values.items() if REDACTED in repr(v)]
@@ -80,7 +93,91 @@ def config_from_sidecar(
             "re-run the original command with the secret instead",
         )
     paths = {k: inputs[k] for k in ("model", "examples", "corpus", "eval_examples") if k in inputs}
-    return RunConfig(**values, **paths, output=str(output), quiet=quiet, overwrite=overwrite)
+    try:
+        return RunConfig(**values, **paths, output=str(output), quiet=quiet, overwrite=overwrite)
+    except TwinrunError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        raise DataError(
+            f"the sidecar's train/inputs sections do not make a run: {type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:200]}",
+            "give the directory a run wrote, with its twinrun.json unedited",
+        ) from None
+
+
+def _recorded_type(name: str, value: Any) -> bool:
+    """Whether a sidecar's `train` value has the JSON type its setting's kind records."""
+    from twinrun.config.run import SETTINGS
+
+    s = SETTINGS.get(name)
+    if s is None or value is None:
+        return True
+    number = (int, float)
+    if s.kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if s.kind == "float":
+        return isinstance(value, number) and not isinstance(value, bool)
+    if s.kind == "bool":
+        return isinstance(value, bool)
+    if s.kind == "str":
+        return (
+            isinstance(value, list) and all(isinstance(v, str) for v in value)
+            if s.multiple
+            else isinstance(value, str)
+        )
+    if s.kind in ("list[str]", "targets"):
+        return isinstance(value, str) or (
+            isinstance(value, list) and all(isinstance(v, str) for v in value)
+        )
+    if s.kind == "list[int]":
+        return isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        )
+    if s.kind == "pair":
+        return (
+            isinstance(value, list)
+            and len(value) == 2
+            and all(isinstance(v, number) and not isinstance(v, bool) for v in value)
+        )
+    if s.kind == "table":
+        return isinstance(value, dict)
+    return True
+
+
+# keys of RunConfig that a sidecar's `train` never holds (they come from `inputs` or the command)
+_NOT_TRAIN = frozenset(
+    {"output", "model", "examples", "corpus", "eval_examples", "quiet", "overwrite"}
+)
+
+
+def recorded_plugin(cfg: RunConfig) -> str | None:
+    """The plugin `module.path:factory` the run's `env` names, or None for a built-in
+    environment, a reward source, a tool environment or twinrun's own module."""
+    from twinrun.rl.environments import _PLUGIN
+    from twinrun.rl.reward_sources import is_reward_source
+
+    env = getattr(cfg, "env", None)
+    if not isinstance(env, str) or not _PLUGIN.match(env) or is_reward_source(env):
+        return None
+    return None if env.split(".")[0].split(":")[0] == "twinrun" else env
+
+
+def check_named_plugin(cfg: RunConfig, named: str | None) -> None:
+    """A run directory is data: its sidecar's plugin runs only when the user names the same one
+    on the command line (`twinrun reproduce RUN --env NAME`). Checked before anything is
+    imported."""
+    plugin = recorded_plugin(cfg)
+    if named is not None and named != (plugin or cfg.env):
+        raise ConfigError(
+            f"--env {named!r} is not the environment the run recorded ({cfg.env!r})",
+            "--env only confirms the recorded plugin; it cannot change the environment",
+        )
+    if plugin is not None and named is None:
+        raise ConfigError(
+            f"the run's twinrun.json names the environment plugin {plugin!r}: code that "
+            "reproduce does not import or run because a file names it",
+            f"if you trust it, name it yourself: twinrun reproduce RUN --env {plugin} ...",
+        )
 
 
 def _missing_input(cfg: RunConfig) -> str | None:
@@ -176,9 +273,14 @@ def native_note(sidecar: dict[str, Any], rerun: dict[str, Any]) -> list[str]:
 
 
 def reproduce(
-    run_dir: str | Path, output: str | Path, quiet: bool = True, overwrite: bool = False
+    run_dir: str | Path,
+    output: str | Path,
+    quiet: bool = True,
+    overwrite: bool = False,
+    env: str | None = None,
 ) -> Reproduction:
     """Re-run `run_dir` into `output` and judge the result (see the module docstring)."""
+    from twinrun.model.adapter_check import check_run_adapter
     from twinrun.train.outputs import check_output_dir, config_inputs
     from twinrun.train.recipes import train
 
@@ -187,7 +289,9 @@ def reproduce(
         sidecar = read_sidecar(run_dir)
         if sidecar is None:
             raise DataError(f"{run_dir} has no {SIDECAR}", "give the directory a run wrote")
+        check_run_adapter(run_dir, sidecar)  # the directory's own bytes, before anything runs
         cfg = config_from_sidecar(sidecar, output, quiet, overwrite)
+        check_named_plugin(cfg, env)  # before anything the sidecar names is imported
         # before the inputs are hashed and the model loads; never the run it checks, or in it
         check_output_dir(output, overwrite, {"run being reproduced": run_dir, **config_inputs(cfg)})
         problem = _missing_input(cfg) or _moved_input(cfg, sidecar)

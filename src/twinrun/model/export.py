@@ -107,6 +107,7 @@ def export_merged(run: str | os.PathLike[str], output: str | os.PathLike[str],
     from twinrun.core.determinism import runtime_versions
     from twinrun.core.digest import sha256_file, sha256_files
     from twinrun.core.paths import output_path
+    from twinrun.model.adapter_check import check_run_adapter
     from twinrun.model.loading import model_files
 
     run_dir = Path(run)
@@ -114,6 +115,7 @@ def export_merged(run: str | os.PathLike[str], output: str | os.PathLike[str],
     refuse_input_overlap(out, {"run": run_dir, "base model": model})
     earlier = earlier_export(out, overwrite)  # nothing foreign goes, and nothing changed
     record = run_record(run_dir)
+    check_run_adapter(run_dir, record)  # the recorded, finite bytes its config describes
     base = base_of(run_dir, record, model)
     refuse_input_overlap(out, {"base model": base})
     if loading is not None:

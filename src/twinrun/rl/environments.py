@@ -24,7 +24,16 @@ the user's own choosing runs. The rule, checked in this order:
 1. the module is not in the standard library (`sys.stdlib_module_names`, e.g. `os`, `subprocess`,
    `builtins`) — refused before anything is imported, so `os:system` never runs;
 2. the module resolves (`plugin_spec`: found by the import system's finders without executing
-   any module; all `twinrun explain` checks, it never imports a plugin);
+   any module; all `twinrun explain` checks, it never imports a plugin) and is trusted
+   (`check_plugin_trust`, from the top-level package's spec and installed metadata, before any
+   import): twinrun's own modules and the user's own modules on the path are plugins; a
+   built-in/frozen module or one under the standard library's directory is refused; a module of an
+   installed distribution (`importlib.metadata.packages_distributions()` of its top-level
+   package, or found under site-packages/dist-packages) is a plugin only when that distribution
+   declares it under the `twinrun.environments` entry point group (`module:factory` or `module`),
+   so `numpy:load` and `torch.serialization:load` are refused. The submodule of a package is
+   located one level at a time with the finders, never by `importlib.util.find_spec` (which would
+   import, and run, the parent package);
 3. (`twinrun run` / `tune grpo` only) the module is imported, and `factory` must be a Python
    function or class *defined in that module* (`factory.__module__` is the module): a builtin or C
    function, a partial, or a callable imported from elsewhere (`from os import system`) is
@@ -227,12 +236,96 @@ def check_plugin_name(name: str, args: Mapping[str, Any] | None = None) -> tuple
             "environment plugin (a plugin is code that runs with your rights)",
             "name a factory defined in your own module, e.g. --env mypkg.envs:make_env",
         )
-    if plugin_spec(module_name) is None:
+    top_spec = plugin_spec(top)
+    if top_spec is None or plugin_spec(module_name) is None:
         raise EnvironmentPluginError(
             f"environment plugin {name!r}: cannot find module {module_name!r}",
             "check that the module is importable (installed or on PYTHONPATH)",
         )
+    check_plugin_trust(name, module_name, factory_name, top_spec)
     return module_name, factory_name
+
+
+ENTRY_POINT_GROUP = "twinrun.environments"
+
+
+def _under(path: str, roots: set[str]) -> bool:
+    import os
+
+    real = os.path.realpath(path)
+    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots if r)
+
+
+def _installed_roots() -> tuple[set[str], set[str]]:
+    """(the standard library's directories, the directories installed packages live in)."""
+    import os
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    stdlib = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib") if paths.get(k)}
+    installed = {os.path.realpath(paths[k]) for k in ("purelib", "platlib") if paths.get(k)}
+    try:
+        installed |= {os.path.realpath(p) for p in site.getsitepackages()}
+    except AttributeError:  # a virtualenv's old site module
+        pass
+    installed |= {
+        os.path.realpath(p)
+        for p in sys.path
+        if p and os.path.basename(p.rstrip(os.sep)) in ("site-packages", "dist-packages")
+    }
+    return stdlib, installed
+
+
+def check_plugin_trust(
+    name: str, module_name: str, factory_name: str, top_spec: importlib.machinery.ModuleSpec
+) -> None:
+    """Rule 1b, checked from the top-level package's spec and the installed metadata, before
+    any module is imported: a plugin is twinrun's own, or the user's own module on the path, or a
+    module an installed distribution declares under the `twinrun.environments` entry point
+    group. Refused: a built-in or frozen module, a module under the standard library's directory,
+    and a module of an installed distribution (`importlib.metadata.packages_distributions()` of
+    its top-level package, or a module under site-packages/dist-packages) that has no such entry
+    point naming it (`numpy:load`, `torch.serialization:load`)."""
+    from importlib import metadata
+
+    top = module_name.split(".")[0]
+    if top == "twinrun":
+        return
+    origin = top_spec.origin or ""
+    locations = list(top_spec.submodule_search_locations or ())
+    where = [origin] if origin and origin not in ("built-in", "frozen") else []
+    where += locations
+    stdlib, installed = _installed_roots()
+    if origin in ("built-in", "frozen") or (
+        where and all(_under(p, stdlib) and not _under(p, installed) for p in where)
+    ):
+        raise EnvironmentPluginError(
+            f"environment plugin {name!r}: {top!r} is part of Python's standard library, not an "
+            "environment plugin (a plugin is code that runs with your rights)",
+            "name a factory defined in your own module, e.g. --env mypkg.envs:make_env",
+        )
+    try:
+        dists = sorted(set(metadata.packages_distributions().get(top, ())))
+    except Exception:  # broken metadata of some other distribution
+        dists = []
+    if not dists and not any(_under(p, installed) for p in where):
+        return  # the user's own module on the path
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        dist_name = getattr(dist, "name", None) if dist is not None else None
+        if dists and dist_name is not None and dist_name not in dists:
+            continue
+        if ep.module == module_name and ep.attr in (None, factory_name):
+            return
+    owner = f"distribution {', '.join(dists)!s}" if dists else "an installed package"
+    raise EnvironmentPluginError(
+        f"environment plugin {name!r}: module {module_name!r} belongs to {owner}, which does "
+        f"not declare it under the {ENTRY_POINT_GROUP!r} entry point group",
+        f"an installed package is a plugin only when it declares [project.entry-points."
+        f'"{ENTRY_POINT_GROUP}"] naming {module_name}:{factory_name}; or put your own module '
+        "on PYTHONPATH",
+    )
 
 
 def plugin_spec(module_name: str) -> importlib.machinery.ModuleSpec | None:
@@ -354,11 +447,44 @@ def fresh_environment(env: Environment) -> Environment:
     return env.renew() if isinstance(env, PluginEnvironment) else env
 
 
+def _plugin_call(name: str, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args), where a KeyboardInterrupt the plugin raises itself is its failure (one line
+    naming the environment) and a real Ctrl-C still stops the run: on the main thread a SIGINT
+    handler notes every signal that arrives during the call (and passes it on to the handler
+    before it); a KeyboardInterrupt with no SIGINT noted is the plugin's own."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return fn(*args)
+    previous, noted = signal.getsignal(signal.SIGINT), []
+
+    def note(signum: int, frame: Any) -> None:
+        noted.append(signum)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        return fn(*args)
+    except KeyboardInterrupt:
+        if noted:
+            raise
+        raise EnvironmentPluginError(
+            f"environment {name!r}: {what} raised KeyboardInterrupt itself (no Ctrl-C was given)",
+            "an environment must not raise KeyboardInterrupt; fix the plugin",
+        ) from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def checked_prompt(env: Environment, name: str, row: dict[str, Any], rng: Stream) -> str:
     """`env.prompt(row, rng)`, failing with a one-line error naming `name` unless it is a str."""
     try:
-        prompt = env.prompt(row, rng)
-    except DataError:
+        prompt = _plugin_call(name, "prompt", env.prompt, row, rng)
+    except (DataError, EnvironmentPluginError):  # DataError: a row's; this: its own interrupt
         raise
     except Exception as exc:
         raise EnvironmentPluginError(
@@ -376,8 +502,8 @@ def checked_reward(env: Environment, name: str, row: dict[str, Any], completion:
     """`env.reward(row, completion)` as a Python float; a one-line error naming `name` when the
     reward raises or is not a finite real number (bool, str, None, NaN and ±inf are refused)."""
     try:
-        value = env.reward(row, completion)
-    except DataError:
+        value = _plugin_call(name, "reward", env.reward, row, completion)
+    except (DataError, EnvironmentPluginError):  # DataError: a row's; this: its own interrupt
         raise
     except Exception as exc:
         raise EnvironmentPluginError(
@@ -390,10 +516,14 @@ def checked_reward(env: Environment, name: str, row: dict[str, Any], completion:
             f"{_one_line(repr(value), _hidden(env))[:60]}, not a float",
             "reward(row, completion) must return a finite float",
         )
-    reward = float(value)
+    try:
+        reward = float(value)
+    except (OverflowError, ValueError, TypeError):  # an int past 1.8e308: 10**400
+        reward = math.inf
     if not math.isfinite(reward):
+        shown = f"{reward}" if isinstance(value, float) else f"{type(value).__name__} {reward}"
         raise EnvironmentPluginError(
-            f"environment {name!r}: reward returned {reward}, not a finite float",
+            f"environment {name!r}: reward returned {shown}, not a finite float",
             "reward(row, completion) must return a finite float",
         )
     return reward

@@ -72,6 +72,32 @@ class ToolEnvironment(Protocol):
     def episode(self, row: dict[str, Any], rng: Stream) -> Episode: ...
 
 
+MAX_REPLY_CHARS = 1 << 20  # one tool reply or observation: many context windows of text
+MAX_NESTING = 100  # levels of dicts/lists in a reply or a tool schema (JSON Schema needs < 10)
+MAX_NODES = 1 << 20  # values in one reply or schema, counted as they are walked
+
+
+def nesting_problem(value: Any) -> str | None:
+    """Why `value` cannot be walked safely (nested deeper than MAX_NESTING, circular, more
+    than MAX_NODES values), or None. Iterative: no recursion however deep the value."""
+    stack, nodes = [(value, 0)], 0
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children = list(item.values())
+        elif isinstance(item, list | tuple):
+            children = list(item)
+        else:
+            continue
+        if depth >= MAX_NESTING:
+            return f"is nested deeper than {MAX_NESTING} levels (or is circular)"
+        nodes += len(children)
+        if nodes > MAX_NODES:
+            return f"holds more than {MAX_NODES} values (or is circular)"
+        stack.extend((child, depth + 1) for child in children)
+    return None
+
+
 class _TimedOut(Exception):
     pass
 
@@ -90,6 +116,9 @@ def bounded(timeout_s: float, fn: Callable[..., Any], /, *args: Any, **kwargs: A
             box["value"] = fn(*args, **kwargs)
         except SystemExit as exc:  # a plugin's sys.exit() must not end the trainer
             box["error"] = RuntimeError(f"SystemExit({exc.code!r})")
+        except KeyboardInterrupt:  # raised by the plugin itself: Python delivers a real
+            # Ctrl-C to the main thread only, so here it is the environment's failure
+            box["error"] = RuntimeError("KeyboardInterrupt raised by the environment's code")
         except BaseException as exc:  # carried to the caller's thread, raised there
             box["error"] = exc
 
@@ -135,25 +164,61 @@ class Guard:
 
     def text(self, what: str, value: Any) -> str:
         """A return value as model-visible text: str as is; int/float/bool str(); dict/list
-        canonical JSON; None ""; any other type a ToolEnvironmentError."""
+        canonical JSON; None ""; any other type a ToolEnvironmentError. The text must be
+        valid Unicode (no lone surrogates) and at most MAX_REPLY_CHARS characters; a dict/list
+        at most MAX_NESTING levels deep (checked without recursion: a circular one is refused)."""
         if isinstance(value, str):
-            return value
+            return self.checked_text(what, value)
         if value is None:
             return ""
         if isinstance(value, bool | int | float):
-            return str(value)
-        if isinstance(value, dict | list):
             try:
-                return canonical_json(value)
+                return self.checked_text(what, str(value))
+            except ValueError:  # an int of more digits than Python converts (sys.int_info)
+                raise ToolEnvironmentError(
+                    f"environment {self.env!r}: {what} returned an int too large to show"
+                ) from None
+        if isinstance(value, dict | list):
+            self.shallow(what, value)
+            try:
+                text = canonical_json(value)
             except (TypeError, ValueError) as exc:
                 raise ToolEnvironmentError(
                     f"environment {self.env!r}: {what} returned a {type(value).__name__} that is "
                     f"not JSON ({type(exc).__name__})"
                 ) from None
+            return self.checked_text(what, text)
         raise ToolEnvironmentError(
             f"environment {self.env!r}: {what} returned {type(value).__name__}, not text",
             "return a str (or a number, dict, list or None)",
         )
+
+    def checked_text(self, what: str, text: str) -> str:
+        """`text` when the model can be shown it: at most MAX_REPLY_CHARS, valid Unicode."""
+        if len(text) > MAX_REPLY_CHARS:
+            raise ToolEnvironmentError(
+                f"environment {self.env!r}: {what} returned {len(text)} characters, more than "
+                f"the {MAX_REPLY_CHARS} one reply may hold",
+                "make the environment answer shorter texts",
+            )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ToolEnvironmentError(
+                f"environment {self.env!r}: {what} returned text that is not valid Unicode "
+                f"(a lone surrogate {text[exc.start]!a} at character {exc.start})",
+                "return well-formed text (decode bytes with errors='replace')",
+            ) from None
+        return text
+
+    def shallow(self, what: str, value: Any) -> None:
+        """A ToolEnvironmentError when `value` (dicts, lists, tuples) nests deeper than
+        MAX_NESTING levels or holds more than MAX_NODES values; a circular value is both."""
+        if nesting_problem(value) is not None:
+            raise ToolEnvironmentError(
+                f"environment {self.env!r}: {what} {nesting_problem(value)}",
+                "return plain JSON values, nested a few levels",
+            )
 
     def reward(self, value: Any, what: str = "reward") -> float:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -161,10 +226,14 @@ class Guard:
                 f"environment {self.env!r}: {what} is {type(value).__name__}, not a float",
                 "the episode's reward must be a finite float",
             )
-        reward = float(value)
+        try:
+            reward = float(value)
+        except (OverflowError, ValueError, TypeError):  # an int past 1.8e308: 10**400
+            reward = math.inf
         if not math.isfinite(reward):
+            shown = f"{reward}" if isinstance(value, float) else f"{type(value).__name__} {reward}"
             raise ToolEnvironmentError(
-                f"environment {self.env!r}: {what} is {reward}, not a finite float",
+                f"environment {self.env!r}: {what} is {shown}, not a finite float",
                 "the episode's reward must be a finite float",
             )
         return reward

@@ -213,6 +213,9 @@ def _no_args(name: str, args: Mapping[str, Any] | None) -> None:
         )
 
 
+MAX_TIMEOUT_S = 86400  # one day: a longer limit is no limit (and overflows a thread's wait)
+
+
 def make_tool_environment(
     name: str, args: Mapping[str, Any] | None, timeout_s: float
 ) -> ToolEnvironment:
@@ -222,9 +225,12 @@ def make_tool_environment(
     if (
         isinstance(timeout_s, bool)
         or not isinstance(timeout_s, int | float)
-        or not (math.isfinite(timeout_s) and timeout_s > 0)
+        or not (math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S)
     ):
-        raise ConfigError(f"environment {name!r}: the timeout must be a number of seconds > 0")
+        raise ConfigError(
+            f"environment {name!r}: --tool-timeout must be a number of seconds in "
+            f"(0, {MAX_TIMEOUT_S}]"
+        )
     timeout = float(timeout_s)
     if name in TOOL_ENVIRONMENTS:
         _no_args(name, args)

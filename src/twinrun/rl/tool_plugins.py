@@ -142,12 +142,19 @@ def observation_text(guard: Guard, what: str, obs: Any) -> str | None:
     """An observation as text: None; a str; a dict's or object's `text`/`message`/`content`
     string; else the canonical JSON of a dict, a dataclass or a pydantic model."""
     if obs is None or isinstance(obs, str):
-        return obs
+        return None if obs is None else guard.text(f"{what} observation", obs)
     for key in ("text", "message", "content"):
         if isinstance(_field(obs, key), str):
-            return str(_field(obs, key))
+            return guard.text(f"{what} observation", str(_field(obs, key)))
     if dataclasses.is_dataclass(obs) and not isinstance(obs, type):
-        obs = dataclasses.asdict(obs)
+        try:
+            obs = dataclasses.asdict(obs)
+        except RecursionError:
+            raise ToolEnvironmentError(
+                f"environment {guard.env!r}: {what} observation is nested deeper than "
+                "Python can walk (or is circular)",
+                "return plain JSON values, nested a few levels",
+            ) from None
     elif callable(getattr(obs, "model_dump", None)):
         obs = guard.call(f"{what} observation's model_dump", obs.model_dump)
     return guard.text(f"{what} observation", obs)
@@ -220,6 +227,7 @@ class McpEpisode(_PluginEpisode):
             raise ToolEnvironmentError(
                 f"environment {guard.env!r}: list_tools did not return a list"
             )
+        guard.shallow("list_tools answer", listed)  # before any schema is walked or serialized
         schemas = []
         for tool in listed:
             name, desc = _field(tool, "name"), _field(tool, "description")
@@ -229,6 +237,7 @@ class McpEpisode(_PluginEpisode):
                     f"environment {guard.env!r}: list_tools gave a tool without a name string "
                     "or with an input schema that is not an object"
                 )
+            guard.shallow(f"list_tools schema of tool {name[:60]!r}", params)
             function = {
                 "name": name,
                 "description": desc if isinstance(desc, str) else "",
@@ -318,7 +327,7 @@ def loopback_url(url: str) -> str:
     shown = redact_string(url)
     try:
         parts = urllib.parse.urlsplit(url)
-        host, _ = parts.hostname or "", parts.port
+        host, port = parts.hostname or "", parts.port
     except ValueError:
         raise ToolEnvironmentError(f"environment {shown!r}: not a valid URL") from None
     try:
@@ -331,7 +340,18 @@ def loopback_url(url: str) -> str:
             "(http://127.0.0.1:PORT, http://localhost:PORT or http://[::1]:PORT)",
             "run the environment server on this machine and name it by its loopback address",
         )
-    return url.rstrip("/")
+    odd = "\\" in url or any(c in parts.netloc for c in "@%") or parts.query or parts.fragment
+    if odd or not url.isascii() or any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
+        raise ToolEnvironmentError(
+            f"environment {shown!r}: a URL with user info, a backslash, %-escapes, a query, a "
+            "fragment, spaces or non-ASCII characters is refused (a check and an HTTP client could "
+            "read it as different hosts)",
+            "name the server as http://127.0.0.1:PORT (or localhost, or [::1]) and a path",
+        )
+    # rebuilt from the parts that were checked: the client connects to exactly that host
+    netloc = f"[{host}]" if ":" in host else host
+    netloc += "" if port is None else f":{port}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", "")).rstrip("/")
 
 
 class HttpEnvironmentClient:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import random
 import time
 import warnings
@@ -49,6 +50,7 @@ from twinrun.objectives.grpo import grpo_loss
 from twinrun.rl.advantages import apply_token_cap, compute_advantages
 from twinrun.rl.environments import (
     Environment,
+    EnvironmentPluginError,
     checked_prompt,
     checked_reward,
     fresh_environment,
@@ -191,6 +193,7 @@ class GrpoRecipe(StepRecipe):
         rewards = torch.tensor([r.reward for r in fresh], dtype=torch.float64).view(
             len(examples), rollouts.group_size
         )
+        check_rewards(state.env_name, step, rewards)  # before any advantage or update
         advantages, zero_frac = compute_advantages(rewards, rollouts.advantage_clip)
         if zero_frac == 1.0 and not self.warned_no_signal and not replay_pending(state):
             self.warned_no_signal = True
@@ -232,12 +235,45 @@ class GrpoRecipe(StepRecipe):
             "rollout_s": rollout_s,
             "update_s": time.perf_counter() - t1,
         }
+        check_step_numbers(state.env_name, step, advantages, update.metrics)
         self.fresh = fresh
         return update
 
     def after_update(self, step: int, outcome: StepOutcome) -> None:
         if self.state.replay is not None:
             remember(self.state, self.fresh)
+
+
+REWARD_LIMIT = 1e9  # |reward| above this is refused: its mean and population std stay finite
+
+
+def check_rewards(env_name: str, step: int, rewards: torch.Tensor) -> None:
+    """EnvironmentPluginError naming the environment and the value unless every reward of the
+    step is finite and |reward| <= REWARD_LIMIT (±1e308 would make reward_std inf and every
+    advantage 0: a silent no-op step)."""
+    for value in rewards.reshape(-1).tolist():
+        if not math.isfinite(value) or abs(value) > REWARD_LIMIT:
+            raise EnvironmentPluginError(
+                f"environment {env_name!r}: step {step}: reward {value!r} is past the bound "
+                f"|reward| <= {REWARD_LIMIT:g}",
+                "return rewards of a sane size (scale them down)",
+            )
+
+
+def check_step_numbers(
+    env_name: str, step: int, advantages: torch.Tensor, metrics: dict[str, Any]
+) -> None:
+    """EnvironmentPluginError unless the step's advantages and every metric are finite."""
+    for value in advantages.reshape(-1).tolist():
+        if not math.isfinite(value):
+            raise EnvironmentPluginError(
+                f"environment {env_name!r}: step {step}: an advantage is {value!r}, not finite"
+            )
+    for key, value in metrics.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise EnvironmentPluginError(
+                f"environment {env_name!r}: step {step}: metric {key} is {value!r}, not finite"
+            )
 
 
 def checked_tool_rows(name: str, rows: list[SourcedRow]) -> list[SourcedRow]:
