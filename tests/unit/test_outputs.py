@@ -236,15 +236,11 @@ def test_an_entry_that_appears_after_the_survey_stays(tmp_path: Path) -> None:
     assert (run / "final" / "late.txt").read_text() == "arrived late"
 
 
-def test_the_trackers_folders_are_cleared_whole_links_unlinked_not_followed(
-    tmp_path: Path,
-) -> None:
-    """--report-to writes tensorboard/, wandb/ and mlruns/ with the trackers' own contents (wandb
-    links latest-run to its run folder): --overwrite clears all of it, unlinking a link and
-    leaving what it points to alone."""
+def test_the_trackers_folders_are_never_cleared(tmp_path: Path) -> None:
+    """--report-to writes tensorboard/, wandb/ and mlruns/ with the trackers' own contents (an
+    offline wandb run not yet synced): --overwrite refuses a run directory holding one, naming
+    it, and removes nothing — a link there is not followed either."""
     run = a_run(tmp_path / "run")
-    (run / "tensorboard").mkdir()
-    (run / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"x")
     deep = run / "wandb" / "offline-run-1" / "files"
     deep.mkdir(parents=True)
     (deep / "wandb-summary.json").write_text("{}")
@@ -252,11 +248,14 @@ def test_the_trackers_folders_are_cleared_whole_links_unlinked_not_followed(
     outside.mkdir()
     (outside / "precious.txt").write_text("keep me")
     (run / "wandb" / "latest-run").symlink_to(outside)
-    (run / "mlruns" / "0" / "abc" / "metrics").mkdir(parents=True)
-    assert check_output_dir(run, overwrite=True) == run
-    begin_output_dir(run, True, INPUTS_RECORD)
-    assert [p.name for p in run.iterdir()] == [INPUTS]
-    assert (outside / "precious.txt").read_text() == "keep me"
-    (run / "tensorboard").symlink_to(outside)  # the folder itself a link: refused
-    with pytest.raises(OutputError, match=r"holds tensorboard, .*symbolic link"):
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    for tracker in ("tensorboard", "mlruns"):
+        (run / tracker).mkdir()
+        with pytest.raises(OutputError, match=rf"holds {tracker}, .*tracker's logs"):
+            begin_output_dir(run, True, INPUTS_RECORD)
+        (run / tracker).rmdir()
+    with pytest.raises(OutputError, match=r"holds wandb, .*perhaps not yet synced"):
         check_output_dir(run, overwrite=True)
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+    assert (deep / "wandb-summary.json").read_text() == "{}"
+    assert (outside / "precious.txt").read_text() == "keep me"

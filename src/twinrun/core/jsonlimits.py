@@ -170,6 +170,7 @@ def iter_json_array(data: bytes, where: str, limits: Limits) -> Iterator[tuple[i
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DataError(f"{where}: not UTF-8 text ({exc.reason})", "save it as UTF-8") from None
+    del data  # the text is all that is read from now on: the bytes go (a caller passes them in)
     if text.startswith("\ufeff"):
         text = text[1:]
     decode = _raw_decoder(limits)

@@ -23,9 +23,6 @@ from twinrun.core.errors import OutputError
 # a regular expression (matched against the whole name) -> None for a file, or the folder's layout
 Layout = Mapping[str, "Layout | None"]
 KILLED_WRITE = re.compile(r"\.(?P<name>.+)\.[A-Za-z0-9_]+\.tmp")
-# a folder another library writes into (a tracker's logs): any files, folders and links (wandb
-# links latest-run); clearing it unlinks a link and never follows one
-ANY_TREE: Layout = {".+": None}
 
 
 @dataclass
@@ -67,11 +64,6 @@ def _walk(folder: Path, layout: Layout, found: Survey) -> bool:
         path = folder / name
         mode = os.lstat(path).st_mode  # lstat: a link is looked at, never through
         declared, sub = _kind(layout, name)
-        if layout is ANY_TREE:
-            if stat.S_ISDIR(mode) and not _walk(path, ANY_TREE, found):
-                return False
-            found.entries.append(path)
-            continue
         if stat.S_ISLNK(mode):
             why = "a symbolic link; twinrun writes none and never follows one"
         elif not declared:

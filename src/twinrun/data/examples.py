@@ -68,7 +68,9 @@ def load_rows(path: str | Path, limits: Limits = EXAMPLES) -> list[SourcedRow]:
         rows = csv_rows(p, limits)
     elif head.lstrip().startswith(b"["):  # parsed one element at a time, up to the row cap
         data = read_limited(p, "examples file", limits.max_file_bytes)
-        for i, item in iter_json_array(data, str(p), limits):
+        items = iter_json_array(data, str(p), limits)
+        del data  # held by the parse alone, which lets it go once decoded
+        for i, item in items:
             _row_cap(p, i, limits)
             rows.append(_as_object(item, f"{p}[{i}]"))
     else:
