@@ -558,8 +558,11 @@ def build(work: Path, quick: bool) -> tuple[list[Case], dict[str, Any]]:
     export_case("silent wrong", "lora-a-f16", f16)
     add(Case("grpo-reward-1e308", "silent wrong",
              grpo_args(model, arith, new("r1e308"), "h4_reward_env:make", "--env-arg",
-                       "kind=\"huge\""), [], [new("r1e308")], cap=TRAIN_CAP,
-             require=("h4_reward_env",)))  # fmt: skip
+                       "kind=\"huge\""), [],
+             # the step stops: the run directory stays (as after any failed step), but no
+             # adapter or sidecar claims a finished run
+             [new("r1e308") / "adapter_model.safetensors", new("r1e308") / "twinrun.json"],
+             cap=TRAIN_CAP, require=("h4_reward_env",)))  # fmt: skip
 
     # --- unbounded ---
     threads = copy(run_a, "threadsSidecar")
