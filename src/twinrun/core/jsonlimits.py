@@ -9,6 +9,7 @@ metadata, diag rows, sidecars, checkpoint and inputs records, evidence metrics r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -129,25 +130,33 @@ def parse_json(text: str | bytes, where: str, limits: Limits = DEFAULT) -> Any:
     # files are parsed at ~100k rows a second)
     deep = text.count("[") + text.count("{") > limits.max_depth
     escaped = "\\u" in text or (raw_str and _SURROGATE.search(text) is not None)
-    try:
+    with _json_errors(where, limits):
         value = _decoder(limits)(text)
         if deep or escaped:
             _check_shape(value, limits)
+    return value
+
+
+@contextlib.contextmanager
+def _json_errors(at: str, limits: Limits, document: str | None = None) -> Iterator[None]:
+    """A parse's failures as one DataError line: a refused value, nesting, or invalid JSON at
+    `at` (a syntax error's line and column are the `document`'s, when `at` is one element)."""
+    try:
+        yield
     except _Refused as exc:
-        raise DataError(f"{where}: refused {exc}", "fix or regenerate the file") from None
+        raise DataError(f"{at}: refused {exc}", "fix or regenerate the file") from None
     except RecursionError:
         raise DataError(
-            f"{where}: refused nesting deeper than {limits.max_depth} levels",
+            f"{at}: refused nesting deeper than {limits.max_depth} levels",
             "fix or regenerate the file",
         ) from None
     except json.JSONDecodeError as exc:
         raise DataError(
-            f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
+            f"{document or at}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
             "fix or regenerate the file",
         ) from None
     except ValueError as exc:  # e.g. int() beyond Python's own digit limit
-        raise DataError(f"{where}: not valid JSON ({type(exc).__name__})") from None
-    return value
+        raise DataError(f"{at}: not valid JSON ({type(exc).__name__})") from None
 
 
 @functools.lru_cache(maxsize=32)
@@ -184,24 +193,10 @@ def iter_json_array(data: bytes, where: str, limits: Limits) -> Iterator[tuple[i
     else:
         while True:
             at = f"{where}[{index}]"
-            try:
+            with _json_errors(at, limits, where):
                 value, end = decode(text, i)
                 if end - i <= limits.max_bytes:
                     _check_shape(value, limits)
-            except _Refused as exc:
-                raise DataError(f"{at}: refused {exc}", "fix or regenerate the file") from None
-            except RecursionError:
-                raise DataError(
-                    f"{at}: refused nesting deeper than {limits.max_depth} levels",
-                    "fix or regenerate the file",
-                ) from None
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
-                    "fix or regenerate the file",
-                ) from None
-            except ValueError as exc:
-                raise DataError(f"{at}: not valid JSON ({type(exc).__name__})") from None
             if end - i > limits.max_bytes:
                 raise DataError(
                     f"{at}: a row over the limit of {limits.max_bytes} bytes", "shorten the row"
