@@ -174,7 +174,7 @@ def test_planted_spike_is_intrinsic_and_rng_glitch_transient(
 def test_diag_rows_are_on_disk_before_each_checkpoint(
     tmp_path: Path, toy_model_dir: Path, sft_examples: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """diag rows are computed in the background; a checkpoint of N steps finds N rows written."""
+    """diag rows are written as each step ends; a checkpoint of N steps finds N rows written."""
     import twinrun.train.hooks.checkpoint as checkpoint_hook
 
     out, seen = tmp_path / "run", []

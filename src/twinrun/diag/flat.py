@@ -113,15 +113,6 @@ class FlatLeaves:
                     for x in parts)
         )  # fmt: skip
 
-    @classmethod
-    def from_array(cls, flat: Any, shapes: list[Shapes], counts: list[int]) -> FlatLeaves:
-        """A group over an already flat float32 numpy array (the diag helper process's view of
-        a group copied into shared memory): the same results, without torch."""
-        self = cls.__new__(cls)
-        self.flat, self.parts, self.key, self.shapes, self.counts = flat, None, None, shapes, counts
-        self._results = None
-        return self
-
     def array(self) -> Any:
         """The flat buffer as a numpy array (a view)."""
         if self.flat is None:

@@ -22,20 +22,17 @@ Usage in a user's own loop:
     row.add_parts("grads.lora", [g for g in lora_grads])
     rec.commit(row)
 
-`record_later(step, leaves)` hands the row to a helper process instead (`twinrun.diag.helper`):
-the caller's thread copies the leaves' bytes into shared memory and sends one small message; the
-helper computes the checksums and digests and appends the line, while the next step runs, with
-the same bytes `record` writes, in the order the rows were handed over. `start_background()`
-starts the helper ahead of the first row (otherwise the first `record_later` does, and waits
-for it). Where no helper can be started (or with TWINRUN_DIAG_HELPER=0) the rows are computed
-on the recorder's one background thread, as before: the caller must then not change the
-tensors it hands over until the row is written (snapshot what the next step updates in place),
-and while the thread exists the interpreter's GIL switch interval is at most 0.5 ms (restored by
-`close`): at CPython's default 5 ms, a training step that wants the GIL back from the checksum
-thread waits up to 5 ms each time. `flush()` waits until every row handed over is on disk and
-raises the first error met computing or writing one (as the same exception), or an OutputError
-if the helper died; `close()` flushes and stops the helper. A row committed with `record` or
-`commit` waits for the rows handed over before it.
+Rows are computed and written on the caller's thread, in the call: the cost is the row's own
+work (the checksums and digests: about a millisecond on the toy model, bench/diag_overhead.py),
+the same on a busy machine as on an idle one, with no thread, process or spare core to rely on.
+`record_later(step, leaves)` is `record` for callers that hand rows over as the step ends (the
+diag hook): the row is on disk when it returns, so the caller may change its tensors at once.
+`flush()` has nothing left to wait for and `close()` closes the file.
+
+Each row is one `write` of the whole line to a file opened for appending, unbuffered: a row is
+on disk (in the OS's cache; with `fsync=True` synced) as soon as it is committed, and a write that
+fails (a full disk) is an OutputError naming the file, with the partial line cut off again, so
+the file holds whole rows only.
 
 The reading side (`resolve_diag_path`, `iter_lines`, `parse_row`, `decode_float`, `DiagRow`)
 lives in `twinrun.diag.rows` and is re-exported here.
@@ -43,18 +40,17 @@ lives in `twinrun.diag.rows` and is re-exported here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import sys
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
+from twinrun.core.fileio import write_failed
 from twinrun.diag.checksum import checksum_digest, checksum_digest_many
 from twinrun.diag.flat import FlatLeaf
-from twinrun.diag.helper import HelperUnavailable, RowHelper, enabled
 from twinrun.diag.rows import (
     DIAG_FORMAT,
     DiagRow,
@@ -82,7 +78,6 @@ __all__ = [
 ]
 
 DIAG_FILENAME = "diag.jsonl"
-SWITCH_INTERVAL_S = 0.0005  # while rows are computed in the background (see record_later)
 
 #: The standard leaves in dataflow order (the GRPO leaves follow the sample indices).
 STANDARD_LEAVES: tuple[str, ...] = (
@@ -178,9 +173,9 @@ class DiagRecorder:
     """Appends `twinrun.diag.v1` rows to a diag.jsonl file, one line per committed step.
 
     `path` is the file, or a directory (the file is `path/diag.jsonl`). With `append=False`
-    (the default) an existing file is truncated when the recorder opens it; with `append=True`
-    rows are added to it (resume). `fsync=True` also fsyncs every row. Use as a context manager
-    or call `close()`.
+    (the default) an existing file is truncated when the recorder opens it (at the first row);
+    with `append=True` rows are added to it (resume). `fsync=True` also fsyncs every row. Use as
+    a context manager or call `close()`.
     """
 
     def __init__(
@@ -198,69 +193,46 @@ class DiagRecorder:
         self.phase_default = phase_default
         self._append = append
         self._fsync = fsync
-        self._fh: TextIO | None = None
-        self._worker: ThreadPoolExecutor | None = None
-        self._pending: list[Future[dict[str, Any]]] = []
-        self._switch = 0.0
-        self._helper: RowHelper | None = None
-        self._tried = False  # whether a helper was started (or could not be)
-        #: where `record_later` computes rows: "process" or "thread" (None until the first)
-        self.background: str | None = None
+        self._fh: Any = None  # the raw (unbuffered) file, opened at the first row
+        self._size = 0  # the file's length after the last whole row
 
-    def _file(self) -> TextIO:
+    def _file(self) -> Any:
         if self._fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # append mode either way: the helper process appends to the same file
-            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
-            if not self._append:
-                self._fh.truncate(0)
+            fh = None
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fh = open(self.path, "ab", buffering=0)  # noqa: SIM115
+                if not self._append:
+                    fh.truncate(0)  # a fresh log: once (opened again, it is continued)
+                    self._append = True
+                self._size = os.fstat(fh.fileno()).st_size
+            except OSError as exc:
+                if fh is not None:
+                    fh.close()
+                raise write_failed(self.path, exc) from exc
+            self._fh = fh
         return self._fh
-
-    def start_background(self) -> None:
-        """Start the helper process for `record_later` now, without waiting for it (a no-op
-        once started, or where it cannot be)."""
-        if self._tried:
-            return
-        self._tried = True
-        if enabled():
-            try:
-                self._helper = RowHelper(self.path, self._fsync, leaf_value)
-            except HelperUnavailable:
-                self._helper = None
-
-    def copies_at_hand_over(self) -> bool:
-        """Whether `record_later` copies the leaves' bytes before it returns (into the helper's
-        shared memory): the caller may then change its tensors at once, without a snapshot of
-        its own. Starts the helper if need be and waits for it, as the first `record_later`."""
-        if self.background is None:
-            self._choose()
-        return self.background == "process"
-
-    def _choose(self) -> None:
-        """At the first `record_later`: the helper once it is ready, else the thread."""
-        self.start_background()
-        if self._helper is not None:
-            try:
-                self._helper.wait_ready()
-            except HelperUnavailable:
-                self._helper.close()
-                self._helper = None
-        self.background = "thread" if self._helper is None else "process"
 
     def begin(self, step: int, phase: str | None = None) -> StepRecord:
         """Start a row; add leaves to it, then `commit` it."""
         return StepRecord(step, phase or self.phase_default)
 
     def commit(self, row: StepRecord) -> dict[str, Any]:
-        """Append the row as one line and flush it; returns the JSON object written."""
+        """Append the row as one line, written through to the OS; returns the JSON object."""
         obj = row.to_json()
-        if self._helper is not None and self._helper.sent > self._helper.acked:
-            self._helper.flush()  # the rows handed over come first
+        data = (json.dumps(obj, allow_nan=False) + "\n").encode("utf-8")
         fh = self._file()
-        fh.write(json.dumps(obj, allow_nan=False) + "\n")
-        fh.flush()
-        if self._fsync:
-            os.fsync(fh.fileno())
+        try:
+            rest = memoryview(data)
+            while rest:
+                rest = rest[fh.write(rest) :]  # one write, unless the OS takes part of it
+            if self._fsync:
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fh.fileno(), self._size)  # whole rows only
+            raise write_failed(self.path, exc) from exc
+        self._size += len(data)
         return obj
 
     def record(self, step: int, leaves: dict[str, Any], phase: str | None = None) -> dict[str, Any]:
@@ -271,52 +243,18 @@ class DiagRecorder:
         return self.commit(row)
 
     def record_later(self, step: int, leaves: dict[str, Any], phase: str | None = None) -> None:
-        """`record` on the background thread (rows keep their order); see the module docstring.
-        A row that could not be written raises here, at the next hand-over, or at `flush`."""
-        self.begin(step, phase)  # a bad step or phase fails now, in the caller
-        if self.background is None:
-            self._choose()
-        if self._helper is not None:
-            self._file()  # created (or truncated) before the helper appends to it
-            self._helper.submit(step, phase or self.phase_default, leaves)
-            return
-        done = [f for f in self._pending if f.done()]
-        self._pending = [f for f in self._pending if not f.done()]
-        for f in done:
-            f.result()
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(1, thread_name_prefix="twinrun-diag")
-            # the main thread gets the GIL back within 0.5 ms, not CPython's default 5 ms
-            self._switch = sys.getswitchinterval()
-            sys.setswitchinterval(min(self._switch, SWITCH_INTERVAL_S))
-        self._pending.append(self._worker.submit(self.record, step, leaves, phase))
+        """`record`, for callers that hand the row over as a step ends: the row is computed and
+        written before this returns (see the module docstring), so a bad row raises here."""
+        self.record(step, leaves, phase)
 
     def flush(self) -> None:
-        """Wait until every row handed to `record_later` is written; raise the first error."""
-        self._flush()
-
-    def _flush(self, again: bool = True) -> None:
-        if self._helper is not None:
-            self._helper.flush(again)
-        pending, self._pending = self._pending, []
-        for f in pending:
-            f.result()
+        """Every row is written as it is recorded: nothing to wait for (kept for callers that
+        flush before a checkpoint)."""
 
     def close(self) -> None:
-        try:
-            self._flush(again=False)  # a dead helper's error is raised once, not again here
-        finally:
-            if self._helper is not None:
-                self._helper.close()
-                self._helper = None
-            self._tried, self.background = False, None
-            if self._worker is not None:
-                self._worker.shutdown(wait=True, cancel_futures=True)
-                self._worker = None
-                sys.setswitchinterval(self._switch)
-            if self._fh is not None:
-                self._fh.close()
-                self._fh = None
+        if self._fh is not None:
+            fh, self._fh = self._fh, None
+            fh.close()
 
     def __enter__(self) -> DiagRecorder:
         return self

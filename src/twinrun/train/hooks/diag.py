@@ -10,11 +10,10 @@ in global forward order (the digests are SHA256 over the parts in that order, so
 the bytes themselves: the cost is the step's logits, sent once per process) and rank 0 writes
 the row. Every other leaf is already the same on every process.
 
-The row is computed by the recorder's helper process while the next step runs (started when the
-hook is made; the leaves' bytes are copied into shared memory at the hand-over — the four LoRA
-leaves first into one flat buffer, with one call, checksummed in one pass; where no helper can
-run, the recorder's background thread computes the row from these copies); the loop's
-checkpoints flush it first, and closing the hook at the end of the run writes the rest.
+The row is computed and written by the recorder as the step ends, on the loop's thread (the four
+LoRA leaves copied into one flat buffer with one call and checksummed in one pass), before the
+next step changes any of the tensors: nothing is snapshot for later, and nothing is left to write
+when a checkpoint flushes or the hook is closed.
 """
 
 from __future__ import annotations
@@ -38,8 +37,6 @@ class DiagHook(Hook):
 
     def __init__(self, recorder: DiagRecorder | None) -> None:
         self.recorder = recorder  # None on a process that does not write
-        if recorder is not None:
-            recorder.start_background()  # the helper process starts while the run sets up
         self.attempt = 0
         self.forwards: list[Parts] = []  # this process's forwards: (tokens, logits)
 
@@ -63,7 +60,7 @@ class DiagHook(Hook):
             "batch.tokens": [t for tokens, _ in forwards for t in tokens],
             "forward.logits": [t for _, logits in forwards for t in logits],
             "loss": torch.tensor([outcome.loss], dtype=torch.float64),
-            **late_leaves(view, copy=not self.recorder.copies_at_hand_over()),
+            **late_leaves(view),  # the live tensors: the row is written before they change
         }
         self.recorder.record_later(view.step, leaves)
 
@@ -79,11 +76,11 @@ class DiagHook(Hook):
 LORA_LEAVES = ("grads.lora", "adam.exp_avg", "adam.exp_avg_sq", "params.lora")
 
 
-def late_leaves(view: StepView, copy: bool = True) -> dict[str, Any]:
-    """The leaves after the backward: gradients, Adam moments, parameters, lr, RNG state — copies,
-    since the next step updates them in place while the row is computed (with `copy=False`, for
-    a recorder that copies them at the hand-over, the live tensors: the LoRA leaves still in one
-    group, which the recorder copies into its shared memory with one call)."""
+def late_leaves(view: StepView, copy: bool = False) -> dict[str, Any]:
+    """The leaves after the backward: gradients, Adam moments, parameters, lr, RNG state, the
+    LoRA leaves in one group (see `copied`). The tensors themselves, for a row computed at once;
+    with `copy=True`, copies (for a caller that computes the row while the next step runs and
+    updates them in place)."""
     states = [view.optimizer.state.get(p, {}) for _, p in view.params]
     parts: list[list[torch.Tensor]] = [
         list(view.grads),
@@ -103,8 +100,8 @@ def copied(
 ) -> list[FlatLeaf | list[torch.Tensor]]:
     """A copy of each leaf's parts: the leaves whose parts are float32 CPU tensors (the usual
     LoRA leaves) share one flat buffer — one copy for all of them, and one checksum pass (see
-    diag/flat.py); any other leaf part by part. With `copy=False` nothing is copied (the group
-    is made, to be copied by the recorder at the hand-over)."""
+    diag/flat.py); any other leaf part by part. With `copy=False` nothing is copied now (the
+    group copies its parts into its flat buffer when the row is computed)."""
     flat = [i for i, parts in enumerate(leaves) if FlatLeaves.fits(parts)]
     group = FlatLeaves([leaves[i] for i in flat], copy) if flat else None
     out: list[FlatLeaf | list[torch.Tensor]] = []
