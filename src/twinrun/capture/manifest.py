@@ -82,12 +82,35 @@ def member(folder: Path, name: Any, what: str) -> Path:
     return folder / name
 
 
-def parse(data: bytes, where: str) -> dict[str, Any]:
-    """Parse and validate manifest bytes (already checked against their pin)."""
-    hint = "re-capture the step"
-    m = parse_json(data, f"{where}: manifest", SMALL)
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
-        raise DataError(f"{where}: not a {FORMAT} manifest", hint)
+def _schedule_problems(schedule: Any, step: Any) -> list[str]:
+    """The malformed field of a manifest's `schedule` (its `lr`, then its `total_steps`, which
+    must lie past the manifest's step), if any."""
+    if not isinstance(schedule, dict) or not isinstance(schedule.get("lr"), float | int):
+        return ["schedule.lr"]
+    if not isinstance(schedule.get("total_steps"), int) or (
+        isinstance(step, int) and schedule["total_steps"] <= step
+    ):
+        return ["schedule.total_steps"]
+    return []
+
+
+def _initial_state_problems(initial: Any) -> list[str]:
+    """The malformed fields of a manifest's `initial_state`: its resume step, else each state
+    file's pin that is required or given but not a SHA256 pin."""
+    if not isinstance(initial, dict) or not isinstance(initial.get("resume_step"), int):
+        return ["initial_state.resume_step"]
+    problems = []
+    for key in STATE_FILES:
+        pin = initial.get(key)
+        if (key in REQUIRED_STATE or pin is not None) and (
+            not isinstance(pin, dict) or not is_sha256(pin.get("sha256"))
+        ):
+            problems.append(f"initial_state.{key}.sha256")
+    return problems
+
+
+def _field_problems(m: dict[str, Any]) -> list[str]:
+    """Every field of a manifest that is missing or malformed, in the manifest's field order."""
     problems = []
     if m.get("objective") not in NAMES:
         problems.append(f"objective {m.get('objective')!r}")
@@ -102,23 +125,18 @@ def parse(data: bytes, where: str) -> dict[str, Any]:
             problems.append(f"{key}.sha256")
     if not isinstance(m.get("optimizer_contract", {}).get("values"), dict):
         problems.append("optimizer_contract.values")
-    schedule = m.get("schedule")
-    if not isinstance(schedule, dict) or not isinstance(schedule.get("lr"), float | int):
-        problems.append("schedule.lr")
-    elif not isinstance(schedule.get("total_steps"), int) or (
-        isinstance(step, int) and schedule["total_steps"] <= step
-    ):
-        problems.append("schedule.total_steps")
-    initial = m.get("initial_state")
-    if not isinstance(initial, dict) or not isinstance(initial.get("resume_step"), int):
-        problems.append("initial_state.resume_step")
-    else:
-        for key in STATE_FILES:
-            pin = initial.get(key)
-            if (key in REQUIRED_STATE or pin is not None) and (
-                not isinstance(pin, dict) or not is_sha256(pin.get("sha256"))
-            ):
-                problems.append(f"initial_state.{key}.sha256")
+    problems += _schedule_problems(m.get("schedule"), step)
+    problems += _initial_state_problems(m.get("initial_state"))
+    return problems
+
+
+def parse(data: bytes, where: str) -> dict[str, Any]:
+    """Parse and validate manifest bytes (already checked against their pin)."""
+    hint = "re-capture the step"
+    m = parse_json(data, f"{where}: manifest", SMALL)
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise DataError(f"{where}: not a {FORMAT} manifest", hint)
+    problems = _field_problems(m)
     if problems:
         raise DataError(f"{where}: manifest fields missing or malformed: {problems}", hint)
     return m

@@ -19,6 +19,7 @@ from twinrun.cli.options import FiniteFloat
 from twinrun.harness import (
     DEFAULT_TOL,
     RunFailed,
+    Verdict,
     format_verdict,
     parse_seeds,
     run_check,
@@ -92,26 +93,37 @@ def check(
             cmd, seeds=seeds, tol=tol, keep=keep, timeout=timeout, progress=progress
         )
     except RunFailed as exc:
-        if as_json:
-            click.echo(json.dumps({"passed": False, "exit_code": 2, "error": exc.one_line(),
-                                   "stderr_tail": exc.stderr_tail}))  # fmt: skip
-            return 2
-        click.echo(f"twinrun: error: {exc.one_line()}", err=True)
-        if exc.stderr_tail:
-            click.echo("  last lines of its output:", err=True)
-            for line in exc.stderr_tail:
-                click.echo(f"  | {line}", err=True)
-        if keep is None:
-            click.echo("  (rerun with --keep DIR to inspect the run directories)", err=True)
+        _report_failure(exc, keep=keep, as_json=as_json)
         return 2
     if as_json:
         quick_part = {"quick": {"steps": QUICK_STEPS}} if quick else {}
         click.echo(json.dumps(verdict.to_dict() | quick_part, allow_nan=False))
     else:
-        if quick:
-            click.echo(f"quick: the first {QUICK_STEPS} steps of each run (--stop-after)")
-        for line in format_verdict(verdict):
-            click.echo(line)
-        if keep is not None:
-            click.echo(f"runs kept in {keep}")
+        _print_verdict(verdict, keep=keep, quick=quick)
     return verdict.exit_code
+
+
+def _report_failure(exc: RunFailed, *, keep: str | None, as_json: bool) -> None:
+    """Say that a run failed (exit 2): one JSON object, or an error line and the tail of the
+    run's output on stderr."""
+    if as_json:
+        click.echo(json.dumps({"passed": False, "exit_code": 2, "error": exc.one_line(),
+                               "stderr_tail": exc.stderr_tail}))  # fmt: skip
+        return
+    click.echo(f"twinrun: error: {exc.one_line()}", err=True)
+    if exc.stderr_tail:
+        click.echo("  last lines of its output:", err=True)
+        for line in exc.stderr_tail:
+            click.echo(f"  | {line}", err=True)
+    if keep is None:
+        click.echo("  (rerun with --keep DIR to inspect the run directories)", err=True)
+
+
+def _print_verdict(verdict: Verdict, *, keep: str | None, quick: bool) -> None:
+    """Print the verdict as text: the quick budget's note, the report, where the runs were kept."""
+    if quick:
+        click.echo(f"quick: the first {QUICK_STEPS} steps of each run (--stop-after)")
+    for line in format_verdict(verdict):
+        click.echo(line)
+    if keep is not None:
+        click.echo(f"runs kept in {keep}")

@@ -10,25 +10,17 @@ import click
 
 @click.command()
 @click.option(
-    "--dir",
-    "directory",
-    default="twinrun-demo",
-    show_default=True,
+    "--dir", "directory", default="twinrun-demo", show_default=True,
     help="Where the demo writes (a rerun replaces what the tour wrote there, nothing else).",
-)
+)  # fmt: skip
 @click.option(
-    "--model",
-    type=click.Path(file_okay=False),
-    default=None,
+    "--model", type=click.Path(file_okay=False), default=None,
     help="Run the tour on this Hugging Face checkpoint instead of the toy model.",
-)
+)  # fmt: skip
 @click.option(
-    "--threads",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
+    "--threads", type=click.IntRange(min=1), default=1, show_default=True,
     help="torch threads (one is fastest for the toy model).",
-)
+)  # fmt: skip
 def demo(directory: str, model: str | None, threads: int) -> None:
     """Reproduce, learn, diagnose, replay and check, each step saying what it proved."""
     from twinrun.demo.tour import run_demo

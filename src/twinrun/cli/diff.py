@@ -28,7 +28,13 @@ import click
 
 from twinrun.cli.options import FiniteFloat
 from twinrun.diag.advice import Advice, advice_for, trace_advice
-from twinrun.diag.compare import CompareResult, compare, divergence_line, format_number
+from twinrun.diag.compare import (
+    CompareResult,
+    Divergence,
+    compare,
+    divergence_line,
+    format_number,
+)
 from twinrun.diag.recorded import (
     RecordedDifference,
     bearing_on,
@@ -69,39 +75,39 @@ def _recorded_block(recorded: list[RecordedDifference] | None) -> list[str]:
 
 
 def _text(r: CompareResult, recorded: list[RecordedDifference] | None) -> list[str]:
+    """The text report: the recorded differences and any one-sided leaves, then the verdict."""
     mode = "bitwise (digests)" if r.bitwise else f"rel_tol={r.rel_tol:g} abs_tol={r.abs_tol:g}"
     head = _recorded_block(recorded)
     if r.one_sided:
         shown = ", ".join(f"{leaf} ({side} only)" for leaf, side in r.one_sided.items())
         head.append(f"COMMON_LEAVES: left out, recorded by one run only: {shown}")
     if r.first is None:
-        out = head + [
-            f"DETERMINISTIC: {r.rows_compared} rows, {len(r.leaves)} leaves compared "
-            f"({r.values_compared} values, {mode})",
-            f"0 of {r.rows_compared} rows diverged",
-        ]
-        if r.bytes_differ:
-            out.append(
-                f"  within tolerance, but the bytes differ: {r.bytes_differ} of "
-                f"{r.rows_compared} rows hold a leaf whose digest differs (--bitwise names the "
-                "first)"
-            )
-        return out
-    f = r.first
-    out = [*head, divergence_line(f)]
-    if f.kind == "missing_row":
-        out.append(f"  run {f.missing_in} has no row for phase={f.phase} step={f.step}")
-    elif f.kind == "missing_leaf":
-        out.append(f"  run {f.missing_in} has no leaf {f.leaf} at this step")
-    elif f.kind == "digest":
-        out.append("  digests differ (the bytes differ; checksums may agree)")
-    if r.co_diverging:
-        out.append(f"  diverging at this step, largest relative difference first ({mode}):")
-        width = max(len(d.leaf) for d in r.co_diverging)
-        for d in r.co_diverging:
-            note = "  <- first" if d.leaf == f.leaf else ""
-            kind = "" if d.kind == "value" else f"  ({d.kind})"
-            out.append(f"    {d.leaf:<{width}}  rel={_rel(d.rel)}{kind}{note}")
+        return head + _deterministic_lines(r, mode)
+    return head + _divergence_lines(r, r.first, recorded, mode)
+
+
+def _deterministic_lines(r: CompareResult, mode: str) -> list[str]:
+    """DETERMINISTIC and its counts, and a note when the bytes differ within tolerance."""
+    out = [
+        f"DETERMINISTIC: {r.rows_compared} rows, {len(r.leaves)} leaves compared "
+        f"({r.values_compared} values, {mode})",
+        f"0 of {r.rows_compared} rows diverged",
+    ]
+    if r.bytes_differ:
+        out.append(
+            f"  within tolerance, but the bytes differ: {r.bytes_differ} of "
+            f"{r.rows_compared} rows hold a leaf whose digest differs (--bitwise names the "
+            "first)"
+        )
+    return out
+
+
+def _divergence_lines(
+    r: CompareResult, f: Divergence, recorded: list[RecordedDifference] | None, mode: str
+) -> list[str]:
+    """The first divergence: its line and kind, the leaves diverging with it, the first module
+    (or why there is none), the advice, the counts and the per-step table."""
+    out = [divergence_line(f), *_kind_lines(f), *_co_diverging_lines(r, f, mode)]
     if r.first_module is not None:
         out.append(_module_line(r.first_module))
         tadv = trace_advice(r.first_module)
@@ -112,6 +118,30 @@ def _text(r: CompareResult, recorded: list[RecordedDifference] | None) -> list[s
     out.append(f"advice: {adv.leaf}: {_first(recorded, adv)}{adv.one_line()}")
     out.append(f"{r.rows_diverged} of {r.rows_compared} rows diverged")
     out += _table(r)
+    return out
+
+
+def _kind_lines(f: Divergence) -> list[str]:
+    """What a divergence that is not a value difference is: a missing row or leaf, or digests."""
+    if f.kind == "missing_row":
+        return [f"  run {f.missing_in} has no row for phase={f.phase} step={f.step}"]
+    if f.kind == "missing_leaf":
+        return [f"  run {f.missing_in} has no leaf {f.leaf} at this step"]
+    if f.kind == "digest":
+        return ["  digests differ (the bytes differ; checksums may agree)"]
+    return []
+
+
+def _co_diverging_lines(r: CompareResult, f: Divergence, mode: str) -> list[str]:
+    """The leaves diverging at the first divergent step, largest relative difference first."""
+    if not r.co_diverging:
+        return []
+    out = [f"  diverging at this step, largest relative difference first ({mode}):"]
+    width = max(len(d.leaf) for d in r.co_diverging)
+    for d in r.co_diverging:
+        note = "  <- first" if d.leaf == f.leaf else ""
+        kind = "" if d.kind == "value" else f"  ({d.kind})"
+        out.append(f"    {d.leaf:<{width}}  rel={_rel(d.rel)}{kind}{note}")
     return out
 
 
@@ -175,16 +205,13 @@ def _json(r: CompareResult, report: str | None, recorded: list[RecordedDifferenc
 @click.option("--bitwise", is_flag=True, help="Compare digests (bitwise) instead of checksums.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @click.option(
-    "--common-leaves",
-    is_flag=True,
+    "--common-leaves", is_flag=True,
     help="Compare only the leaves both runs record (e.g. a twinrun run and a Trainer run).",
-)
+)  # fmt: skip
 @click.option(
-    "--report",
-    type=click.Path(dir_okay=False),
-    default=None,
+    "--report", type=click.Path(dir_okay=False), default=None,
     help="Write a steps x leaves heatmap of relative differences to this PNG.",
-)
+)  # fmt: skip
 @click.option("--overwrite", is_flag=True, help="Replace a --report PNG an earlier diff wrote.")
 def diff(
     run_a: str,

@@ -47,22 +47,35 @@ def _closest(name: str, names: list[str]) -> str:
     return f" (did you mean {near[0]!r}?)" if near else ""
 
 
+def _bad_value_line(exc: click.BadParameter) -> str:
+    """A bad value's line: the flag or argument it was for, and the kind of value that needs."""
+    hint = exc.param_hint
+    if hint is None and exc.param is not None:
+        hint = exc.param.get_error_hint(exc.ctx)
+    if isinstance(hint, list | tuple):
+        hint = " / ".join(repr(h) for h in hint)
+    where = f" for {hint}" if hint else ""
+    if exc.param is None:
+        return f"Invalid value{where}"
+    if getattr(exc.param.type, "value_free_messages", False):  # its messages name no value
+        return f"Invalid value{where}: {exc.message}"
+    return f"Invalid value{where}: needs {describe(exc.param.type)}"
+
+
+def _no_such_command_line(exc: click.UsageError, command_name: str | None) -> str:
+    """An unknown command's line: never its name, only the closest real command."""
+    ctx, names = exc.ctx, []
+    if ctx is not None and isinstance(ctx.command, click.Group):
+        names = ctx.command.list_commands(ctx)
+    return "no such command" + _closest(str(command_name or ""), names)
+
+
 def usage_line(exc: click.UsageError) -> str:
     """The one line for `exc`: which flag or argument, and what it needs — without the value."""
     if isinstance(exc, click.MissingParameter):  # "Missing option '--output'.": no value in it
         return exc.format_message()
     if isinstance(exc, click.BadParameter):
-        hint = exc.param_hint
-        if hint is None and exc.param is not None:
-            hint = exc.param.get_error_hint(exc.ctx)
-        if isinstance(hint, list | tuple):
-            hint = " / ".join(repr(h) for h in hint)
-        where = f" for {hint}" if hint else ""
-        if exc.param is None:
-            return f"Invalid value{where}"
-        if getattr(exc.param.type, "value_free_messages", False):  # its messages name no value
-            return f"Invalid value{where}: {exc.message}"
-        return f"Invalid value{where}: needs {describe(exc.param.type)}"
+        return _bad_value_line(exc)
     if isinstance(exc, click.NoSuchOption):
         name = exc.option_name
         if len(name) > SHOWN_NAME:
@@ -70,10 +83,7 @@ def usage_line(exc: click.UsageError) -> str:
         return exc.format_message()  # the name and the closest real flags
     command_name = getattr(exc, "command_name", None)
     if command_name is not None or exc.message.startswith("No such command"):
-        ctx, names = exc.ctx, []
-        if ctx is not None and isinstance(ctx.command, click.Group):
-            names = ctx.command.list_commands(ctx)
-        return "no such command" + _closest(str(command_name or ""), names)
+        return _no_such_command_line(exc, command_name)
     if exc.message.startswith("Got unexpected extra argument"):
         return (
             "got an unexpected extra argument (a value without its flag, or one the command "

@@ -146,10 +146,9 @@ def _shown(key: str) -> str:
     return key if len(key) <= NEAREST_MAX_CHARS else key[:NEAREST_MAX_CHARS] + "..."
 
 
-def load_toml(path: str | Path, output: str | None = None, quiet: bool = False) -> TomlRun:
-    """Read and check a TOML config; every problem in one ConfigError. `output` and `quiet`
-    (the command line's) override the file's."""
-    p = Path(reading.check_path_text(path, "config", ConfigError))
+def _read_flat(p: Path) -> dict[str, Any]:
+    """The config file's keys, dotted, and their values, in the file's order; ConfigError, naming
+    the file, when it is too large, not text, not valid TOML or nested too deeply."""
     text = reading.read_text(p, "config file", MAX_CONFIG_BYTES, ConfigError)
     try:
         doc = tomllib.loads(text.removeprefix("\ufeff"))  # TOML allows a UTF-8 BOM
@@ -157,11 +156,28 @@ def load_toml(path: str | Path, output: str | None = None, quiet: bool = False) 
         raise ConfigError(f"{p}: not valid TOML ({exc})", "fix the syntax") from exc
     except RecursionError:  # arrays nested thousands deep
         raise ConfigError(f"{p}: values nested too deeply", "fix the config") from None
-    keys = schema()
     try:
-        flat = _flatten(doc)
+        return _flatten(doc)
     except ConfigError as exc:
         raise ConfigError(f"{p}: {exc.message}", exc.hint) from None
+
+
+def _key_problem(key: str, value: Any, kind: str) -> str | None:
+    """What is wrong with a known key's value (a NUL byte, or the wrong type), if anything."""
+    if any("\0" in v for v in (value if isinstance(value, list) else [value])
+           if isinstance(v, str)):  # fmt: skip
+        return f"{key} contains a NUL byte"
+    if not type_ok(kind, value):
+        return f"{key} must be {KIND_WORDS[kind]} (got {type_name(value)})"
+    return None
+
+
+def _sorted_values(
+    flat: dict[str, Any], keys: dict[str, tuple[str, str, str]]
+) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """The problems of the file's keys (unknown ones, the first NEAREST_MAX_UNKNOWN with the
+    nearest valid key, then wrong values), and the good values by owner (`cfg` or `extras`)
+    and field name."""
     problems: list[str] = []
     values: dict[str, dict[str, Any]] = {"cfg": {}, "extras": {}}
     unknown = 0
@@ -172,22 +188,35 @@ def load_toml(path: str | Path, output: str | None = None, quiet: bool = False) 
                 problems.append(f"unknown key {_shown(key)}{nearest(key, sorted(keys))}")
             continue
         owner, name, kind = keys[key]
-        if any("\0" in v for v in (value if isinstance(value, list) else [value])
-               if isinstance(v, str)):  # fmt: skip
-            problems.append(f"{key} contains a NUL byte")
-            continue
-        if not type_ok(kind, value):
-            problems.append(f"{key} must be {KIND_WORDS[kind]} (got {type_name(value)})")
+        problem = _key_problem(key, value, kind)
+        if problem is not None:
+            problems.append(problem)
             continue
         if kind == "targets":
             value = parse_lora_targets(value)
         values[owner][name] = tuple(value) if kind == "pair" else value
     if unknown > NEAREST_MAX_UNKNOWN:
         problems.append(f"{unknown - NEAREST_MAX_UNKNOWN} more unknown keys")
+    return problems, values
+
+
+def _trainer_problem(trainer: Any) -> list[str]:
+    """training.trainer's problem, if it is not one of TRAINERS (a short string is shown)."""
+    if trainer in TRAINERS:
+        return []
+    shown = f", got {trainer!r}" if isinstance(trainer, str) and len(trainer) <= 16 else ""
+    return [f"training.trainer must be one of {', '.join(TRAINERS)}{shown}"]
+
+
+def load_toml(path: str | Path, output: str | None = None, quiet: bool = False) -> TomlRun:
+    """Read and check a TOML config; every problem in one ConfigError. `output` and `quiet`
+    (the command line's) override the file's."""
+    p = Path(reading.check_path_text(path, "config", ConfigError))
+    flat = _read_flat(p)
+    keys = schema()
+    problems, values = _sorted_values(flat, keys)
     trainer = values["cfg"].get("objective")
-    if trainer not in TRAINERS:
-        shown = f", got {trainer!r}" if isinstance(trainer, str) and len(trainer) <= 16 else ""
-        problems.append(f"training.trainer must be one of {', '.join(TRAINERS)}{shown}")
+    problems += _trainer_problem(trainer)
     problems += _missing(trainer, set(flat), keys)
     if problems:
         raise ConfigError(f"{p}: {_count(problems)}: " + "; ".join(problems), _HINT)

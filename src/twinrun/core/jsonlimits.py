@@ -85,13 +85,14 @@ def _parse_constant(limits: Limits) -> Any:
 
 
 @functools.lru_cache(maxsize=32)
-def _decoder(limits: Limits) -> Any:
-    """A decoder built once per limits (json.loads with hooks builds one per call)."""
+def _decoder(limits: Limits) -> json.JSONDecoder:
+    """A decoder built once per limits (json.loads with hooks builds one per call): `decode`
+    for a whole document, `raw_decode` for one element of an array."""
     return json.JSONDecoder(
         parse_int=_parse_int(limits),
         parse_float=None if limits.allow_nonfinite else _parse_float(limits),
         parse_constant=_parse_constant(limits),
-    ).decode
+    )
 
 
 def _check_shape(value: Any, limits: Limits) -> None:
@@ -131,7 +132,7 @@ def parse_json(text: str | bytes, where: str, limits: Limits = DEFAULT) -> Any:
     deep = text.count("[") + text.count("{") > limits.max_depth
     escaped = "\\u" in text or (raw_str and _SURROGATE.search(text) is not None)
     with _json_errors(where, limits):
-        value = _decoder(limits)(text)
+        value = _decoder(limits).decode(text)
         if deep or escaped:
             _check_shape(value, limits)
     return value
@@ -159,63 +160,76 @@ def _json_errors(at: str, limits: Limits, document: str | None = None) -> Iterat
         raise DataError(f"{at}: not valid JSON ({type(exc).__name__})") from None
 
 
-@functools.lru_cache(maxsize=32)
-def _raw_decoder(limits: Limits) -> Any:
-    return json.JSONDecoder(
-        parse_int=_parse_int(limits),
-        parse_float=None if limits.allow_nonfinite else _parse_float(limits),
-        parse_constant=_parse_constant(limits),
-    ).raw_decode
-
-
 _WS = re.compile(r"[ \t\n\r]*")
+
+
+def _skip_ws(text: str, i: int) -> int:
+    """The position of the first character at or after `i` that is not JSON white space."""
+    return _WS.match(text, i).end()  # type: ignore[union-attr]  # _WS matches the empty string: never None
+
+
+def _array_text(data: bytes, where: str) -> str:
+    """A JSON array document's bytes as text, without a leading BOM; DataError if not UTF-8."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{where}: not UTF-8 text ({exc.reason})", "save it as UTF-8") from None
+    return text.removeprefix("\ufeff")
+
+
+def _element(
+    text: str, i: int, at: str, where: str, limits: Limits, decode: Any
+) -> tuple[Any, int]:
+    """(value, end) of the array element that starts at `i`, within `limits` like one JSONL
+    row; DataError naming the element `at` (a syntax error's line and column are `where`'s)."""
+    with _json_errors(at, limits, where):
+        value, end = decode(text, i)
+        if end - i <= limits.max_bytes:
+            _check_shape(value, limits)
+    if end - i > limits.max_bytes:
+        raise DataError(
+            f"{at}: a row over the limit of {limits.max_bytes} bytes", "shorten the row"
+        )
+    return value, end
+
+
+def _after_element(text: str, end: int, where: str) -> tuple[int, bool]:
+    """What follows an element that ends at `end`: (the next element's start, False) after a
+    comma, or (the position past the closing bracket, True); DataError for anything else."""
+    i = _skip_ws(text, end)
+    sep = text[i : i + 1]
+    if sep == "]":
+        return i + 1, True
+    if sep != ",":
+        line = text.count("\n", 0, i) + 1
+        raise DataError(
+            f"{where}: not valid JSON (expected ',' or ']' at line {line})",
+            "fix or regenerate the file",
+        )
+    return _skip_ws(text, i + 1), False
 
 
 def iter_json_array(data: bytes, where: str, limits: Limits) -> Iterator[tuple[int, Any]]:
     """(index, value) for each element of a JSON array document, parsed one element at a time
     (each within `limits`, like one JSONL row): the whole array never exists as Python objects
     at once, so a caller that stops at a row count stops the parse there too."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{where}: not UTF-8 text ({exc.reason})", "save it as UTF-8") from None
+    text = _array_text(data, where)
     del data  # the text is all that is read from now on: the bytes go (a caller passes them in)
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    decode = _raw_decoder(limits)
-    i = _WS.match(text, 0).end()  # type: ignore[union-attr]  # _WS matches the empty string: never None
+    decode = _decoder(limits).raw_decode
+    i = _skip_ws(text, 0)
     if text[i : i + 1] != "[":
         raise DataError(f"{where}: not a JSON array", "fix or regenerate the file")
-    i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]  # _WS matches the empty string: never None
-    index = 0
+    i = _skip_ws(text, i + 1)
     if text[i : i + 1] == "]":
         i += 1
     else:
-        while True:
-            at = f"{where}[{index}]"
-            with _json_errors(at, limits, where):
-                value, end = decode(text, i)
-                if end - i <= limits.max_bytes:
-                    _check_shape(value, limits)
-            if end - i > limits.max_bytes:
-                raise DataError(
-                    f"{at}: a row over the limit of {limits.max_bytes} bytes", "shorten the row"
-                )
+        index, done = 0, False
+        while not done:
+            value, end = _element(text, i, f"{where}[{index}]", where, limits, decode)
             yield index, value
             index += 1
-            i = _WS.match(text, end).end()  # type: ignore[union-attr]  # _WS matches the empty string: never None
-            sep = text[i : i + 1]
-            if sep == "]":
-                i += 1
-                break
-            if sep != ",":
-                line = text.count("\n", 0, i) + 1
-                raise DataError(
-                    f"{where}: not valid JSON (expected ',' or ']' at line {line})",
-                    "fix or regenerate the file",
-                )
-            i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]  # _WS matches the empty string: never None
-    if _WS.match(text, i).end() != len(text):  # type: ignore[union-attr]  # _WS matches the empty string: never None
+            i, done = _after_element(text, end, where)
+    if _skip_ws(text, i) != len(text):
         raise DataError(f"{where}: not valid JSON (extra data after the array)")
 
 

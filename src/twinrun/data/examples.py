@@ -178,13 +178,7 @@ def sft_parts(row: SourcedRow) -> tuple[list[dict[str, str]], str]:
         msgs = row.data["messages"]
         if not isinstance(msgs, list) or len(msgs) < 2:
             raise DataError(f"{row.where}: 'messages' must be a list of at least two messages")
-        for i, m in enumerate(msgs):
-            if not (
-                isinstance(m, dict)
-                and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str)
-            ):
-                raise DataError(f"{row.where}: messages[{i}] needs string 'role' and 'content'")
+        check_messages(row, "messages", msgs)
         if msgs[-1]["role"] != "assistant":
             raise DataError(
                 f"{row.where}: the last message must have role 'assistant' (it is the completion)"
@@ -208,11 +202,17 @@ def message_list(row: SourcedRow, key: str) -> list[dict[str, str]]:
     msgs = row.data.get(key)
     if not isinstance(msgs, list) or not msgs:
         raise DataError(f"{row.where}: '{key}' must be a non-empty list of messages")
+    check_messages(row, key, msgs)
+    return [{"role": m["role"], "content": m["content"]} for m in msgs]
+
+
+def check_messages(row: SourcedRow, key: str, msgs: list[Any]) -> None:
+    """A DataError naming the row and the first of `msgs` (the list at `row[key]`) that is not
+    a dict with string 'role' and 'content'."""
     for i, m in enumerate(msgs):
         if not (isinstance(m, dict) and isinstance(m.get("role"), str)
                 and isinstance(m.get("content"), str)):  # fmt: skip
             raise DataError(f"{row.where}: {key}[{i}] needs string 'role' and 'content'")
-    return [{"role": m["role"], "content": m["content"]} for m in msgs]
 
 
 def conversational_parts(row: SourcedRow) -> tuple[list[dict[str, str]], str]:

@@ -26,6 +26,7 @@ from twinrun.data.examples import (
     SourcedRow,
     Tokenizer,
     check_length,
+    check_messages,
     encode_prompt_completion,
     message_list,
     require_str,
@@ -67,13 +68,7 @@ def _prompt_messages(row: SourcedRow) -> list[dict[str, str]]:
             f"{row.where}: 'messages' must be a non-empty list of prompt messages",
             "the answers go in 'chosen' and 'rejected'",
         )
-    for i, m in enumerate(msgs):
-        if not (
-            isinstance(m, dict)
-            and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str)
-        ):
-            raise DataError(f"{row.where}: messages[{i}] needs string 'role' and 'content'")
+    check_messages(row, "messages", msgs)
     if msgs[-1]["role"] == "assistant":
         raise DataError(
             f"{row.where}: the last prompt message has role 'assistant'",

@@ -40,7 +40,7 @@ import math
 import struct
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = [
@@ -297,19 +297,25 @@ class SumSq:
         if workers < 2 or t.device.type != "cpu":
             self._add_flat(t, name)
             return self
-        from concurrent.futures import ThreadPoolExecutor
 
         def work(start: int) -> SumSq:
             part = SumSq()
             part._add_flat(t[start : start + _CHUNK], name)
             return part
 
+        self._add_parts(workers, t.numel(), work)
+        return self
+
+    def _add_parts(self, workers: int, n: int, work: Callable[[int], SumSq]) -> None:
+        """Add the parts `work(start)` sums for each _CHUNK of `n` elements, `workers` threads
+        at a time: their exact sums and non-finite flags (the caller counts the elements)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         with ThreadPoolExecutor(workers, thread_name_prefix="twinrun-sumsq") as pool:
-            for part in pool.map(work, range(0, t.numel(), _CHUNK)):
+            for part in pool.map(work, range(0, n, _CHUNK)):
                 self._n += part._n
                 self._nan |= part._nan
                 self._inf |= part._inf
-        return self
 
     def _add_flat(self, t: Any, name: str) -> None:
         if name in _FLOAT_NARROW:
@@ -322,53 +328,60 @@ class SumSq:
     def _add_host(self, a: Any) -> bool:
         """The CPU fast paths for a numpy array (see the module docstring); False when the
         general path must take it."""
-        import numpy as np
-
         kind, n = a.dtype.kind, a.size
         if kind == "f" and a.itemsize <= 4:
-            self.count += n
-            if n == 0:
-                return True
-            flat = a.reshape(-1)
-            workers = 1
-            if n >= 2 * _CHUNK:
-                import torch
-
-                workers = min(torch.get_num_threads(), -(-n // _CHUNK))
-            if workers < 2:
-                self._feed(flat)
-                return True
-            from concurrent.futures import ThreadPoolExecutor
-
-            def work(start: int) -> SumSq:
-                part = SumSq()
-                part._feed(flat[start : start + _CHUNK])
-                part._settle()
-                return part
-
-            with ThreadPoolExecutor(workers, thread_name_prefix="twinrun-sumsq") as pool:
-                for part in pool.map(work, range(0, n, _CHUNK)):
-                    self._n += part._n
-                    self._nan |= part._nan
-                    self._inf |= part._inf
+            self._add_narrow_host(a)
             return True
         if kind == "f" and a.itemsize == 8 and n <= _SMALL_F64:
             for v in a.reshape(-1).tolist():
                 self._add_float(v)
             return True
         if kind in "iub" and a.itemsize <= 8:
-            if n == 0:
-                return True
-            if kind == "b" or a.itemsize == 1:
-                m = 255
-            else:
-                lo, hi = int(a.min()), int(a.max())
-                m = max(-lo, hi)
-            if m < (1 << 31) and n * m * m < (1 << 63):  # int64 products and sum are exact
-                flat = a.reshape(-1).astype(np.int64)
-                self._n += int(np.dot(flat, flat)) << _Q
-                self.count += n
-                return True
+            return self._add_int_host(a)
+        return False
+
+    def _add_narrow_host(self, a: Any) -> None:
+        """A float16/float32 numpy array: binned, in threads past 2 * _CHUNK elements."""
+        n = a.size
+        self.count += n
+        if n == 0:
+            return
+        flat = a.reshape(-1)
+        workers = 1
+        if n >= 2 * _CHUNK:
+            import torch
+
+            workers = min(torch.get_num_threads(), -(-n // _CHUNK))
+        if workers < 2:
+            self._feed(flat)
+            return
+
+        def work(start: int) -> SumSq:
+            part = SumSq()
+            part._feed(flat[start : start + _CHUNK])
+            part._settle()
+            return part
+
+        self._add_parts(workers, n, work)
+
+    def _add_int_host(self, a: Any) -> bool:
+        """An integer or bool numpy array in one int64 dot product, when its products and sum
+        are exact in int64; False (nothing added) when they might not be."""
+        import numpy as np
+
+        n = a.size
+        if n == 0:
+            return True
+        if a.dtype.kind == "b" or a.itemsize == 1:
+            m = 255
+        else:
+            lo, hi = int(a.min()), int(a.max())
+            m = max(-lo, hi)
+        if m < (1 << 31) and n * m * m < (1 << 63):  # int64 products and sum are exact
+            flat = a.reshape(-1).astype(np.int64)
+            self._n += int(np.dot(flat, flat)) << _Q
+            self.count += n
+            return True
         return False
 
     def _feed(self, flat: Any) -> None:

@@ -30,7 +30,7 @@ import heapq
 import math
 import os
 from dataclasses import asdict, dataclass, field
-from itertools import compress
+from itertools import compress, zip_longest
 from operator import ne
 from pathlib import Path
 from typing import Any
@@ -241,60 +241,19 @@ class _Comparer:
             self.matrix.append((row.phase, row.step, dict.fromkeys(names, 0.0), set()))
 
     def pair(self, ra: DiagRow, rb: DiagRow) -> None:
-        ca_d, cb_d, da_d, db_d = ra.checks, rb.checks, ra.digs, rb.digs
-        if ca_d.keys() == cb_d.keys() == da_d.keys() == db_d.keys():
-            names = list(ca_d)  # the usual case: the same leaves everywhere
-        elif self.common:
-            in_b = cb_d.keys() | db_d.keys()
-            in_a = ca_d.keys() | da_d.keys()
-            names = [k for k in ra.leaves() if k in in_b]
-            for k in ra.leaves():
-                if k not in in_b:
-                    self.one_sided.setdefault(k, "A")
-            for k in rb.leaves():
-                if k not in in_a:
-                    self.one_sided.setdefault(k, "B")
-        else:
-            names = ra.leaves() + [k for k in rb.leaves() if k not in ca_d and k not in da_d]
+        """Compare two rows of the same (phase, step): count them, and record the row's
+        divergence (its details when it may be the first, or for the matrix or the table)."""
+        names = self._pair_names(ra, rb)
         self._see_leaves(names)
         self.rows += 1
         self.values += len(names)
+        da_d, db_d = ra.digs, rb.digs
         if not self.bitwise and any(da_d.get(n) != db_d.get(n) for n in names if n in da_d):
             self.bytes_differ += 1
-        diffs: list[LeafDiff] = []
-        rels: dict[str, float] = {}
-        cur = self.best.get(ra.phase)
-        # details are needed only for a row that may become the first divergence, or for the
-        # matrix or the table
-        table = self.table
-        detail = (
-            self.matrix is not None
-            or cur is None
-            or ra.step < cur[0]
-            or (table is not None and table.wants(ra.phase, ra.step))
-        )
-        quick = not detail and not self.bitwise
-        for pos, leaf in self._candidates(ra, rb, names):
-            if quick:  # only whether the row diverges: no LeafDiff for two numbers
-                a, b = ra.number(leaf, self.pa), rb.number(leaf, self.pb)
-                if a is not None and b is not None:
-                    if values_equal(a, b, self.rel_tol, self.abs_tol):
-                        continue
-                    self.diverged += 1
-                    if table is not None:
-                        table.add(ra.phase, ra.step, None)
-                    return
-            d = self._leaf(ra, rb, leaf, pos)
-            if d is None:
-                continue
-            rels[leaf] = d[1]
-            if d[0] is not None:
-                if not detail:
-                    self.diverged += 1
-                    if table is not None:
-                        table.add(ra.phase, ra.step, None)
-                    return
-                diffs.append(d[0])
+        found = self._row_diffs(ra, rb, names, self._wants_detail(ra))
+        if found is None:  # diverged, and counted without details
+            return
+        diffs, rels = found
         if self.matrix is not None:
             full = {leaf: rels.get(leaf, 0.0) for leaf in names}
             self.matrix.append((ra.phase, ra.step, full, {d.leaf for d in diffs}))
@@ -305,6 +264,70 @@ class _Comparer:
             div = Divergence(ra.phase, ra.step, f.leaf, f.a, f.b, f.delta, f.rel, kind, missing)
             self._diverge(ra.phase, ra.step, div, diffs)
             self._table_row(ra.phase, ra.step, [d.leaf for d in diffs])
+
+    def _pair_names(self, ra: DiagRow, rb: DiagRow) -> list[str]:
+        """The leaves two paired rows are compared on, run A's order first: with `common`,
+        only those both record (noting the others in `one_sided`), else every leaf of either."""
+        ca_d, cb_d, da_d, db_d = ra.checks, rb.checks, ra.digs, rb.digs
+        if ca_d.keys() == cb_d.keys() == da_d.keys() == db_d.keys():
+            return list(ca_d)  # the usual case: the same leaves everywhere
+        if not self.common:
+            return ra.leaves() + [k for k in rb.leaves() if k not in ca_d and k not in da_d]
+        in_b = cb_d.keys() | db_d.keys()
+        in_a = ca_d.keys() | da_d.keys()
+        names = [k for k in ra.leaves() if k in in_b]
+        for k in ra.leaves():
+            if k not in in_b:
+                self.one_sided.setdefault(k, "A")
+        for k in rb.leaves():
+            if k not in in_a:
+                self.one_sided.setdefault(k, "B")
+        return names
+
+    def _wants_detail(self, ra: DiagRow) -> bool:
+        """Whether a row's diverging leaves are needed: only for a row that may become the first
+        divergence, or for the matrix or the table."""
+        cur = self.best.get(ra.phase)
+        table = self.table
+        return (
+            self.matrix is not None
+            or cur is None
+            or ra.step < cur[0]
+            or (table is not None and table.wants(ra.phase, ra.step))
+        )
+
+    def _row_diffs(
+        self, ra: DiagRow, rb: DiagRow, names: list[str], detail: bool
+    ) -> tuple[list[LeafDiff], dict[str, float]] | None:
+        """The row's diverging leaves, and the relative difference of each leaf not exactly
+        equal; None (the row counted as diverged) at its first diverging leaf without `detail`."""
+        diffs: list[LeafDiff] = []
+        rels: dict[str, float] = {}
+        quick = not detail and not self.bitwise
+        for pos, leaf in self._candidates(ra, rb, names):
+            if quick:  # only whether the row diverges: no LeafDiff for two numbers
+                a, b = ra.number(leaf, self.pa), rb.number(leaf, self.pb)
+                if a is not None and b is not None:
+                    if values_equal(a, b, self.rel_tol, self.abs_tol):
+                        continue
+                    self._count_diverged(ra)
+                    return None
+            d = self._leaf(ra, rb, leaf, pos)
+            if d is None:
+                continue
+            rels[leaf] = d[1]
+            if d[0] is not None:
+                if not detail:
+                    self._count_diverged(ra)
+                    return None
+                diffs.append(d[0])
+        return diffs, rels
+
+    def _count_diverged(self, ra: DiagRow) -> None:
+        """Count a diverging row whose details are not needed (in the table's count too)."""
+        self.diverged += 1
+        if self.table is not None:
+            self.table.add(ra.phase, ra.step, None)
 
     def _candidates(self, ra: DiagRow, rb: DiagRow, names: list[str]) -> Any:
         """(position, leaf) of each leaf that is not plainly equal, in dataflow order. Plainly
@@ -421,40 +444,17 @@ def compare(
     return _result(st, table_limit)
 
 
+_Pending = dict[tuple[str, int], DiagRow]  # rows of one run waiting for their partner
+
+
 def _pair_rows(st: _Comparer) -> None:
     """Read both files once, in step, pairing rows by (phase, step): identical lines are
     counted without parsing twice; rows that arrive out of step wait for their partner."""
     pa, pb = st.pa, st.pb
-    pend_a: dict[tuple[str, int], DiagRow] = {}
-    pend_b: dict[tuple[str, int], DiagRow] = {}
+    pend_a: _Pending = {}
+    pend_b: _Pending = {}
     n_a = n_b = 0
-    ia, ib = iter_lines(pa), iter_lines(pb)
-
-    def take(row: DiagRow | None, mine: dict, other: dict, side: dict, path: Path) -> None:
-        if row is None:
-            return
-        st.note_phase(row, side)
-        key = (row.phase, row.step)
-        if key in other:
-            o = other.pop(key)
-            if mine is pend_a:
-                st.pair(row, o)
-            else:
-                st.pair(o, row)
-        elif key in mine:
-            first = mine[key].lineno
-            raise DataError(
-                f"{path}:{row.lineno}: phase={row.phase} step={row.step} recorded twice "
-                f"(first at line {first})",
-                "a resumed run must not re-record steps",
-            )
-        else:
-            mine[key] = row
-
-    while True:
-        la, lb = next(ia, None), next(ib, None)
-        if la is None and lb is None:
-            break
+    for la, lb in zip_longest(iter_lines(pa), iter_lines(pb)):
         if la is not None and lb is not None and la[1] == lb[1]:
             row = parse_row(la[1], pa, la[0])
             if row is None:
@@ -480,10 +480,43 @@ def _pair_rows(st: _Comparer) -> None:
                     st.note_phase(rb, st.phase_b)
                     st.pair(ra, rb)
                     continue
-        take(ra, pend_a, pend_b, st.phase_a, pa)
-        take(rb, pend_b, pend_a, st.phase_b, pb)
+        _take(st, ra, pend_a, pend_b, in_a=True)
+        _take(st, rb, pend_b, pend_a, in_a=False)
+    _unpaired(st, (n_a, n_b), pend_a, pend_b)
 
-    for path, n in ((pa, n_a), (pb, n_b)):
+
+def _take(
+    st: _Comparer, row: DiagRow | None, mine: _Pending, other: _Pending, *, in_a: bool
+) -> None:
+    """A row of run A (`in_a`) or B read out of step (`mine` are its run's waiting rows): paired
+    with the other run's waiting row of its (phase, step), else left waiting; DataError for a
+    step recorded twice."""
+    if row is None:
+        return
+    st.note_phase(row, st.phase_a if in_a else st.phase_b)
+    path = st.pa if in_a else st.pb
+    key = (row.phase, row.step)
+    if key in other:
+        o = other.pop(key)
+        if in_a:
+            st.pair(row, o)
+        else:
+            st.pair(o, row)
+    elif key in mine:
+        first = mine[key].lineno
+        raise DataError(
+            f"{path}:{row.lineno}: phase={row.phase} step={row.step} recorded twice "
+            f"(first at line {first})",
+            "a resumed run must not re-record steps",
+        )
+    else:
+        mine[key] = row
+
+
+def _unpaired(st: _Comparer, counts: tuple[int, int], pend_a: _Pending, pend_b: _Pending) -> None:
+    """After both files: DataError for a run without rows; each row still waiting is a row the
+    other run is missing."""
+    for path, n in zip((st.pa, st.pb), counts, strict=True):
         if n == 0:
             raise DataError(f"{path}: no diag rows", "was the run started with --diag?")
     for row in pend_a.values():

@@ -99,13 +99,8 @@ class RecordedDifference:
         return f"{format_value(self.a)} vs {format_value(self.b)}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "section": self.section,
-            "kind": self.kind,
-            "a": self.a,
-            "b": self.b,
-        }
+        """The JSON form: key, section, kind, and the two sidecars' values, in that order."""
+        return {name: getattr(self, name) for name in ("key", "section", "kind", "a", "b")}
 
 
 def classify(key: str) -> Kind | None:

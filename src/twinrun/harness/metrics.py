@@ -415,19 +415,22 @@ def _recorded_lines(v: Verdict) -> list[str]:
             "difference recorded)"]  # fmt: skip
 
 
-def format_verdict(v: Verdict) -> list[str]:
-    """The report, posttrainllm-style, one line per check, then the verdict line."""
-    out: list[str] = []
+def _step0_line(v: Verdict) -> str:
+    """Whether step 0 is bit-exact: its loss (or every metric) equal, else the first metric
+    that differs and its two values."""
     s0 = v.step0
     label = f"step-{s0.step if s0.step is not None else 0} bit-exact"
     if s0.bit_exact:
         what = f"loss {s0.loss!r}" if s0.loss is not None else "every metric equal"
-        out.append(f"{label}: yes ({what})")
-    elif s0.metric == LOSS_KEY:
-        out.append(f"{label}: NO ({_val(s0.a)} vs {_val(s0.b)})")
-    else:
-        out.append(f"{label}: NO ({s0.metric} {_val(s0.a)} vs {_val(s0.b)})")
+        return f"{label}: yes ({what})"
+    if s0.metric == LOSS_KEY:
+        return f"{label}: NO ({_val(s0.a)} vs {_val(s0.b)})"
+    return f"{label}: NO ({s0.metric} {_val(s0.a)} vs {_val(s0.b)})"
 
+
+def _same_seed_line(v: Verdict) -> str:
+    """The same-seed runs' largest divergence against the tolerance, where it is, and how far
+    from bit-exact the runs are."""
     s = v.same_seed
     rel = "<=" if s.max_divergence <= v.tol else ">"
     line = f"same-seed max divergence: {_fmt(s.max_divergence)} ({rel} tol {v.tol:g})"
@@ -435,48 +438,63 @@ def format_verdict(v: Verdict) -> list[str]:
         line += f" at {s.metric}, step {s.step} ({_val(s.a)} vs {_val(s.b)})"
     if v.fully_bit_exact:
         extra = f", diag digests at {v.diag.rows} steps" if v.diag is not None else ""
-        line += f" — fully bit-exact: {s.values_compared} metric values over {s.steps} steps{extra}"
-    elif s.bit_exact:
-        if v.diag is not None and v.diag.digests_equal is None:
-            line += f" — metrics bit-exact, but only run {v.diag.present} wrote diag.jsonl"
-        else:
-            line += " — metrics bit-exact, diag digests differ"
-    else:
-        fs, fm = s.first_difference or (None, None)
-        line += (
-            f" — not bit-exact: {s.values_differing} of {s.values_compared} values differ, "
-            f"first: {fm} at step {fs}"
+        return line + (
+            f" — fully bit-exact: {s.values_compared} metric values over {s.steps} steps{extra}"
         )
-    out.append(line)
-    for m in s.missing[:5]:
-        out.append(f"  only one run has {m}")
-    out += _recorded_lines(v)
+    if s.bit_exact:
+        if v.diag is not None and v.diag.digests_equal is None:
+            return line + f" — metrics bit-exact, but only run {v.diag.present} wrote diag.jsonl"
+        return line + " — metrics bit-exact, diag digests differ"
+    fs, fm = s.first_difference or (None, None)
+    return line + (
+        f" — not bit-exact: {s.values_differing} of {s.values_compared} values differ, "
+        f"first: {fm} at step {fs}"
+    )
 
+
+def _cross_seed_line(v: Verdict) -> str:
+    """How far the two seeds' runs part, against the tolerance."""
     c = v.cross_seed
     if math.isnan(c.divergence):
-        out.append(f"cross-seed divergence: n/a (no {c.metric!r} at a common step)")
-    else:
-        rel = ">" if c.divergence > v.tol else "<="
-        tail = "distinct trajectory" if rel == ">" else "the seed changes nothing"
-        out.append(
-            f"cross-seed divergence: {_fmt(c.divergence)} ({rel} tol {v.tol:g}: {tail}; "
-            f"{c.metric} at step {c.step}: {c.a!r} vs {c.c!r})"
-        )
+        return f"cross-seed divergence: n/a (no {c.metric!r} at a common step)"
+    rel = ">" if c.divergence > v.tol else "<="
+    tail = "distinct trajectory" if rel == ">" else "the seed changes nothing"
+    return (
+        f"cross-seed divergence: {_fmt(c.divergence)} ({rel} tol {v.tol:g}: {tail}; "
+        f"{c.metric} at step {c.step}: {c.a!r} vs {c.c!r})"
+    )
 
+
+def _diag_lines(v: Verdict) -> list[str]:
+    """The diag.jsonl comparison: the first divergence and its advice, or that only one run
+    wrote diag.jsonl; nothing without one."""
     d = v.diag
     if d is not None and d.line is not None:
         how = "bitwise digests" if d.bitwise else "diff default tolerances"
-        out.append(d.line)
-        out.append(f"  ({how}; {d.rows_diverged} of {d.rows} diag rows diverged)")
+        out = [d.line, f"  ({how}; {d.rows_diverged} of {d.rows} diag rows diverged)"]
         if d.advice:
             out.append(f"  advice: {d.advice}")
-    elif d is not None and d.digests_equal is None:
-        out.append(f"diag: only run {d.present} wrote diag.jsonl; nothing to localise")
+        return out
+    if d is not None and d.digests_equal is None:
+        return [f"diag: only run {d.present} wrote diag.jsonl; nothing to localise"]
+    return []
 
+
+def _verdict_line(v: Verdict) -> str:
+    """PASS and how (bit-exact or within the tolerance), or FAIL and every failed check."""
     seeds = f"seeds {v.seeds[0]},{v.seeds[1]}"
     if v.passed:
         kind = "bit-exact" if v.fully_bit_exact else f"reproducible within tol {v.tol:g}"
-        out.append(f"verdict: PASS ({seeds}) — {kind}; step-0 bit-exact; seeds distinct")
-    else:
-        out.append(f"verdict: FAIL ({seeds}) — {'; '.join(v.failures)}")
+        return f"verdict: PASS ({seeds}) — {kind}; step-0 bit-exact; seeds distinct"
+    return f"verdict: FAIL ({seeds}) — {'; '.join(v.failures)}"
+
+
+def format_verdict(v: Verdict) -> list[str]:
+    """The report, posttrainllm-style, one line per check, then the verdict line."""
+    out = [_step0_line(v), _same_seed_line(v)]
+    out += [f"  only one run has {m}" for m in v.same_seed.missing[:5]]
+    out += _recorded_lines(v)
+    out.append(_cross_seed_line(v))
+    out += _diag_lines(v)
+    out.append(_verdict_line(v))
     return out

@@ -45,6 +45,8 @@ def _base_environment() -> Any:
 
 @functools.lru_cache(maxsize=1)
 def _sandbox_class() -> type:
+    """jinja's immutable sandbox with the bounds: a deadline every operation checks, and the
+    values and calls that would break MAX_OUTPUT refused before they run."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class BoundedSandbox(ImmutableSandboxedEnvironment):
@@ -57,17 +59,7 @@ def _sandbox_class() -> type:
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             self.tick()
-            if operator == "**" and _is_int(left) and _is_int(right) and right > 0:
-                if max(abs(left).bit_length(), 1) * right > MAX_OUTPUT * 8:
-                    raise _Refused(f"computed a number of more than {MAX_OUTPUT * 8} bits")
-            elif operator == "*":
-                for seq, n in ((left, right), (right, left)):
-                    if isinstance(seq, str | list | tuple) and _is_int(n):
-                        if len(seq) * n > MAX_OUTPUT:
-                            raise _Refused(f"built a value of more than {MAX_OUTPUT} characters")
-            elif operator == "+" and isinstance(left, str | list) and isinstance(right, str | list):
-                if len(left) + len(right) > MAX_OUTPUT:
-                    raise _Refused(f"built a value of more than {MAX_OUTPUT} characters")
+            _check_binop(operator, left, right)
             return super().call_binop(context, operator, left, right)
 
         def call(self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
@@ -90,6 +82,23 @@ def _sandbox_class() -> type:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_binop(operator: str, left: Any, right: Any) -> None:
+    """Refuse, before it is computed, a `**` of more than MAX_OUTPUT * 8 bits, or a `*` (a
+    repeated string or sequence) or `+` (joined strings or lists) of more than MAX_OUTPUT
+    characters."""
+    if operator == "**" and _is_int(left) and _is_int(right) and right > 0:
+        if max(abs(left).bit_length(), 1) * right > MAX_OUTPUT * 8:
+            raise _Refused(f"computed a number of more than {MAX_OUTPUT * 8} bits")
+    elif operator == "*":
+        for seq, n in ((left, right), (right, left)):
+            if isinstance(seq, str | list | tuple) and _is_int(n):
+                if len(seq) * n > MAX_OUTPUT:
+                    raise _Refused(f"built a value of more than {MAX_OUTPUT} characters")
+    elif operator == "+" and isinstance(left, str | list) and isinstance(right, str | list):
+        if len(left) + len(right) > MAX_OUTPUT:
+            raise _Refused(f"built a value of more than {MAX_OUTPUT} characters")
 
 
 @functools.lru_cache(maxsize=8)

@@ -195,28 +195,31 @@ def generate_group(
         raise ValueError("the prefix was made for another prompt")
     if max_new_tokens == 0:
         return [GenerationResult() for _ in draws]
-    return decode_from_prefix(model, prefix, max_new_tokens, temperature, draws, end_ids, steer)
+    how = Decoding(max_new_tokens, temperature, end_ids, steer)
+    return decode_from_prefix(model, prefix, draws, how)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """What every row of one generation call shares: the most tokens to generate, the
+    temperature (0: greedy), the tokens that end a row, and the steering (layer, vector)."""
+
+    max_new_tokens: int
+    temperature: float
+    end_ids: Collection[int]
+    steer: tuple[int, torch.Tensor] | None
 
 
 def decode_from_prefix(
-    model: CausalLM,
-    prefix: Prefix,
-    max_new_tokens: int,
-    temperature: float,
-    draws: Sequence[Draw | None],
-    end_ids: Collection[int],
-    steer: tuple[int, torch.Tensor] | None,
+    model: CausalLM, prefix: Prefix, draws: Sequence[Draw | None], how: Decoding
 ) -> list[GenerationResult]:
     """The rows of one prompt from its prefill: together, or each alone in batch-invariant mode."""
     if model.batch_invariant and len(draws) > 1:
-        return [
-            decode_from_prefix(model, prefix, max_new_tokens, temperature, [d], end_ids, steer)[0]
-            for d in draws
-        ]
+        return [decode_from_prefix(model, prefix, [d], how)[0] for d in draws]
     rows = len(draws)
     table = prefix.logits.detach().to("cpu", torch.float64).unsqueeze(0).expand(rows, -1)
     start = Start(prefix.fork(rows), table, None)
-    return decode_rows(model, start, max_new_tokens, temperature, draws, end_ids, steer)
+    return decode_rows(model, start, draws, how)
 
 
 def generate_block(
@@ -247,14 +250,14 @@ def generate_block(
     check_request(max_new_tokens, temperature, flat)
     if max_new_tokens == 0:
         return [[GenerationResult() for _ in d] for d in draws]
+    how = Decoding(max_new_tokens, temperature, end_ids, steer)
     if model.batch_invariant:  # every row alone, from its own prompt's prefill
         return [
-            decode_from_prefix(model, prefill(model, p, steer), max_new_tokens, temperature, d,
-                               end_ids, steer)
+            decode_from_prefix(model, prefill(model, p, steer), d, how)
             for p, d in zip(prompts, draws, strict=True)
-        ]  # fmt: skip
+        ]
     start = prefill_block(model, prompts, group, steer)
-    out = decode_rows(model, start, max_new_tokens, temperature, flat, end_ids, steer)
+    out = decode_rows(model, start, flat, how)
     return [out[i * group : (i + 1) * group] for i in range(len(prompts))]
 
 
@@ -305,20 +308,15 @@ def prefill_block(
 
 
 def decode_rows(
-    model: CausalLM,
-    start: Start,
-    max_new_tokens: int,
-    temperature: float,
-    draws: Sequence[Draw | None],
-    end_ids: Collection[int],
-    steer: tuple[int, torch.Tensor] | None,
+    model: CausalLM, start: Start, draws: Sequence[Draw | None], how: Decoding
 ) -> list[GenerationResult]:
     """The decode loop: [rows, 1] forwards until every row has stopped."""
+    max_new_tokens, temperature, steer = how.max_new_tokens, how.temperature, how.steer
     rows = len(draws)
     results = [GenerationResult() for _ in range(rows)]
     live = list(range(rows))
     last = [0] * rows  # the token each row is fed next (a finished row: its last one, again)
-    stop = frozenset(end_ids)
+    stop = frozenset(how.end_ids)
     cache, table = start.cache, start.table
     device = next(model.parameters()).device
     mask = lengths = None

@@ -100,31 +100,37 @@ def _zeros(n: int, device: torch.device) -> torch.Tensor:
     return torch.zeros(n, dtype=torch.long, device=device)
 
 
-def flush() -> None:
-    """Add the collected row gradients into `.grad`: row index by row index; for one row index
-    the forwards' gradients are first summed in forward order, then added (as autograd adds the
-    gradients of a parameter used by several forwards in one backward)."""
-    entries, stacks = _Pending.entries, _Pending.stacks
-    _Pending.entries, _Pending.stacks, _Pending.queued = [], [], False
+def _take_apart_shared(
+    entries: list[Entry], stacks: list[Stack]
+) -> tuple[list[Entry], list[Stack]]:
+    """The entries and stacks to add: when a leaf is in both kinds, every stack taken apart into
+    row entries (so each parameter's rows are summed one way)."""
     by_row = {id(p) for e in entries for p in e[3]}
-    if any(id(leaf) in by_row for _, _, leaf, _ in stacks):  # both kinds: take the stacks apart
-        entries = entries + [
-            (row, order, seq, (leaf,), (g,))
-            for order, seq, leaf, rows in stacks
-            for row, g in enumerate(rows.unbind(0))
-        ]
-        stacks = []
-    per_row = _row_totals(entries)
-    stacked = _stack_totals(stacks)
-    if _Pending.apart is not None:
-        count = max((len(rows) for _, rows in stacked.values()), default=0)
-        for row in sorted(set(per_row) | set(range(count))):
-            got = {key: total.detach() for key, (_, total) in per_row.get(row, {}).items()}
-            for key, (_, rows) in stacked.items():
-                if row < rows.shape[0]:
-                    got[key] = rows[row].detach()
-            _Pending.apart.append(got)
-        return
+    if not any(id(leaf) in by_row for _, _, leaf, _ in stacks):
+        return entries, stacks
+    entries = entries + [
+        (row, order, seq, (leaf,), (g,))
+        for order, seq, leaf, rows in stacks
+        for row, g in enumerate(rows.unbind(0))
+    ]
+    return entries, []
+
+
+def _append_rows(
+    apart: list[dict[int, torch.Tensor]], per_row: dict[int, Totals], stacked: Totals
+) -> None:
+    """`rows_apart`: each row's gradients, in row order, appended to `apart` instead of `.grad`."""
+    count = max((len(rows) for _, rows in stacked.values()), default=0)
+    for row in sorted(set(per_row) | set(range(count))):
+        got = {key: total.detach() for key, (_, total) in per_row.get(row, {}).items()}
+        for key, (_, rows) in stacked.items():
+            if row < rows.shape[0]:
+                got[key] = rows[row].detach()
+        apart.append(got)
+
+
+def _add_into_grads(per_row: dict[int, Totals], stacked: Totals) -> None:
+    """Each row's totals, then each stack's rows, added into `.grad` (cloned into a missing one)."""
     for totals in per_row.values():
         for param, total in totals.values():
             if param.grad is None:
@@ -133,6 +139,21 @@ def flush() -> None:
                 param.grad.add_(total)
     for param, rows in stacked.values():
         add_rows_into_grad(param, rows)
+
+
+def flush() -> None:
+    """Add the collected row gradients into `.grad`: row index by row index; for one row index
+    the forwards' gradients are first summed in forward order, then added (as autograd adds the
+    gradients of a parameter used by several forwards in one backward)."""
+    entries, stacks = _Pending.entries, _Pending.stacks
+    _Pending.entries, _Pending.stacks, _Pending.queued = [], [], False
+    entries, stacks = _take_apart_shared(entries, stacks)
+    per_row = _row_totals(entries)
+    stacked = _stack_totals(stacks)
+    if _Pending.apart is not None:
+        _append_rows(_Pending.apart, per_row, stacked)
+        return
+    _add_into_grads(per_row, stacked)
     for param in _first_seen(entries, stacks):  # as AccumulateGrad does, once per parameter
         hooks = getattr(param, "_post_accumulate_grad_hooks", None) or {}
         for hook in list(hooks.values()):

@@ -48,6 +48,9 @@ TOKENIZER_READS = (
 MAX_TOKENIZER_FILE_BYTES = 1 << 30  # tokenizer.json of the largest vocabularies is ~30 MB
 MAX_CONFIG_JSON_BYTES = 16 << 20
 
+Messages = list[dict[str, str]]  # a conversation: {role, content} messages
+Tools = list[dict[str, Any]] | None  # tool JSON schemas, for templates that render them
+
 
 class PromptPrefixWarning(UserWarning):
     """The prompt's token ids are not a prefix of the prompt + completion ids."""
@@ -98,10 +101,7 @@ class CheckpointTokenizer:
         return str(self.hf.decode(list(ids), skip_special_tokens=skip_special))
 
     def _check_template(
-        self,
-        messages: list[dict[str, str]],
-        add_generation_prompt: bool,
-        tools: list[dict[str, Any]] | None = None,
+        self, messages: Messages, add_generation_prompt: bool, tools: Tools = None
     ) -> None:
         """The template rendered once within bounds of time and size (model/chat_template.py)."""
         self.require_chat_template()
@@ -115,10 +115,7 @@ class CheckpointTokenizer:
         check_render(str(self.chat_template), variables, self.source)
 
     def render_chat(
-        self,
-        messages: list[dict[str, str]],
-        add_generation_prompt: bool,
-        tools: list[dict[str, Any]] | None = None,
+        self, messages: Messages, add_generation_prompt: bool, tools: Tools = None
     ) -> str:
         """The chat template rendered to text (what `apply_chat_template(tokenize=False)` gives);
         `tools` (JSON schemas) are passed to templates that render them."""
@@ -133,7 +130,7 @@ class CheckpointTokenizer:
         """The text of a special token as a chat template writes it (e.g. `<|im_end|>`)."""
         return str(self.hf.convert_ids_to_tokens(int(token)))
 
-    def _chat_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+    def _chat_ids(self, messages: Messages, add_generation_prompt: bool) -> list[int]:
         self._check_template(messages, add_generation_prompt)
         ids = self.hf.apply_chat_template(
             messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
@@ -144,18 +141,18 @@ class CheckpointTokenizer:
         return list(self.hf(text, add_special_tokens=True)["input_ids"])
 
     @staticmethod
-    def plain_prompt(messages: list[dict[str, str]]) -> str:
+    def plain_prompt(messages: Messages) -> str:
         """The prompt text of plain rows: the messages' contents, one per line."""
         return "\n".join(m["content"] for m in messages)
 
-    def prompt_ids(self, messages: list[dict[str, str]], chat_template: bool) -> list[int]:
+    def prompt_ids(self, messages: Messages, chat_template: bool) -> list[int]:
         """The ids the model sees before its answer (what a generation starts from)."""
         if chat_template:
             return self._chat_ids(messages, add_generation_prompt=True)
         return self._plain_ids(self.plain_prompt(messages))
 
     def prompt_completion_ids(
-        self, messages: list[dict[str, str]], completion: str, chat_template: bool
+        self, messages: Messages, completion: str, chat_template: bool
     ) -> tuple[list[int], int]:
         """(full ids, number of prompt tokens): the completion is `full[n:]`, n the length of the
         common prefix of the prompt ids and the full ids."""

@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,35 @@ def toy_state_dict(
     return out
 
 
+@dataclass(frozen=True)
+class ToySize:
+    """The toy's architecture (its Llama config's sizes) and the scale of its weights."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    init_std: float
+
+    def check(self) -> None:
+        """ValueError for a size that is not positive, a weight scale that is not a positive
+        finite number, or heads that do not divide the hidden size (or kv heads the heads)."""
+        for label, value in (
+            ("layers", self.layers), ("hidden", self.hidden), ("intermediate", self.intermediate)
+        ):  # fmt: skip
+            if value <= 0:
+                raise ValueError(f"{label} must be positive, got {value}")
+        if not (math.isfinite(self.init_std) and self.init_std > 0):
+            raise ValueError(f"init_std must be a positive finite number, got {self.init_std}")
+        hidden, heads, kv_heads = self.hidden, self.heads, self.kv_heads
+        if heads <= 0 or kv_heads <= 0 or hidden % heads or heads % kv_heads:
+            raise ValueError(
+                f"need hidden % heads == 0 and heads % kv_heads == 0 (hidden={hidden}, "
+                f"heads={heads}, kv_heads={kv_heads})"
+            )
+
+
 def _check_out_dir(out: Path, overwrite: bool) -> None:
     from twinrun.core.paths import output_path
 
@@ -195,22 +225,14 @@ def write_toy_checkpoint(
     from twinrun.core.rng import check_seed
 
     check_seed(seed)
-    for label, value in (("layers", layers), ("hidden", hidden), ("intermediate", intermediate)):
-        if value <= 0:
-            raise ValueError(f"{label} must be positive, got {value}")
-    if not (math.isfinite(init_std) and init_std > 0):
-        raise ValueError(f"init_std must be a positive finite number, got {init_std}")
-    if heads <= 0 or kv_heads <= 0 or hidden % heads or heads % kv_heads:
-        raise ValueError(
-            f"need hidden % heads == 0 and heads % kv_heads == 0 (hidden={hidden}, "
-            f"heads={heads}, kv_heads={kv_heads})"
-        )
+    size = ToySize(layers, hidden, intermediate, heads, kv_heads, init_std)
+    size.check()
     out = Path(out_dir)
     _check_out_dir(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
-        _write_into(tmp, seed, layers, hidden, intermediate, heads, kv_heads, init_std)
+        _write_into(tmp, seed, size)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)
@@ -233,29 +255,21 @@ def write_toy_checkpoint(
         raise
 
 
-def _write_into(
-    tmp: Path,
-    seed: int,
-    layers: int,
-    hidden: int,
-    intermediate: int,
-    heads: int,
-    kv_heads: int,
-    init_std: float,
-) -> None:
+def _write_into(tmp: Path, seed: int, size: ToySize) -> None:
+    """The checkpoint's files (weights, configs, tokenizer) written into the folder `tmp`."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=VOCAB_SIZE,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
+        hidden_size=size.hidden,
+        intermediate_size=size.intermediate,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        num_key_value_heads=size.kv_heads,
         hidden_act="silu",
         max_position_embeddings=2048,
-        initializer_range=init_std,
+        initializer_range=size.init_std,
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,
         rope_theta=10000.0,  # type: ignore[call-arg]  # a LlamaConfig kwarg its stub omits
@@ -270,7 +284,9 @@ def _write_into(
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     names_shapes = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
-    model.load_state_dict(toy_state_dict(seed, names_shapes, init_std), assign=True, strict=True)
+    model.load_state_dict(
+        toy_state_dict(seed, names_shapes, size.init_std), assign=True, strict=True
+    )
     model.generation_config = GenerationConfig(
         bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID
     )
