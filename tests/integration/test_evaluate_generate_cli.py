@@ -59,6 +59,31 @@ def test_evaluate_refuses_existing_report(
     assert "--model" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["evaluate", "extract"])
+def test_a_file_mixing_pairs_and_examples_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, toy_model_dir: Path, command: str
+) -> None:
+    """Every row a pair: a pairs file; none: an examples file; a mix is refused, whichever row
+    comes first, naming a row of each kind (evaluate and extract read files by one rule)."""
+    from tests.integration.test_extract_steer import extract_args
+    from twinrun.data.examples import shipped_examples
+
+    pair, example = (shipped_examples(name).read_text().splitlines()[0]
+                     for name in ("pairs.jsonl", "sft.jsonl"))  # fmt: skip
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(f"{example}\n{example}\n{pair}\n")
+    if command == "evaluate":
+        args = eval_args(toy_model_dir, mixed, tmp_path / "r.json", 2)
+    else:
+        args = extract_args(toy_model_dir, mixed, tmp_path / "h.safetensors")
+    capsys.readouterr()
+    assert run_cli(args) == 2
+    err = capsys.readouterr().err
+    assert f"{mixed}:1 is an example and {mixed}:3 a preference pair" in err, err
+    assert "not both" in err and err.count("\n") == 1
+    assert not list(tmp_path.glob("[rh].*"))
+
+
 def gen(model: Path, *extra: str) -> list[str]:
     return [
         "generate", "--model", str(model), "--prompt", "What is 2 + 3?", "--max-new-tokens", "6",

@@ -1,4 +1,5 @@
-"""One line for every safetensors failure: damaged files named, a full disk as the OSError."""
+"""The one reader and writer: every failure one line, damaged files named, a full disk as the
+one-line OutputError naming the path, the old file kept."""
 
 from __future__ import annotations
 
@@ -10,8 +11,16 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from twinrun.core.errors import DataError, ModelError
-from twinrun.core.safetensors_io import check_header, disk_error, read_tensors, read_tensors_bytes
+from twinrun.core import safetensors_io
+from twinrun.core.errors import DataError, ModelError, OutputError
+from twinrun.core.safetensors_io import (
+    check_header,
+    disk_error,
+    read_safetensors,
+    read_tensors,
+    tensors_bytes,
+    write_tensors,
+)
 
 
 def written(tmp_path: Path) -> Path:
@@ -36,7 +45,7 @@ def test_truncated_files_are_the_callers_error(tmp_path: Path, keep: int) -> Non
     ):
         read_tensors(path, "weights", "replace it", ModelError)
     with pytest.raises(DataError, match="is not a readable safetensors file"):
-        read_tensors_bytes(data[:keep], str(path), "weights", "replace it")
+        read_tensors(data[:keep], "weights", "replace it", where=str(path))
 
 
 def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
@@ -57,24 +66,49 @@ def test_disk_errors_inside_safetensors_errors_are_os_errors(message: str, code:
     assert disk_error(SafetensorError("HeaderTooLarge"), "p") is None
 
 
-def test_a_full_disk_under_save_file_is_the_os_error(
+def test_a_full_disk_is_one_line_and_keeps_the_old_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import safetensors.torch
+    path = tmp_path / "x.safetensors"
+    write_tensors(path, {"w": torch.zeros(2)}, {"format": "pt"})
+    before = path.read_bytes()
 
-    from twinrun.core.safetensors_io import save_tensors_file
+    class Full:
+        def __init__(self, *_args: object) -> None:
+            pass
 
-    def full(*_args: object, **_kwargs: object) -> None:
-        raise SafetensorError(
-            'Error while serializing: IoError(Os { message: "No space left on device" })'
-        )
+        def __enter__(self) -> Full:
+            return self
 
-    monkeypatch.setattr(safetensors.torch, "save", full)
-    with pytest.raises(OSError) as info:
-        save_tensors_file({"w": torch.zeros(2)}, tmp_path / "x.safetensors", None)
-    assert info.value.errno == errno.ENOSPC and info.value.filename == str(
-        tmp_path / "x.safetensors"
-    )
+        def __exit__(self, *_args: object) -> None:
+            pass
+
+        def write(self, _data: object) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safetensors_io, "open", Full, raising=False)
+    with pytest.raises(OutputError, match=r"cannot write .*x.safetensors: No space left") as info:
+        write_tensors(path, {"w": torch.ones(2)}, {"format": "pt"})
+    assert isinstance(info.value, OSError) and "\n" not in info.value.one_line()
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["x.safetensors"]  # no temporary left
+
+
+def test_metadata_and_tensors_read_alike_from_a_file_and_from_bytes(tmp_path: Path) -> None:
+    tensors = {"b": torch.arange(3, dtype=torch.int64), "a": torch.ones(2, 2)}
+    metadata = {"z": "1", "a": "é"}
+    path = tmp_path / "m.safetensors"
+    write_tensors(path, tensors, metadata)
+    for source in (
+        path,
+        str(path),
+        path.read_bytes(),
+        memoryview(tensors_bytes(tensors, metadata)),
+    ):
+        got = read_safetensors(source, "x", "y", where="m")
+        assert got.metadata == metadata and list(got.tensors) == list(read_tensors(path, "x", "y"))
+        assert all(torch.equal(got.tensors[k], v) for k, v in tensors.items())
+    assert read_safetensors(tensors_bytes(tensors), "x", "y").metadata == {}
 
 
 def test_integer_weights_fail_the_header_check(tmp_path: Path) -> None:

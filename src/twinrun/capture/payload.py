@@ -134,7 +134,8 @@ class Decoded:
 def encode(arrays: BatchArrays, rng: dict[str, Any], seed: int) -> bytes:
     """The payload bytes (deterministic for the same inputs)."""
     import torch
-    from safetensors.torch import save
+
+    from twinrun.core.safetensors_io import tensors_bytes
 
     def t(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a))
@@ -157,7 +158,7 @@ def encode(arrays: BatchArrays, rng: dict[str, Any], seed: int) -> bytes:
         tensors[key] = t(a)
         layout[key] = kind
     metadata = pack_meta({"format": FORMAT, "objective": arrays.objective, "layout": layout})
-    return save(tensors, metadata=metadata)
+    return tensors_bytes(tensors, metadata)
 
 
 def active_counts(arrays: BatchArrays) -> np.ndarray:
@@ -174,8 +175,9 @@ def active_counts(arrays: BatchArrays) -> np.ndarray:
 
 
 def pack_meta(meta: dict[str, Any]) -> dict[str, str]:
-    """safetensors metadata as ONE key holding canonical JSON: safetensors writes several keys in
-    an order that changes from call to call, and a capture must be the same bytes every time."""
+    """safetensors metadata as ONE key holding canonical JSON (the payload format): the library
+    alone writes several keys in an order that changes from call to call, and a capture must be
+    the same bytes every time."""
     return {META_KEY: json.dumps(meta, sort_keys=True, separators=(",", ":"))}
 
 

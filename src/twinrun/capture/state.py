@@ -18,6 +18,7 @@ import torch
 
 from twinrun.core.errors import DataError, ModelError
 from twinrun.core.jsonlimits import SMALL, load_json_file
+from twinrun.core.safetensors_io import read_tensors, tensors_bytes
 from twinrun.model.output import ModuleTree
 
 OPTIMIZER_FORMAT = "twinrun.adamw-state.v1"
@@ -35,25 +36,19 @@ class HasAdamState(Protocol):
 
 def adapter_bytes(model: ModuleTree) -> bytes:
     """What `save_adapter` writes as adapter_model.safetensors for this model, now."""
-    from safetensors.torch import save
+    from twinrun.model.lora import ADAPTER_METADATA, lora_state_dict
 
-    from twinrun.model.lora import lora_state_dict
-
-    return save(lora_state_dict(model), metadata={"format": "pt"})
+    return tensors_bytes(lora_state_dict(model), ADAPTER_METADATA)
 
 
 def head_bytes(weight: torch.Tensor) -> bytes:
     """What `save_reward_head` writes for this head weight."""
-    from safetensors.torch import save
+    from twinrun.model.reward_head import HEAD_METADATA, head_tensors
 
-    from twinrun.model.reward_head import HEAD_KEY
-
-    return save({HEAD_KEY: weight.detach().float().cpu().contiguous()}, metadata={"format": "pt"})
+    return tensors_bytes(head_tensors(weight), HEAD_METADATA)
 
 
 def optimizer_bytes(params: list[tuple[str, torch.nn.Parameter]], optimizer: HasAdamState) -> bytes:
-    from safetensors.torch import save
-
     tensors: dict[str, torch.Tensor] = {}
     for i, (_, p) in enumerate(params):
         for key, value in optimizer.state.get(p, {}).items():
@@ -61,7 +56,7 @@ def optimizer_bytes(params: list[tuple[str, torch.nn.Parameter]], optimizer: Has
     from twinrun.capture.payload import pack_meta
 
     names = [name for name, _ in params]
-    return save(tensors, metadata=pack_meta({"format": OPTIMIZER_FORMAT, "params": names}))
+    return tensors_bytes(tensors, pack_meta({"format": OPTIMIZER_FORMAT, "params": names}))
 
 
 def load_optimizer_state(
@@ -72,13 +67,12 @@ def load_optimizer_state(
 ) -> None:
     """Put a saved AdamW state into a fresh optimizer over the same parameters."""
     from twinrun.capture.payload import unpack_meta
-    from twinrun.core.safetensors_io import read_tensors_bytes
 
     meta: dict[str, Any] = unpack_meta(data)
     names = [name for name, _ in params]
     if meta.get("format") != OPTIMIZER_FORMAT or meta.get("params") != names:
         raise DataError(f"{where}: not an AdamW state for these parameters", "re-capture")
-    tensors = read_tensors_bytes(data, where, "AdamW state", "re-capture")
+    tensors = read_tensors(data, "AdamW state", "re-capture", where=where)
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         index, _, name = key.partition(".")

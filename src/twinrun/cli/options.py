@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from twinrun.config.run import SETTINGS, RunConfig
-from twinrun.config.setting import Setting
+from twinrun.config.setting import Setting, settings_of
 from twinrun.config.values import parse_env_args, parse_lora_targets
 
 F = Callable[..., Any]
@@ -99,24 +99,18 @@ def required_mark(name: str, s: Setting, objective: str) -> str:
     return "[required]" if s.required and objective in s.objectives else ""
 
 
-# what the inference commands (evaluate, generate, extract) share beyond the run settings
-INFERENCE_SETTINGS: dict[str, Setting] = {
-    "adapter": Setting(
-        kind="str", flag="--adapter", help="A LoRA adapter directory to apply.", shapes=False
-    ),  # fmt: skip
-}
-
-
 def shared_options(*names: str, **changes: dict[str, Any]) -> F:
-    """The run settings a non-training command shares (model, precision, device, ...), and the
-    inference commands' own (`INFERENCE_SETTINGS`), declared once; `changes` adjusts one for the
-    command, e.g. `output={"help": "Report JSON file."}`."""
-    decorators = []
-    for n in names:
-        declared = INFERENCE_SETTINGS[n] if n in INFERENCE_SETTINGS else SETTINGS[n]
-        s = dataclasses.replace(declared, **changes.get(n, {}))
-        decorators.append(option(n, s))
-    return _stack(decorators)
+    """The run settings a non-training command shares (model, seed, ...), declared once;
+    `changes` adjusts one for the command, e.g. `seed={"help": "Seed of the LoRA init."}`."""
+    return _stack(
+        [option(n, dataclasses.replace(SETTINGS[n], **changes.get(n, {}))) for n in names]
+    )
+
+
+def settings_options(cls: type) -> F:
+    """The options of a settings dataclass whose fields carry their `Setting` (the inference
+    commands', config/inference.py): one per field with a flag, in declaration order."""
+    return _stack([option(n, s) for n, s in settings_of(cls).items() if s.flag])
 
 
 def config_from_options(objective: str, opts: dict[str, Any]) -> RunConfig:

@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from twinrun.cli.options import config_from_options, run_options, shared_options
+from twinrun.cli.options import config_from_options, run_options, settings_options
+from twinrun.config.inference import EvalConfig
 from twinrun.objectives.registry import OBJECTIVES, Objective
 
 
@@ -47,16 +48,10 @@ for _objective in OBJECTIVES:
 
 
 @tune.command("evaluate")
-@shared_options("model", "adapter")
-@shared_options(
-    "examples", "chat_template", "precision", "batch_size", "output", "threads", "device",
-    "cpu_kernels", "strict", "batch_invariant", output={"help": "Report JSON file to write."},
-)  # fmt: skip
-@click.option("--diag", type=str, default=None, help="Write eval-phase diag rows to this file.")
-@shared_options("overwrite", "quiet", overwrite={"help": "Replace an existing report."})
+@settings_options(EvalConfig)
 def evaluate(**opts: Any) -> None:
     """Score examples; write per-example losses in input order."""
-    from twinrun.infer.evaluate import EvalConfig, run_evaluate
+    from twinrun.infer.evaluate import run_evaluate
 
     report = run_evaluate(EvalConfig(**opts))
     if not opts["quiet"]:

@@ -2,11 +2,14 @@
 
 The safetensors library (0.8) keeps the string metadata in a randomly seeded Rust `HashMap`:
 with two or more metadata keys the header — and so the file's SHA256 — changes from one `save`
-to the next, even with identical tensors and a dict built in sorted order. `stable_save_file`
-lets the library serialize, then rewrites only the header, with the metadata keys sorted. The
-tensor entries keep the library's order (already the same every call) and the data is copied
-unchanged, so the file is what the library would write had it sorted the keys (one key: the
-very same bytes); any safetensors reader loads it as before.
+to the next, even with identical tensors and a dict built in sorted order. `stable_parts` lets
+the library serialize, then rewrites only the header, with the metadata keys sorted. The tensor
+entries keep the library's order (already the same every call) and the data is kept unchanged,
+so the bytes are what the library would write had it sorted the keys (no metadata or one key:
+the very same bytes); any safetensors reader loads them as before.
+
+Nothing here touches a file: `twinrun.core.safetensors_io` is the one reader and writer
+(`write_tensors` writes these bytes atomically, `tensors_bytes` returns them for hashing).
 """
 
 from __future__ import annotations
@@ -19,18 +22,26 @@ from typing import Any
 METADATA = "__metadata__"
 
 
-def stable_save_file(
-    tensors: Mapping[str, Any], filename: str, metadata: Mapping[str, str] | None
-) -> None:
-    """`safetensors.torch.save_file(tensors, filename, metadata)` with the metadata keys in
-    sorted order."""
+def stable_parts(
+    tensors: Mapping[str, Any], metadata: Mapping[str, str] | None
+) -> tuple[bytes, memoryview]:
+    """(length prefix + header, tensor data) of `safetensors.torch.save(tensors, metadata)` with
+    the metadata keys in sorted order; the data is a view on the library's bytes, not a copy."""
     from safetensors.torch import save
 
-    data = memoryview(save(dict(tensors), metadata=dict(metadata) if metadata else None))
+    data = save(dict(tensors), metadata=dict(metadata) if metadata else None)
     header, start = sorted_header(data)
-    with open(filename, "wb") as fh:
-        fh.write(header)
-        fh.write(data[start:])
+    return header, memoryview(data)[start:]
+
+
+def stable_save(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None) -> bytes:
+    """`safetensors.torch.save(tensors, metadata=metadata)` with the metadata keys in sorted
+    order (the library's own bytes object, uncopied, when that changes nothing)."""
+    header, body = stable_parts(tensors, metadata)
+    whole = body.obj
+    if isinstance(whole, bytes) and whole[: len(header)] == header:
+        return whole
+    return b"".join((header, body))
 
 
 def sorted_header(data: bytes | memoryview) -> tuple[bytes, int]:

@@ -1,20 +1,33 @@
-"""Reading and writing safetensors files so that every failure is one line.
+"""The one way twinrun reads and the one way it writes safetensors, every failure one line.
 
-The safetensors library raises its own `SafetensorError` (not an OSError, not a ValueError) for a
-truncated file, a flipped header byte, a header that claims gigabytes, an unknown dtype — and
-also when the disk fills up under `save_file`. Every twinrun reader goes through
-`read_tensors` / `read_tensors_bytes`, which turn any of those into the caller's error class
-naming the file, what it is and what to do; writers go through `save_tensors_file`, which turns a
-full or read-only disk into the OSError the CLI prints as its one-line disk error.
+Reading: `read_tensors(source, what, hint, error)` — every tensor (on the CPU) of a file, or of
+bytes already read and hashed (`where` names where they came from); `read_safetensors` gives the
+`__metadata__` strings too. `check_header` opens a file and checks its header without reading
+the tensors (a base model's shards, gigabytes, before transformers loads them). The safetensors
+library raises its own `SafetensorError` (not an OSError, not a ValueError) for a truncated file,
+a flipped header byte, a header that claims gigabytes, an unknown dtype: each becomes the
+caller's error class naming the file, what it is and what to do.
+
+Writing: `write_tensors(path, tensors, metadata)` writes the file atomically (a temporary name
+in the same directory, fsync, rename, directory fsync: `core.fileio.atomic_write_with`), a full
+or read-only disk raised as the one-line `OutputError` (an OSError) naming the path;
+`tensors_bytes(tensors, metadata)` is the same bytes in memory, for a file whose SHA256 is
+recorded before it is written (a capture's payload and state). Both serialize through
+`core.safetensors_bytes`: the library's bytes with the metadata keys sorted, the tensors in the
+library's order, so identical tensors and metadata give identical bytes on every call.
+
+Not here: a capture payload is decoded by `capture.tensorfile` (zero-copy views on the verified
+bytes), and a Hugging Face checkpoint is written by transformers' `save_pretrained`.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
+import struct
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from twinrun.core.errors import DataError, TwinrunError
 
@@ -23,6 +36,7 @@ DISK_ERRORS = {
     "Read-only file system": errno.EROFS,
     "Disk quota exceeded": errno.EDQUOT,
 }
+Source = str | os.PathLike[str] | bytes | bytearray | memoryview
 
 
 def reason(exc: BaseException) -> str:
@@ -35,20 +49,63 @@ def _bad(path: str, what: str, exc: BaseException, hint: str, error: type[Twinru
     return error(f"{path} is not a readable safetensors file ({what}: {reason(exc)})", hint)
 
 
-def read_tensors(
-    path: str | os.PathLike[str],
+class SafetensorsFile(NamedTuple):
+    tensors: dict[str, Any]  # name -> CPU torch tensor, in the file's order (see `_in_file_order`)
+    metadata: dict[str, str]  # the header's `__metadata__` ({} when it has none)
+
+
+def _in_file_order(prefix: bytes, tensors: dict[str, Any]) -> SafetensorsFile:
+    """`tensors` ordered by their byte spans in the file, then by name, and the metadata, from
+    `prefix` (the file's length prefix and header, already checked by the library). The library
+    orders neither alike: `load` (bytes) in its HashMap's random order, `safe_open` by span with
+    ties (empty tensors) in that random order."""
+    (n,) = struct.unpack("<Q", prefix[:8])
+    header = json.loads(prefix[8 : 8 + n])
+    metadata = header.pop("__metadata__", None) or {}
+    order = sorted(header, key=lambda name: (*header[name]["data_offsets"], name))
+    return SafetensorsFile({name: tensors[name] for name in order}, dict(metadata))
+
+
+def read_safetensors(
+    source: Source,
     what: str,
     hint: str,
     error: type[TwinrunError] = DataError,
-) -> dict[str, Any]:
-    """Every tensor of the safetensors file `path` (on the CPU); `error(...)` naming the file and
-    `what` it is when it is missing, truncated, corrupt or not safetensors."""
-    from safetensors.torch import load_file
+    *,
+    where: str | None = None,
+) -> SafetensorsFile:
+    """The tensors (on the CPU) and metadata of the safetensors file `source` — a path, or the
+    bytes already read (and hashed) from `where` —; `error(...)` naming the file and `what` it is
+    when it is missing, truncated, corrupt or not safetensors."""
+    from safetensors import safe_open
+    from safetensors.torch import load
 
+    in_memory = isinstance(source, bytes | bytearray | memoryview)
+    name = (where or "safetensors bytes") if in_memory else str(source)
     try:
-        return load_file(str(path), device="cpu")
+        if isinstance(source, bytes | bytearray | memoryview):  # (`in_memory`, for mypy)
+            data = bytes(source)
+            return _in_file_order(data, load(data))
+        with safe_open(str(source), framework="pt", device="cpu") as fh:
+            tensors = fh.get_tensors()  # what safetensors.torch.load_file returns
+        with open(source, "rb") as raw:
+            prefix = raw.read(8)
+            prefix += raw.read(struct.unpack("<Q", prefix)[0])
+        return _in_file_order(prefix, tensors)
     except Exception as exc:  # SafetensorError, OSError, and torch's errors on a bad dtype
-        raise _bad(str(path), what, exc, hint, error) from exc
+        raise _bad(name, what, exc, hint, error) from exc
+
+
+def read_tensors(
+    source: Source,
+    what: str,
+    hint: str,
+    error: type[TwinrunError] = DataError,
+    *,
+    where: str | None = None,
+) -> dict[str, Any]:
+    """Every tensor of `source` (on the CPU), as `read_safetensors` reads it."""
+    return read_safetensors(source, what, hint, error, where=where).tensors
 
 
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"})
@@ -73,20 +130,37 @@ def check_header(
             raise error(f"{path}: {what} {name} is {dtype}, not floating point", hint)
 
 
-def read_tensors_bytes(
-    data: bytes, where: str, what: str, hint: str, error: type[TwinrunError] = DataError
-) -> dict[str, Any]:
-    """`read_tensors` for bytes already read (and hashed) from `where`."""
-    from safetensors.torch import load
+def tensors_bytes(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> bytes:
+    """The bytes `write_tensors(path, tensors, metadata)` writes."""
+    from twinrun.core.safetensors_bytes import stable_save
 
-    try:
-        return load(bytes(data))
-    except Exception as exc:
-        raise _bad(where, what, exc, hint, error) from exc
+    return stable_save(tensors, metadata)
+
+
+def write_tensors(
+    path: str | os.PathLike[str],
+    tensors: Mapping[str, Any],
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """Write `tensors` (contiguous CPU tensors) and the string `metadata` to `path` atomically:
+    the old file or the whole new one, never half of one; OutputError on a full, read-only or
+    missing location."""
+    from twinrun.core.fileio import atomic_write_with
+    from twinrun.core.safetensors_bytes import stable_parts
+
+    header, body = stable_parts(tensors, metadata)  # a bad tensor is a bug: raised as it is
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            fh.write(header)
+            fh.write(body)
+
+    atomic_write_with(path, write)
 
 
 def disk_error(exc: BaseException, path: str | os.PathLike[str]) -> OSError | None:
-    """The OSError a safetensors write failure stands for (a full or read-only disk), or None."""
+    """The OSError a safetensors write failure stands for (a full or read-only disk), or None:
+    for what the library writes itself (transformers' `save_pretrained`)."""
     if isinstance(exc, OSError):
         return exc
     text = str(exc)
@@ -94,19 +168,3 @@ def disk_error(exc: BaseException, path: str | os.PathLike[str]) -> OSError | No
         if message in text:
             return OSError(code, os.strerror(code), str(path))
     return None
-
-
-def save_tensors_file(
-    tensors: Mapping[str, Any], path: str | os.PathLike[str], metadata: Mapping[str, str] | None
-) -> None:
-    """`safetensors.torch.save_file` with the metadata keys in sorted order (the same bytes on a
-    rerun: `core/safetensors_bytes.py`), a full or read-only disk raised as that OSError."""
-    from twinrun.core.safetensors_bytes import stable_save_file
-
-    try:
-        stable_save_file(tensors, str(Path(path)), metadata)
-    except Exception as exc:
-        mapped = disk_error(exc, path)
-        if mapped is None or mapped is exc:
-            raise
-        raise mapped from exc

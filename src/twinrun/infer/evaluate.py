@@ -9,69 +9,27 @@ gives, whatever `batch_size`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from twinrun.config.run import common_problems, require_flags
-from twinrun.config.values import resolve_max_length
-from twinrun.core.errors import ConfigError
-from twinrun.core.portable import default_mode
+from twinrun.config.inference import EvalConfig
+from twinrun.model.prelude import Prelude, open_model
 
 REPORT_FORMAT = "twinrun.infer.evaluate.v1"
 
 
-@dataclass(kw_only=True)
-class EvalConfig:
-    model: str | None = None
-    adapter: str | None = None
-    examples: str | None = None
-    chat_template: str | None = None
-    precision: str | None = None
-    batch_size: int | None = None
-    output: str | None = None
-    threads: int | None = None
-    device: str = "cpu"
-    cpu_kernels: str = field(default_factory=default_mode)
-    strict: bool = True
-    batch_invariant: bool = False
-    overwrite: bool = False
-    quiet: bool = False
-    diag: str | None = None  # write eval-phase diag rows to this file
+def claim_outputs(cfg: EvalConfig) -> None:
+    """Before the model loads: refuse a link, a directory, a path under a file, an unwritable
+    place, an input, a file another program wrote — for the report and the `--diag` file."""
+    from twinrun.core.owned import claim_file, json_format
 
-    def validate(self) -> None:
-        flags = {
-            "--model": self.model,
-            "--examples": self.examples,
-            "--chat-template": self.chat_template,
-            "--precision": self.precision,
-            "--batch-size": self.batch_size,
-            "--output": self.output,
-        }
-        if self.device == "cpu":  # the thread count shapes CPU results
-            flags["--threads"] = self.threads
-        require_flags(flags, "evaluate")
-        problems = common_problems(
-            batch_size=self.batch_size,
-            precision=self.precision,
-            chat_template=self.chat_template,
-            threads=self.threads,
-        )
-        if problems:
-            raise ConfigError("; ".join(problems))
-        from twinrun.core.owned import claim_file, json_format
-
-        # before the model loads: a link, a directory, a path under a file, an unwritable
-        # place, an input, a file another program wrote
-        inputs = {"model": self.model, "adapter": self.adapter, "examples": self.examples}
-        claim_file(
-            self.output,  # type: ignore[arg-type]  # required above
-            self.overwrite, "twinrun tune evaluate", json_format(REPORT_FORMAT), inputs,
-        )  # fmt: skip
-        if self.diag is not None:
-            claim_file(
-                self.diag, self.overwrite, "twinrun tune evaluate", diag_file, inputs, "--diag"
-            )
+    inputs = {"model": cfg.model, "adapter": cfg.adapter, "examples": cfg.examples}
+    claim_file(
+        str(cfg.output), cfg.overwrite, "twinrun tune evaluate", json_format(REPORT_FORMAT), inputs
+    )
+    if cfg.diag is not None:
+        claim_file(cfg.diag, cfg.overwrite, "twinrun tune evaluate", diag_file, inputs, "--diag")
 
 
 def diag_file(path: Path) -> bool:
@@ -89,46 +47,30 @@ def diag_file(path: Path) -> bool:
 
 
 def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
+    cfg.check()  # before torch is imported
+    from twinrun.data.examples import encode_sft_rows
+    from twinrun.infer.inputs import read_examples
 
-    from twinrun.core.determinism import establish
-    from twinrun.data.examples import encode_sft_rows, load_rows
-    from twinrun.model.build import build_model
-    from twinrun.model.loading import read_model_config as read_config
-    from twinrun.model.tokens import load_tokenizer
-
-    cfg.validate()
-    model_dir = Path(cfg.model)  # type: ignore[arg-type]  # validate() requires it
-    max_len = resolve_max_length(None, read_config(model_dir))
-    tok = load_tokenizer(model_dir)
-    raw = load_rows(cfg.examples)  # type: ignore[arg-type]  # validate() requires it
-    pairwise = all("chosen" in r.data for r in raw)
-    if pairwise:
+    claim_outputs(cfg)
+    p = open_model(
+        str(cfg.model), strict=cfg.strict, threads=cfg.threads, device=cfg.device,
+        cpu_kernels=cfg.cpu_kernels, adapter=cfg.adapter, templated=cfg.chat_template == "on",
+    )  # fmt: skip
+    raw, kind = read_examples(str(cfg.examples))
+    if kind == "pairs":
         from twinrun.data.pairs import encode_pairs
 
-        pairs = encode_pairs(tok, raw, cfg.chat_template == "on", max_len)
+        pairs = encode_pairs(p.tok, raw, p.templated, p.max_length())
     else:
-        rows = encode_sft_rows(tok, raw, cfg.chat_template == "on", max_len)
-    if cfg.adapter is not None:
-        from twinrun.model.lora import read_adapter_config
-
-        read_adapter_config(cfg.adapter)  # fail before building anything
-    provenance = establish(
-        strict=cfg.strict, threads=cfg.threads, device=cfg.device, cpu_kernels=cfg.cpu_kernels
-    )
-    model = build_model(
-        model_dir,
-        precision=cfg.precision,  # type: ignore[arg-type]  # validate() requires it
-        device=cfg.device,
-        adapter=cfg.adapter,
-        batch_invariant=cfg.batch_invariant,
-    )
+        rows = encode_sft_rows(p.tok, raw, p.templated, p.max_length())
+    model = p.build(precision=str(cfg.precision), batch_invariant=cfg.batch_invariant)
     head = None
     if cfg.adapter is not None:
         from twinrun.model.reward_head import load_reward_head
 
         head = load_reward_head(cfg.adapter)
-    if pairwise:
-        per_pair = score_pairs(model, head, pairs, tok.pad_id, cfg)
+    if kind == "pairs":
+        per_pair = score_pairs(model, head, pairs, p.tok.pad_id, cfg)
         report = {
             "format": REPORT_FORMAT,
             "mode": "pairwise",
@@ -138,7 +80,7 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
             "examples": len(per_pair),
             "per_example": per_pair,
         }
-        return write_report(cfg, report, model_dir, provenance)
+        return write_report(cfg, report, p)
     recorder = None
     if cfg.diag:
         from twinrun.diag.recorder import DiagRecorder
@@ -148,7 +90,7 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
     bs = cfg.batch_size
     assert bs is not None
     for batch_no, scored in enumerate(
-        score_batches(model, rows, tok.pad_id, bs, cfg.device, cfg.batch_invariant)
+        score_batches(model, rows, p.tok.pad_id, bs, cfg.device, cfg.batch_invariant)
     ):
         per_example += scored.examples()
         if recorder is not None:
@@ -163,7 +105,7 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
         "examples": len(per_example),
         "per_example": per_example,
     }
-    return write_report(cfg, report, model_dir, provenance)
+    return write_report(cfg, report, p)
 
 
 @dataclass
@@ -220,29 +162,23 @@ def score_batches(
             yield ScoredBatch(start, ids.cpu(), logits.float().cpu(), sums.cpu(), counts.cpu())
 
 
-def write_report(
-    cfg: EvalConfig, report: dict[str, Any], model_dir: Path, provenance: dict[str, Any]
-) -> dict[str, Any]:
+def write_report(cfg: EvalConfig, report: dict[str, Any], p: Prelude) -> dict[str, Any]:
     from twinrun.core.determinism import runtime_versions
-    from twinrun.core.digest import sha256_file
     from twinrun.core.fileio import atomic_write_json
     from twinrun.data.examples import examples_sha256
-    from twinrun.model.loading import model_sha256
 
     report = report | {
         "precision": cfg.precision,
         "chat_template": cfg.chat_template,
         "batch_size": cfg.batch_size,
         "batch_invariant": cfg.batch_invariant,
-        "model_sha256": model_sha256(model_dir),
-        "adapter_sha256": (
-            sha256_file(Path(cfg.adapter) / "adapter_model.safetensors") if cfg.adapter else None
-        ),
-        "data_sha256": examples_sha256(cfg.examples),  # type: ignore[arg-type]  # validate() requires it
-        "determinism": provenance,
+        "model_sha256": p.model_sha256(),
+        "adapter_sha256": p.adapter_sha256(),
+        "data_sha256": examples_sha256(str(cfg.examples)),
+        "determinism": p.provenance,
         "runtime": runtime_versions(),
     }
-    atomic_write_json(cfg.output, report)  # type: ignore[arg-type]  # validate() requires it
+    atomic_write_json(str(cfg.output), report)
     return report
 
 

@@ -31,94 +31,36 @@ order; with `--batch-invariant` each row's hidden states are bitwise what a batc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from twinrun.config.run import common_problems, require_flags
-from twinrun.config.values import resolve_max_length
+from twinrun.config.inference import ExtractConfig
 from twinrun.core.errors import ConfigError, DataError
-from twinrun.core.portable import default_mode
+from twinrun.model.prelude import Prelude, open_model
 
 HIDDEN_FORMAT = "twinrun.hidden.v1"
 STEERING_FORMAT = "twinrun.infer.steering.v1"
 STEERING_KEY = "steering_vector"
-POOLS = ("last", "mean")
 
 
-@dataclass(kw_only=True)
-class ExtractConfig:
-    model: str | None = None
-    adapter: str | None = None
-    examples: str | None = None
-    layer: int | None = None
-    pool: str | None = None
-    chat_template: str | None = None
-    precision: str | None = None
-    batch_size: int | None = None
-    output: str | None = None
-    steering: bool = False
-    batch_invariant: bool = False
-    threads: int | None = None
-    device: str = "cpu"
-    cpu_kernels: str = field(default_factory=default_mode)
-    strict: bool = True
-    overwrite: bool = False
-    quiet: bool = False
+def claim_outputs(cfg: ExtractConfig) -> None:
+    """Before the model loads: one check of both files, neither an input nor another's."""
+    from twinrun.core.owned import claim_file, json_format
 
-    def validate(self) -> None:
-        flags = {
-            "--model": self.model,
-            "--examples": self.examples,
-            "--layer": self.layer,
-            "--pool": self.pool,
-            "--chat-template": self.chat_template,
-            "--precision": self.precision,
-            "--batch-size": self.batch_size,
-            "--output": self.output,
-        }
-        if self.device == "cpu":  # the thread count shapes CPU results
-            flags["--threads"] = self.threads
-        require_flags(flags, "extract")
-        problems = common_problems(
-            batch_size=self.batch_size,
-            precision=self.precision,
-            chat_template=self.chat_template,
-            threads=self.threads,
-        )
-        if self.layer is not None and self.layer < 0:
-            problems.append(f"--layer must be >= 0, got {self.layer}")
-        if self.pool not in POOLS:
-            problems.append("--pool must be last or mean")  # no value shown: a secret?
-        if not str(self.output).endswith(".safetensors"):
-            problems.append("--output must end in .safetensors")
-        if problems:
-            raise ConfigError("; ".join(problems))
-        from twinrun.core.owned import claim_file, json_format
+    inputs = {"model": cfg.model, "adapter": cfg.adapter, "examples": cfg.examples}
+    sidecar_ours = json_format(HIDDEN_FORMAT, STEERING_FORMAT)
 
-        inputs = {"model": self.model, "adapter": self.adapter, "examples": self.examples}
-        sidecar_ours = json_format(HIDDEN_FORMAT, STEERING_FORMAT)
+    def tensors_ours(path: Path) -> bool:  # the sidecar beside it records these bytes
+        from twinrun.core.digest import sha256_file
+        from twinrun.core.jsonlimits import load_json_file
 
-        def tensors_ours(path: Path) -> bool:  # the sidecar beside it records these bytes
-            from twinrun.core.digest import sha256_file
-            from twinrun.core.jsonlimits import load_json_file
+        if not sidecar_ours(cfg.sidecar_path):
+            return False
+        record = load_json_file(cfg.sidecar_path, "extract sidecar")
+        return record.get("output_sha256") == sha256_file(path)
 
-            if not sidecar_ours(self.sidecar_path):
-                return False
-            record = load_json_file(self.sidecar_path, "extract sidecar")
-            return record.get("output_sha256") == sha256_file(path)
-
-        # before the model loads: one check of both files, neither an input nor another's
-        claim_file(self.out_path, self.overwrite, "twinrun extract", tensors_ours, inputs)
-        claim_file(self.sidecar_path, self.overwrite, "twinrun extract", sidecar_ours, inputs)
-
-    @property
-    def out_path(self) -> Path:
-        return Path(str(self.output))
-
-    @property
-    def sidecar_path(self) -> Path:
-        return self.out_path.with_suffix(".json")
+    claim_file(cfg.out_path, cfg.overwrite, "twinrun extract", tensors_ours, inputs)
+    claim_file(cfg.sidecar_path, cfg.overwrite, "twinrun extract", sidecar_ours, inputs)
 
 
 def encode_examples(tok: Any, raw: list[Any], chat: bool, max_len: int) -> list[Any]:
@@ -176,17 +118,16 @@ def pooled_hidden(model: Any, rows: list[Any], pad_id: int, cfg: ExtractConfig) 
 
 
 def run_extract(cfg: ExtractConfig) -> dict[str, Any]:
-    """Validate, build, extract, write OUT.safetensors and OUT.json; returns the sidecar."""
-    from twinrun.core.determinism import establish
-    from twinrun.data.examples import load_rows
-    from twinrun.model.build import build_model
-    from twinrun.model.loading import read_model_config
-    from twinrun.model.tokens import load_tokenizer
+    """Check, build, extract, write OUT.safetensors and OUT.json; returns the sidecar."""
+    cfg.check()  # before torch is imported
+    from twinrun.infer.inputs import read_examples
 
-    cfg.validate()
-    model_dir = Path(str(cfg.model))
-    config = read_model_config(model_dir)
-    layers = int(config.get("num_hidden_layers", 0))
+    claim_outputs(cfg)
+    p = open_model(
+        str(cfg.model), strict=cfg.strict, threads=cfg.threads, device=cfg.device,
+        cpu_kernels=cfg.cpu_kernels, adapter=cfg.adapter, templated=cfg.chat_template == "on",
+    )  # fmt: skip
+    layers = int(p.config.get("num_hidden_layers", 0))
     assert cfg.layer is not None
     if cfg.layer > layers:
         raise ConfigError(
@@ -194,64 +135,38 @@ def run_extract(cfg: ExtractConfig) -> dict[str, Any]:
             f"got {cfg.layer}",
             "0 is the embeddings, L the output of decoder layer L-1",
         )
-    max_len = resolve_max_length(None, config)
-    tok = load_tokenizer(model_dir)
-    raw = load_rows(str(cfg.examples))
-    chat = cfg.chat_template == "on"
-    is_pairs = any("chosen" in r.data or "rejected" in r.data for r in raw)
-    if cfg.steering and not is_pairs:
+    raw, kind = read_examples(str(cfg.examples))
+    if cfg.steering and kind != "pairs":
         raise ConfigError(
             "--steering needs preference pairs ({prompt, chosen, rejected} rows)",
             f"{cfg.examples} has none",
         )
-    if is_pairs:
+    if kind == "pairs":
         from twinrun.data.pairs import encode_pairs
 
-        pairs = encode_pairs(tok, raw, chat, max_len)
-        sides = {"chosen": [p.chosen for p in pairs], "rejected": [p.rejected for p in pairs]}
+        pairs = encode_pairs(p.tok, raw, p.templated, p.max_length())
+        sides = {"chosen": [e.chosen for e in pairs], "rejected": [e.rejected for e in pairs]}
     else:
-        sides = {"hidden": encode_examples(tok, raw, chat, max_len)}
-    if cfg.adapter is not None:
-        from twinrun.model.lora import read_adapter_config
-
-        read_adapter_config(cfg.adapter)  # fail before building anything
-    provenance = establish(
-        strict=cfg.strict, threads=cfg.threads, device=cfg.device, cpu_kernels=cfg.cpu_kernels
-    )
-    model = build_model(
-        model_dir,
-        precision=str(cfg.precision),
-        device=cfg.device,
-        adapter=cfg.adapter,
-        batch_invariant=cfg.batch_invariant,
-    )
-    tensors = {name: pooled_hidden(model, rows, tok.pad_id, cfg) for name, rows in sides.items()}
+        sides = {"hidden": encode_examples(p.tok, raw, p.templated, p.max_length())}
+    model = p.build(precision=str(cfg.precision), batch_invariant=cfg.batch_invariant)
+    tensors = {name: pooled_hidden(model, rows, p.tok.pad_id, cfg) for name, rows in sides.items()}
     if cfg.steering:
         vector = tensors["chosen"].double().mean(dim=0) - tensors["rejected"].double().mean(dim=0)
         tensors = {STEERING_KEY: vector.float()}
-    return write_outputs(cfg, tensors, len(raw), model, model_dir, provenance)
+    return write_outputs(cfg, tensors, len(raw), model, p)
 
 
 def write_outputs(
-    cfg: ExtractConfig,
-    tensors: dict[str, Any],
-    count: int,
-    model: Any,
-    model_dir: Path,
-    provenance: dict[str, Any],
+    cfg: ExtractConfig, tensors: dict[str, Any], count: int, model: Any, p: Prelude
 ) -> dict[str, Any]:
     """OUT.safetensors (metadata at its top level, keys sorted: the same bytes every run) and the
     OUT.json sidecar, atomically."""
     from twinrun.core.determinism import runtime_versions
     from twinrun.core.digest import sha256_file
-    from twinrun.core.fileio import atomic_write_json, atomic_write_with
-    from twinrun.core.safetensors_io import save_tensors_file
+    from twinrun.core.fileio import atomic_write_json
+    from twinrun.core.safetensors_io import write_tensors
     from twinrun.data.examples import examples_sha256
-    from twinrun.model.loading import model_sha256
 
-    adapter_sha = (
-        sha256_file(Path(cfg.adapter) / "adapter_model.safetensors") if cfg.adapter else None
-    )
     meta: dict[str, Any] = {
         "format": STEERING_FORMAT if cfg.steering else HIDDEN_FORMAT,
         "layer": cfg.layer,
@@ -263,20 +178,20 @@ def write_outputs(
         "examples": count,
         "hidden_size": model.hidden_size,
         "num_layers": model.num_layers,
-        "model_sha256": model_sha256(model_dir),
+        "model_sha256": p.model_sha256(),
         "data_sha256": examples_sha256(str(cfg.examples)),
-        "adapter_sha256": adapter_sha,
+        "adapter_sha256": p.adapter_sha256(),
     }
     strings = {k: "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
                for k, v in meta.items()}  # fmt: skip
     contiguous = {k: v.contiguous() for k, v in tensors.items()}
-    atomic_write_with(cfg.out_path, lambda tmp: save_tensors_file(contiguous, tmp, strings))
+    write_tensors(cfg.out_path, contiguous, strings)
     record = meta | {
         "tensors": {k: list(v.shape) for k, v in tensors.items()},
         "output": cfg.out_path.name,
         "output_sha256": sha256_file(cfg.out_path),
         "inputs": {"model": str(cfg.model), "examples": str(cfg.examples), "adapter": cfg.adapter},
-        "determinism": provenance,
+        "determinism": p.provenance,
         "runtime": runtime_versions(),
     }
     atomic_write_json(cfg.sidecar_path, record)

@@ -34,23 +34,14 @@ class SteeringArtifact:
 
 def read_steering(path: str | Path) -> SteeringArtifact:
     """Load and check a steering artifact; DataError names the file on any problem."""
-    from safetensors import safe_open
+    from twinrun.core.safetensors_io import read_safetensors
 
     p = Path(path)
     hint = "write one with twinrun extract --steering"
     reading.open_regular(p, "steering file", DataError, hint).close()  # a FIFO would block
-    try:
-        with safe_open(str(p), framework="pt") as fh:
-            metadata = dict(fh.metadata() or {})
-            keys = list(fh.keys())
-            vector = fh.get_tensor(STEERING_KEY) if STEERING_KEY in keys else None
-    except Exception as exc:  # safetensors raises its own error types
-        from twinrun.core.safetensors_io import reason
-
-        raise DataError(
-            f"{p} is not a readable safetensors file (steering vector: {reason(exc)})",
-            "write it again with twinrun extract --steering",
-        ) from exc
+    got = read_safetensors(p, "steering vector", "write it again with twinrun extract --steering")
+    metadata, keys = dict(got.metadata), list(got.tensors)
+    vector = got.tensors.get(STEERING_KEY)
     if metadata.get("format") != STEERING_FORMAT or vector is None:
         raise DataError(
             f"{p}: not a twinrun steering artifact (format {metadata.get('format')!r}, "

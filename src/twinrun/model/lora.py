@@ -32,6 +32,7 @@ from twinrun.model.output import ModuleTree
 from twinrun.model.targets import ALL_LINEAR, DEFAULT_TARGETS, default_targets
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_METADATA = {"format": "pt"}  # what PEFT writes
 ADAPTER_CONFIG = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."
 
@@ -268,9 +269,8 @@ def save_adapter(
     """Write adapter_model.safetensors + adapter_config.json (PEFT format), each atomically.
 
     rank/alpha/targets default to the model's LoRA layers and must agree with them."""
-    from safetensors.torch import save
-
-    from twinrun.core.fileio import atomic_write_bytes, atomic_write_text
+    from twinrun.core.fileio import atomic_write_text
+    from twinrun.core.safetensors_io import write_tensors
 
     m_rank, m_alpha, m_targets = _model_lora_shape(model)
     if rank is not None and rank != m_rank or alpha is not None and alpha != m_alpha:
@@ -285,8 +285,7 @@ def save_adapter(
         )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    data = save(lora_state_dict(model, dtype), metadata={"format": "pt"})
-    atomic_write_bytes(out / ADAPTER_WEIGHTS, data)
+    write_tensors(out / ADAPTER_WEIGHTS, lora_state_dict(model, dtype), ADAPTER_METADATA)
     cfg = adapter_config(base_model_path, m_rank, m_alpha, m_targets)
     atomic_write_text(out / ADAPTER_CONFIG, json.dumps(cfg, sort_keys=True, indent=2) + "\n")
 

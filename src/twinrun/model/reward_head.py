@@ -13,13 +13,13 @@ from typing import Any
 import torch
 
 from twinrun.core.errors import ModelError
-from twinrun.core.fileio import atomic_write_with
 from twinrun.core.rng import stream, torch_tensor
-from twinrun.core.safetensors_io import read_tensors, save_tensors_file
+from twinrun.core.safetensors_io import read_tensors, write_tensors
 from twinrun.objectives.reward import pool_last
 
 HEAD_FILE = "reward_head.safetensors"
 HEAD_KEY = "score.weight"
+HEAD_METADATA = {"format": "pt"}
 
 
 def new_reward_head(hidden_size: int, seed: int) -> torch.nn.Linear:
@@ -44,12 +44,14 @@ def scores(
     return head(pool_last(hidden, attn).float()).squeeze(-1)
 
 
+def head_tensors(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What `reward_head.safetensors` holds for this head weight."""
+    return {HEAD_KEY: weight.detach().float().cpu().contiguous()}
+
+
 def save_reward_head(head: torch.nn.Linear, out_dir: str | Path) -> None:
-    weight = {HEAD_KEY: head.weight.detach().float().cpu().contiguous()}
-    atomic_write_with(
-        Path(out_dir) / HEAD_FILE,
-        lambda tmp: save_tensors_file(weight, tmp, metadata={"format": "pt"}),
-    )
+    """Write `reward_head.safetensors` into `out_dir`, atomically."""
+    write_tensors(Path(out_dir) / HEAD_FILE, head_tensors(head.weight), HEAD_METADATA)
 
 
 def load_reward_head(adapter_dir: str | Path) -> torch.nn.Linear | None:

@@ -31,7 +31,7 @@ import torch
 from twinrun.core.determinism import runtime_versions
 from twinrun.core.errors import ConfigError
 from twinrun.core.fileio import fsync_dir
-from twinrun.core.safetensors_io import save_tensors_file
+from twinrun.core.safetensors_io import write_tensors
 from twinrun.train.adamw import AdamW
 from twinrun.train.checkpoint_check import (
     CHECKSUMS,
@@ -85,7 +85,7 @@ def write_checkpoint(
             for key, value in s.items():
                 tensors[f"optim.{i}.{key}"] = value.detach().cpu().contiguous().reshape(-1)
         tensors["rng.torch_cpu"] = torch.get_rng_state() if rng_state is None else rng_state
-        save_tensors_file(tensors, tmp / STATE_TENSORS, metadata={"format": FORMAT})
+        write_tensors(tmp / STATE_TENSORS, tensors, {"format": FORMAT})  # fsynced
         _crash_point("checkpoint-mid-write", steps_done)
         body = {
             "format": FORMAT,
@@ -98,7 +98,7 @@ def write_checkpoint(
         }
         (tmp / STATE_JSON).write_text(json.dumps(body) + "\n")
         write_checksums(tmp)
-        for name in (STATE_TENSORS, STATE_JSON, CHECKSUMS):
+        for name in (STATE_JSON, CHECKSUMS):
             with open(tmp / name, "rb") as fh:
                 os.fsync(fh.fileno())
         fsync_dir(tmp)
