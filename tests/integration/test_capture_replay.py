@@ -57,7 +57,7 @@ def forbid_data_and_environment(monkeypatch: pytest.MonkeyPatch, cap: Capture) -
         "twinrun.rl.environments.make_environment",
         "twinrun.train.recipes.grpo.make_environment",
         "twinrun.train.recipes.grpo.collect_rollouts",
-        "twinrun.train.recipes.grpo.sample_block",
+        "twinrun.train.recipes.tool_rollouts.decode_turn",
         "twinrun.data.examples.load_rows",
     ):
         monkeypatch.setattr(target, no)

@@ -220,13 +220,13 @@ def test_help_does_not_import_torch() -> None:
 def test_unexpected_error_is_one_line_too(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import twinrun.train.recipes.sft
+    import twinrun.train.recipes
 
-    def boom(cfg: object) -> None:
+    def boom(run: object) -> None:
         raise RuntimeError("something broke")
 
     monkeypatch.delenv("TWINRUN_DEBUG", raising=False)
-    monkeypatch.setattr(twinrun.train.recipes.sft, "train_sft", boom)
+    monkeypatch.setattr(twinrun.train.recipes, "train", boom)
     monkeypatch.setattr("twinrun.config.resolved.validate", lambda cfg: None)  # reach the trainer
     assert run_cli(["tune", "sft"]) == 1
     err = capsys.readouterr().err

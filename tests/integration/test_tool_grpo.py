@@ -226,7 +226,7 @@ def test_timestamp_step_captured_once_replays_twice_bit_for_bit(
     def no(*args: object, **kwargs: object) -> None:
         raise AssertionError("a replay built an environment or sampled")
 
-    for target in ("twinrun.train.recipes.grpo.collect_episodes",
+    for target in ("twinrun.train.recipes.grpo.collect_rollouts",
                    "twinrun.train.recipes.grpo.tool_environment",
                    "twinrun.train.recipes.tool_rollouts.tool_environment_of",
                    "twinrun.data.examples.load_rows"):  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import textwrap
 import time
@@ -16,10 +17,16 @@ from twinrun.rl.environments import (
     ClockEnvironment,
     Environment,
     EnvironmentPluginError,
+    EnvReply,
+    Episode,
+    SingleTurn,
     checked_prompt,
     checked_reward,
+    environment_kind,
+    finite_reward,
     first_integer,
     make_environment,
+    no_arguments,
     observation_fault,
 )
 
@@ -278,3 +285,79 @@ def test_checked_prompt_refuses_non_str() -> None:
 
     with pytest.raises(EnvironmentPluginError, match="prompt returned int"):
         checked_prompt(Bad(), "bad:env", {}, stream(0, "env"))  # type: ignore[arg-type]
+
+
+# --- one protocol: a single-turn environment is episodes of one turn -------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("arithmetic", "builtin"), ("clock", "builtin"), ("calculator", "tool"),
+        ("lookup", "tool"), ("http://127.0.0.1:8000", "url"), ("file:///etc/passwd", "url"),
+        ("reasoning_gym://x", "url"), ("math-verify", "reward-source"),
+        ("reasoning_gym:leg_counting", "reward-source"), ("mypkg.envs:make", "plugin"),
+        ("bad name:f", "plugin"), ("arith", "unknown"), ("", "unknown"),
+    ],
+)  # fmt: skip
+def test_environment_kind_reads_the_name_alone(name: str, kind: str) -> None:
+    assert environment_kind(name) == kind
+
+
+def test_no_arguments_for_every_kind_that_takes_none() -> None:
+    for name in ("arithmetic", "calculator", "http://127.0.0.1:1", "math-verify"):
+        with pytest.raises(ConfigError, match=f"{re.escape(repr(name))} takes no arguments"):
+            no_arguments(name, {"x": 1})
+        no_arguments(name, {})
+    for name in ("mypkg.envs:make", "reasoning_gym:leg_counting", "unknown"):
+        no_arguments(name, {"x": 1})
+    with pytest.raises(ConfigError, match="'math-verify' takes no arguments, got \\['x'\\]"):
+        make_environment("math-verify", {"x": 1})
+
+
+def test_a_builtin_is_one_turn_episodes() -> None:
+    env = make_environment("arithmetic", {})
+    assert isinstance(env, Environment) and isinstance(env, SingleTurn) and env.one_turn
+    ep = env.episode(dict(ROW), rng())
+    assert isinstance(ep, Episode) and ep.tools == ()
+    assert ep.start() == "What is 3 + 4?"
+    assert ep.answer(" 7") == EnvReply((), True) and ep.reward() == 1.0
+    assert ep.answer("8") == EnvReply((), True) and ep.reward() == 0.0  # the next sample
+    ep.close()
+    with pytest.raises(DataError, match="'arithmetic': 'answer' 'seven' is not an integer"):
+        episode = env.episode({"prompt": "x", "answer": "seven"}, rng())
+        episode.answer("7")
+        episode.reward()
+
+
+def test_a_plugins_episode_is_a_fresh_instance_and_keeps_its_errors(plugin_module: str) -> None:
+    name = f"{plugin_module}.envs:make"
+    env = make_environment(name, {"target": "42", "bonus": 0.5})
+    first, second = (
+        env.episode({"prompt": "Say 42."}, stream(3, "env", 1, 0)),
+        env.episode({"prompt": "Say 42."}, stream(3, "env", 1, 0)),
+    )
+    assert (
+        first.start()
+        == second.start()
+        == checked_prompt(env, name, {"prompt": "Say 42."}, stream(3, "env", 1, 0))
+    )
+    assert first.env is not second.env is not env  # type: ignore[attr-defined]
+    first.answer(" 42 ")
+    assert first.reward() == 1.5
+    bad = make_environment(f"{plugin_module}.envs:nan_reward", {}).episode({"prompt": "p"}, rng())
+    bad.answer("inf")
+    with pytest.raises(EnvironmentPluginError, match="reward returned inf, not a finite float"):
+        bad.reward()
+
+
+def test_finite_reward_is_the_one_check() -> None:
+    assert finite_reward(3, "x") == 3.0 and type(finite_reward(3, "x")) is float
+    for value, shown in ((True, "bool"), ("1", "str"), (None, "NoneType")):
+        with pytest.raises(EnvironmentPluginError, match=f"^lead {shown}, not a float$"):
+            finite_reward(value, "lead")
+    with pytest.raises(EnvironmentPluginError, match="^lead str 'sk-<redacted>', not a float$"):
+        finite_reward("sk-secret", "lead", hide=("secret",))
+    for value, shown in ((float("nan"), "nan"), (10**400, "int inf"), (-math.inf, "-inf")):
+        with pytest.raises(ConfigError, match=f"^lead {shown}, not a finite float$"):
+            finite_reward(value, "lead", ConfigError)  # type: ignore[arg-type]

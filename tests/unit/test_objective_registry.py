@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from twinrun.objectives.registry import NAMES, OBJECTIVES, names, objective, trainer_of
+from twinrun.objectives.registry import NAMES, OBJECTIVES, names, objective
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "twinrun"
 REGISTRY = "objectives/registry.py"
@@ -22,6 +22,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("train/recipes/sft.py", "sft"): "SFT's own recipe",
     ("train/recipes/text.py", "text"): "text's own recipe",
     ("train/recipes/grpo.py", "grpo"): "GRPO's own recipe",
+    ("train/recipes/pairs.py", "dpo"): "DPO's own recipe class",
+    ("train/recipes/pairs.py", "ipo"): "IPO's own recipe class",
+    ("train/recipes/pairs.py", "reward"): "the reward model's own recipe class",
     ("golden/suite.py", "sft"): "the suite's fixed run of each objective, and its sft adapter",
     ("golden/suite.py", "dpo"): "the suite's fixed run of each objective",
     ("golden/suite.py", "ipo"): "the suite's fixed run of each objective",
@@ -73,16 +76,13 @@ def test_the_scan_sees_names_where_they_are() -> None:
 
 
 def test_records_are_unique_and_say_what_the_rest_of_twinrun_knows() -> None:
-    from twinrun.config.run import SETTINGS, applies
+    from twinrun.config.run import applies
     from twinrun.train.faults import FAULTS
 
     assert len(NAMES) == len(set(NAMES)) == len(OBJECTIVES)
-    by_toml = {s.toml: name for name, s in SETTINGS.items() if s.toml}
     for o in OBJECTIVES:
         assert objective(o.name) is o
         assert set(o.faults) <= set(FAULTS), o.name
-        for key in o.contract_keys:
-            assert applies(by_toml[key], o.name), (o.name, key)
         assert applies("steps" if o.counts == "steps" else "epochs", o.name), o.name
         assert applies("examples", o.name) == o.reads_examples, o.name
     assert names(counts="epochs") == ("sft", "dpo", "ipo", "reward")
@@ -90,9 +90,30 @@ def test_records_are_unique_and_say_what_the_rest_of_twinrun_knows() -> None:
     assert names(samples=True) == ("grpo",)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_each_record_names_a_recipe_that_exists(name: str) -> None:
-    assert callable(trainer_of(name))
+def test_the_recipes_are_the_registry_s_objectives() -> None:
+    from twinrun.train.recipes import RECIPES
+
+    assert tuple(RECIPES) == NAMES
+    for name, kind in RECIPES.items():
+        assert kind.name == name
+
+
+@pytest.mark.parametrize("name", names(data="pairs"))
+def test_each_pair_recipe_s_loss_agrees_with_its_record(name: str) -> None:
+    from twinrun.config.run import SETTINGS, applies
+    from twinrun.train.recipes import RECIPES
+    from twinrun.train.recipes.pairs import PairRecipe
+
+    kind = RECIPES[name]
+    assert issubclass(kind, PairRecipe)
+    record = objective(name)
+    assert kind.loss.needs_reference == record.has_reference
+    if kind.loss.settings is not None:  # the record's every setting applies to the objective
+        import dataclasses
+
+        fields = [f.name for f in dataclasses.fields(kind.loss.settings)]
+        assert fields and all(applies(f, name) for f in fields if f in SETTINGS), (name, fields)
+    assert (kind.loss.settings is None) == (not record.has_reference)
 
 
 def test_the_golden_suite_runs_every_objective() -> None:

@@ -50,7 +50,7 @@ def expected(name: str) -> set[type]:
     kinds: set[type] = {EpochPlan if o.counts == "epochs" else StepCount}
     kinds |= {Examples} if o.reads_examples else {TextWindows}
     kinds |= {Rollouts, PolicyUpdate} if o.samples else set()
-    kinds |= {Preference} if "dpo.beta" in o.contract_keys else set()
+    kinds |= {Preference} if o.has_reference else set()
     return kinds
 
 

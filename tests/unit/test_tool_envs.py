@@ -51,7 +51,7 @@ def call(name: str, arguments: Any) -> str:
 
 def episode(name: str, row: dict[str, Any] = ROW, args: dict | None = None, timeout: float = 5.0):
     env = make_tool_environment(name, args, timeout)
-    assert isinstance(env, ToolEnvironment)
+    assert isinstance(env, ToolEnvironment) and not env.one_turn
     ep = env.episode(dict(row), rng())
     assert isinstance(ep, Episode)
     return ep

@@ -35,10 +35,10 @@ def training_command(objective: Objective) -> click.Command:
         from twinrun.config.resolved import validate
 
         cfg = config_from_options(objective.name, opts)
-        validate(cfg)  # every missing or bad value in one line, before torch is imported
+        valid = validate(cfg)  # every missing or bad value in one line, before torch is imported
         from twinrun.train.recipes import train
 
-        print_run_summary(train(cfg), cfg.quiet)
+        print_run_summary(train(valid), cfg.quiet)
 
     return tune.command(objective.name, help=objective.summary)(run_options(objective.name)(run))
 

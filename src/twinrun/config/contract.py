@@ -16,14 +16,29 @@ must not weaken the gate).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from twinrun.config.run import SETTINGS, RunConfig
+from twinrun.config.run import SETTINGS, RunConfig, applies
 from twinrun.core.digest import canonical_json
-from twinrun.objectives import registry
 
 V1_ALLOWED_DIFFERENCES = ("backend.options.gradient_checkpointing",)
 BY_TOML = {s.toml: name for name, s in SETTINGS.items() if s.toml}  # TOML key -> config field
+
+# how a contract setting's value is written (numbers that may be given as integers are floats)
+_AS_WRITTEN: dict[str, Callable[[Any], Any]] = {
+    "lora_alpha": lambda v: None if v is None else float(v),
+    "adam_betas": lambda v: [float(b) for b in v],
+    "adam_eps": float,
+    "weight_decay": float,
+    "inject": list,
+}
+
+
+def contract_settings(objective: str) -> tuple[str, ...]:
+    """The config fields in `objective`'s contract: every setting declared `contract=True` that
+    applies to it, in declaration order."""
+    return tuple(n for n, s in SETTINGS.items() if s.contract and applies(n, objective))
 
 
 def optimizer_contract(
@@ -34,36 +49,19 @@ def optimizer_contract(
     engine: str = "pytorch",
 ) -> dict[str, Any]:
     """The contract of a run whose LoRA layers wrap `lora_targets` (as resolved for the model:
-    the source's from its model, a replay's from the adapter it starts from)."""
+    the source's from its model, a replay's from the adapter it starts from). Its keys are the
+    contract settings' TOML keys, and what no setting holds: the objective, the base weights'
+    SHA256, the optimizer's name and the inference engine."""
     c: dict[str, Any] = {
         "training.objective": objective,
-        "training.seed": cfg.seed,
-        "training.learning_rate": cfg.learning_rate,
-        "training.warmup_steps": cfg.warmup_steps,
-        "training.lr_schedule": cfg.lr_schedule,
-        "training.decay_steps": cfg.decay_steps,
-        "training.batch_size": cfg.batch_size,
-        "training.precision": cfg.precision,
         "model.sha256": model_sha256,
-        "model.lora_rank": cfg.lora_rank,
-        "model.lora_alpha": None if cfg.lora_alpha is None else float(cfg.lora_alpha),
-        "model.lora_targets": sorted(lora_targets),
-        "model.attention": cfg.attention,
         "optimizer.name": "adamw",
-        "optimizer.betas": [float(b) for b in cfg.adam_betas],
-        "optimizer.eps": float(cfg.adam_eps),
-        "optimizer.weight_decay": float(cfg.weight_decay),
-        "backend.devices": cfg.device,
-        "backend.options.strict_deterministic": cfg.strict,
-        "backend.options.threads": cfg.threads,
-        "backend.options.cpu_kernels": cfg.cpu_kernels,
-        "backend.options.batch_invariant": cfg.batch_invariant,
-        "backend.options.gradient_checkpointing": cfg.gradient_checkpointing,
         "inference.engine": engine,
-        "debug.inject": list(cfg.inject),
     }
-    for key in registry.objective(objective).contract_keys:  # the objective's own settings
-        c[key] = getattr(cfg, BY_TOML[key])
+    for name in contract_settings(objective):
+        value = getattr(cfg, name)
+        c[SETTINGS[name].toml] = _AS_WRITTEN.get(name, lambda v: v)(value)
+    c["model.lora_targets"] = sorted(lora_targets)  # as resolved, not as given
     return c
 
 

@@ -13,14 +13,16 @@ user's.
 
 A replay (`trainer = "optimizer_replay"`) names its `ReplayPins` when it is loaded, and is
 resolved by `replay_run` once its optimizer contract equals its source's: the contract pins the
-common numbers and the objective's own (its `contract_keys`), so a replay has the records its
+settings declared `contract=True` that apply to the objective, so a replay has the records its
 update reads and none that choose rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from twinrun.config.run import (
@@ -34,7 +36,6 @@ from twinrun.config.run import (
 )
 from twinrun.config.setting import OBJECTIVES, Source
 from twinrun.core.errors import ConfigError
-from twinrun.objectives.registry import objective
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,19 +148,23 @@ class ValidRun:
     lora_alpha: float
     precision: str
     records: tuple[Any, ...]
+    by_kind: Mapping[type, Any] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_kind", MappingProxyType({type(r): r for r in self.records}))
 
     def record(self, kind: type[R]) -> R:
         """This run's `kind` record; RuntimeError (a bug in twinrun) when it has none."""
-        for r in self.records:
-            if isinstance(r, kind):
-                return r
-        raise RuntimeError(
-            f"a {self.config.objective} run has no {kind.__name__} settings: the code that asks "
-            "for them runs for another objective"
-        )
+        if kind not in self.by_kind:
+            raise RuntimeError(
+                f"a {self.config.objective} run has no {kind.__name__} settings: the code that "
+                "asks for them runs for another objective"
+            )
+        found: R = self.by_kind[kind]
+        return found
 
     def has(self, kind: type) -> bool:
-        return any(isinstance(r, kind) for r in self.records)
+        return kind in self.by_kind
 
     def with_config(self, **changes: Any) -> ValidRun:
         """The same run with switches that do not shape it changed (the device a process of a
@@ -167,7 +172,9 @@ class ValidRun:
         return dataclasses.replace(self, config=dataclasses.replace(self.config, **changes))
 
 
-COMMON = tuple(f.name for f in dataclasses.fields(ValidRun) if f.name not in ("config", "records"))
+COMMON = tuple(
+    f.name for f in dataclasses.fields(ValidRun) if f.name not in ("config", "records", "by_kind")
+)
 
 
 def validate(cfg: RunConfig, source: Source = "flag") -> ValidRun:
@@ -211,8 +218,10 @@ def validate(cfg: RunConfig, source: Source = "flag") -> ValidRun:
 def replay_run(cfg: RunConfig) -> ValidRun:
     """A replay's run, its `objective` the captured one, once its optimizer contract equals the
     source's: the records whose every setting the objective's contract pins."""
-    pinned = set(objective(cfg.objective).contract_keys)
-    kinds = [k for k in RECORDS if {SETTINGS[n].toml for n in _names(k)} <= pinned]
+    from twinrun.config.contract import contract_settings
+
+    pinned = set(contract_settings(cfg.objective))
+    kinds = [k for k in RECORDS if set(_names(k)) <= pinned]
     return _resolved(cfg, kinds)
 
 

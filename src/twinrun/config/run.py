@@ -66,45 +66,55 @@ class RunConfig:
     seed: int | None = _s(
         "int", "--seed", "training.seed", "Seed in [0, 2**63): fixes the whole run.",
         required=True, low=0, high=INT_LIMIT, high_open=True,
+        contract=True,
     )  # fmt: skip
     epochs: int | None = _s(
         "int", "--epochs", "training.epochs", "Passes over the examples.",
         required=True, objectives=EPOCHS, low=1,
     )  # fmt: skip
     batch_size: int | None = _s(
-        "int", "--batch-size", "training.batch_size", "Rows per forward.", required=True, low=1
-    )
+        "int", "--batch-size", "training.batch_size", "Rows per forward.", required=True, low=1,
+        contract=True,
+    )  # fmt: skip
     accumulation: int | None = _s(
         "int", "--accumulation", "training.accumulation", "Forwards per optimizer step.",
         required=True, objectives=EPOCHS, low=1,
+        contract=True,
     )  # fmt: skip
     learning_rate: float | None = _s(
         "float", "--learning-rate", "training.learning_rate", "Peak learning rate (AdamW).",
         required=True, low=0, low_open=True,
+        contract=True,
     )  # fmt: skip
     warmup_steps: int | None = _s(
         "int", "--warmup-steps", "training.warmup_steps",
         "Linear warmup steps (then the schedule).", required=True, low=0,
+        contract=True,
     )  # fmt: skip
     lr_schedule: str | None = _s(
         "str", "--lr-schedule", "training.lr_schedule",
         "After warmup: cosine (to 0) | wsd (stable, then linear to 0) | constant.",
         required=True, choices=SCHEDULES,
+        contract=True,
     )  # fmt: skip
     decay_steps: int | None = _s(
         "int", "--decay-steps", "training.decay_steps",
         "wsd: the last N steps decay linearly to exactly 0 (wsd only).", low=1,
+        contract=True,
     )  # fmt: skip
     lora_rank: int | None = _s(
-        "int", "--lora-rank", "model.lora_rank", "LoRA rank r.", required=True, low=1
-    )
+        "int", "--lora-rank", "model.lora_rank", "LoRA rank r.", required=True, low=1,
+        contract=True,
+    )  # fmt: skip
     lora_alpha: float | None = _s(
         "float", "--lora-alpha", "model.lora_alpha", "LoRA alpha (scaling alpha / r).",
         required=True, low=0, low_open=True,
+        contract=True,
     )  # fmt: skip
     precision: str | None = _s(
         "str", "--precision", "training.precision", "f32 | bf16 (f32 casts nothing).",
         required=True, choices=PRECISIONS,
+        contract=True,
     )  # fmt: skip
     chat_template: str | None = _s(
         "str", "--chat-template", "model.chat_template", "on | off.",
@@ -115,6 +125,7 @@ class RunConfig:
         "float", "--beta", "dpo.beta",
         "Preference temperature beta (> 0): DPO's beta, IPO's tau.",
         required=True, objectives=names(has_reference=True), low=0, low_open=True,
+        contract=True,
     )  # fmt: skip
     # grpo (replaces epochs/accumulation)
     steps: int | None = _s(
@@ -134,6 +145,7 @@ class RunConfig:
     windows_per_step: int | None = _s(
         "int", "--windows-per-step", "text.windows_per_step", "Windows per optimizer step.",
         required=True, objectives=TEXT, low=1,
+        contract=True,
     )  # fmt: skip
     prompts_per_step: int | None = _s(
         "int", "--prompts-per-step", "grpo.prompts_per_step", "Prompts sampled per step.",
@@ -150,10 +162,12 @@ class RunConfig:
     temperature: float | None = _s(
         "float", "--temperature", "grpo.temperature", "Sampling temperature (> 0).",
         required=True, objectives=GRPO, low=0, low_open=True, reason="GRPO samples",
+        contract=True,
     )  # fmt: skip
     clip_eps: float | None = _s(
         "float", "--clip-eps", "grpo.clip_eps", "PPO clip epsilon, in (0, 1).",
         required=True, objectives=GRPO, low=0, low_open=True, high=1, high_open=True,
+        contract=True,
     )  # fmt: skip
     advantage_clip: float | None = _s(
         "float", "--advantage-clip", "grpo.advantage_clip", "Clip advantages to +-this.",
@@ -162,6 +176,7 @@ class RunConfig:
     token_cap: int | None = _s(
         "int", "--token-cap", "grpo.token_cap", "Completion tokens per row in the loss, at most.",
         required=True, objectives=GRPO, low=1,
+        contract=True,
     )  # fmt: skip
     rollout_block: int = _s(
         "int", "--rollout-block", "grpo.rollout_block",
@@ -218,10 +233,12 @@ class RunConfig:
         "Modules LoRA adapts: NAMES (comma-separated) or all-linear. "
         "Default: the architecture's attention projections (recorded).",
         metavar="NAMES|all-linear",
+        contract=True,
     )  # fmt: skip
     attention: str = _s(
         "str", "--attention", "model.attention", "Attention implementation (recorded).",
         default="eager", choices=ATTENTIONS,
+        contract=True,
     )  # fmt: skip
     max_length: int | None = _s(
         "int", "--max-length", "training.max_length",
@@ -249,13 +266,17 @@ class RunConfig:
     inject: list[str] = _s(
         "list[str]", "--inject", "debug.inject", "Plant a fault: FAULT@STEP (testing).",
         default=[], multiple=True,
+        contract=True,
     )  # fmt: skip
     threads: int | None = _s(
         "int", "--threads", "backend.options.threads",
         "torch threads (recorded; torch's default when left out). Required with --cpu-kernels "
         "native, where the count shapes the bytes. At most max(256, this machine's cores).", low=1,
+        contract=True,
     )  # fmt: skip
-    device: str = _s("str", "--device", "backend.devices", "cpu | cuda:0.", default="cpu")
+    device: str = _s(
+        "str", "--device", "backend.devices", "cpu | cuda:0.", default="cpu", contract=True
+    )
     cpu_kernels: str = _s(
         "str", "--cpu-kernels", "backend.options.cpu_kernels",
         "native: the machine's own kernels, fast, bytes of this CPU kind and thread count only; "
@@ -263,14 +284,17 @@ class RunConfig:
         "own transcendental functions, AVX2 kernels), several times slower. Default: native, "
         "or TWINRUN_CPU_KERNELS.",
         default=default_mode(), choices=CPU_KERNELS,
+        contract=True,
     )  # fmt: skip
     strict: bool = _s(
         "bool", "--strict/--no-strict", "backend.options.strict_deterministic",
         "Strict deterministic mode.", default=True,
+        contract=True,
     )  # fmt: skip
     batch_invariant: bool = _s(
         "bool", "--batch-invariant", "backend.options.batch_invariant",
         "Row results independent of batch.", default=False,
+        contract=True,
     )  # fmt: skip
     stop_after: int | None = _s(
         "int", "--stop-after", "training.stop_after",
@@ -309,6 +333,7 @@ class RunConfig:
         "backend.options.gradient_checkpointing",
         "Recompute activations in backward.",
         default=False,
+        contract=True,
     )
     shard_base: bool = _s(
         "bool", "--shard-base", "backend.options.shard_base",
@@ -328,13 +353,14 @@ class RunConfig:
     )  # fmt: skip
     # fixed optimizer numbers: recorded so the sidecar is the whole record
     weight_decay: float = _s("float", "", "optimizer.weight_decay", "AdamW weight decay.",
-                             default=0.0, low=0)  # fmt: skip
+                             default=0.0, low=0, contract=True)  # fmt: skip
     adam_betas: tuple[float, float] = _s(
         "pair", "", "optimizer.betas", "AdamW betas.",
         default=(0.9, 0.999), low=0, high=1, high_open=True,
+        contract=True,
     )  # fmt: skip
     adam_eps: float = _s("float", "", "optimizer.eps", "AdamW epsilon.", default=1e-8,
-                        low=0, low_open=True)  # fmt: skip
+                        low=0, low_open=True, contract=True)  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.inject is None:
@@ -406,38 +432,58 @@ def check_report_to(values: Iterable[str], name: str = "--report-to") -> list[st
 
 def value_problems(cfg: RunConfig, source: Source = "flag") -> list[str]:
     """Each given value against its declaration, then the rules that join two settings."""
-    problems: list[str] = []
-    for name, s in SETTINGS.items():
-        value = getattr(cfg, name)
-        if value is None or name == "objective":
-            continue
-        if cfg.objective not in s.objectives:
-            if value != s.default:
-                problems.append(f"{s.name(source)} does not apply to {cfg.objective}")
-            continue
-        if (p := s.problem(value, source)) is not None:
-            problems.append(p)
-        elif name == "threads" and (p := threads_problem(value, s.name(source))) is not None:
-            problems.append(p)  # before any thread pool: flags, TOML and sidecars alike
+    problems = [p for name in SETTINGS if (p := _given_problem(cfg, name, source)) is not None]
     if cfg.lora_targets is not None:
         problems += targets_problems(cfg.lora_targets, SETTINGS["lora_targets"].name(source))
+    return problems + _joint_problems(cfg, source)
+
+
+def _given_problem(cfg: RunConfig, name: str, source: Source) -> str | None:
+    """What is wrong with the value given for `name` (None when none is given, or it is fine):
+    a setting that does not apply to the objective, else the declaration's own checks."""
+    s, value = SETTINGS[name], getattr(cfg, name)
+    if value is None or name == "objective":
+        return None
+    if cfg.objective not in s.objectives:
+        return f"{s.name(source)} does not apply to {cfg.objective}" if value != s.default else None
+    if (p := s.problem(value, source)) is not None:
+        return p
+    if name == "threads":  # before any thread pool: flags, TOML and sidecars alike
+        return threads_problem(value, s.name(source))
+    return None
+
+
+def _joint_problems(cfg: RunConfig, source: Source) -> list[str]:
+    """The rules that join two settings."""
     n = {k: s.name(source) for k, s in SETTINGS.items()}
-    if cfg.prefetch and BY_NAME[cfg.objective].samples:
-        problems.append(
+    rules = (
+        (
+            bool(cfg.prefetch and BY_NAME[cfg.objective].samples),
             f"{n['prefetch']} does not apply to {cfg.objective} "
-            "(its next batch is sampled from the updated policy)"
-        )
-    if cfg.replay != "per" and any(spec.startswith("replay@") for spec in cfg.inject or []):
-        problems.append(f"{n['inject']} replay@STEP needs {n['replay']} per")
-    if cfg.decay_steps is not None and cfg.lr_schedule not in (None, "wsd"):
-        problems.append(f"{n['decay_steps']} applies to {n['lr_schedule']} wsd only")
-    if (cfg.eval_examples is None) != (cfg.eval_every is None):
-        problems.append(f"{n['eval_examples']} and {n['eval_every']} go together")
-    if cfg.eval_limit is not None and cfg.eval_examples is None:
-        problems.append(f"{n['eval_limit']} needs {n['eval_examples']}")
-    if (cfg.spike_factor is None) != (cfg.spike_window is None):
-        problems.append(f"{n['spike_factor']} and {n['spike_window']} go together")
-    return problems
+            "(its next batch is sampled from the updated policy)",
+        ),
+        (
+            cfg.replay != "per" and any(spec.startswith("replay@") for spec in cfg.inject or []),
+            f"{n['inject']} replay@STEP needs {n['replay']} per",
+        ),
+        (
+            cfg.decay_steps is not None and cfg.lr_schedule not in (None, "wsd"),
+            f"{n['decay_steps']} applies to {n['lr_schedule']} wsd only",
+        ),
+        (
+            (cfg.eval_examples is None) != (cfg.eval_every is None),
+            f"{n['eval_examples']} and {n['eval_every']} go together",
+        ),
+        (
+            cfg.eval_limit is not None and cfg.eval_examples is None,
+            f"{n['eval_limit']} needs {n['eval_examples']}",
+        ),
+        (
+            (cfg.spike_factor is None) != (cfg.spike_window is None),
+            f"{n['spike_factor']} and {n['spike_window']} go together",
+        ),
+    )
+    return [message for broken, message in rules if broken]
 
 
 def shaping_numbers(cfg: RunConfig, resolved: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -53,6 +53,10 @@ class Setting:
     """Must be given for every objective it applies to (no silent default)."""
     shapes: bool = True
     """Recorded in the sidecar's `train` section and compared on resume."""
+    contract: bool = False
+    """Decides what one optimizer update does to the adapter, given the step's batch: a key of
+    the optimizer contract (config/contract.py), which a replay's must equal its source's, for
+    every objective the setting applies to."""
     objectives: tuple[str, ...] = OBJECTIVES
     """The training commands that offer it; elsewhere a given value is refused."""
     record_for_all: bool = False
@@ -85,23 +89,19 @@ class Setting:
         name = self.name(source)
         if self.kind in ("int", "float"):
             return number_problem(name, value, self)
-        if self.kind == "pair":
-            if not isinstance(value, list | tuple) or len(value) != 2:
-                return f"{name} must be two numbers"
-            for item in value:
-                if (p := number_problem(name, item, self)) is not None:
-                    return p
-            return None
-        if self.kind == "list[int]":
-            if not isinstance(value, list | tuple):
-                return f"{name} must be a list of integers"
-            for item in value:
-                if (p := number_problem(name, item, self)) is not None:
-                    return p
-            return None
+        if self.kind in ("pair", "list[int]"):
+            return self._numbers_problem(name, value)
         if self.choices and value not in self.choices:
             return f"{name} must be {_either(self.choices)}"  # the value is not shown: a secret?
         return None
+
+    def _numbers_problem(self, name: str, value: Any) -> str | None:
+        """A pair (two numbers) or a list of integers, each number in the setting's range."""
+        if self.kind == "pair" and (not isinstance(value, list | tuple) or len(value) != 2):
+            return f"{name} must be two numbers"
+        if not isinstance(value, list | tuple):
+            return f"{name} must be a list of integers"
+        return next((p for item in value if (p := number_problem(name, item, self))), None)
 
     def range_words(self) -> str:
         lo, hi = self.low, self.high

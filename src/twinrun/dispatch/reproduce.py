@@ -153,11 +153,10 @@ _NOT_TRAIN = frozenset(
 def recorded_plugin(cfg: RunConfig) -> str | None:
     """The plugin `module.path:factory` the run's `env` names, or None for a built-in
     environment, a reward source, a tool environment or twinrun's own module."""
-    from twinrun.rl.environments import _PLUGIN
-    from twinrun.rl.reward_sources import is_reward_source
+    from twinrun.rl.environments import _PLUGIN, environment_kind
 
     env = getattr(cfg, "env", None)
-    if not isinstance(env, str) or not _PLUGIN.match(env) or is_reward_source(env):
+    if not isinstance(env, str) or environment_kind(env) != "plugin" or not _PLUGIN.match(env):
         return None
     return None if env.split(".")[0].split(":")[0] == "twinrun" else env
 

@@ -45,8 +45,7 @@ def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -
     if problems:
         hint = "see docs/capture.md (capture a source step)"
         raise ConfigError(f"{path}: " + "; ".join(problems), hint)
-    cfg = run.cfg
-    record = train(cfg)
+    record = train(run.training())  # validated once, when the config was loaded
     if not record:  # a process of a data-parallel run other than rank 0: it writes nothing
         return record
     out = Path(run.training().output)

@@ -2,18 +2,17 @@
 
 Every module that lists the objectives, or behaves differently for one, reads these records: the
 `tune` commands and the TOML trainers, the settings that apply, the faults that can be planted,
-the optimizer contract, the capture payload's checks, replay, the golden suite and the
-harness. Adding an objective is one record here, one recipe (`train/recipes/`) and its tests;
-`tests/unit/test_objective_registry.py` fails when another module spells an objective's name.
+the capture payload's checks, the golden suite and the harness. Adding an objective is one record
+here, one recipe class (`train/recipes/`, registered in its `RECIPES` under the same name) and
+its tests; `tests/unit/test_objective_registry.py` fails when another module spells an
+objective's name, or when the recipes and the records disagree.
 
-This module imports nothing heavy (no torch): the command line builds its help from it. The
-trainer is named as `module:function` and imported only when a run starts (`trainer_of`).
+This module imports nothing heavy (no torch) and names no code: the command line builds its help
+from it, and only the run itself imports the recipes (`twinrun.train.recipes.RECIPES`).
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -42,30 +41,17 @@ class Objective:
     mask, chosen/rejected forwards of equal size, or sampled rollouts with their advantages."""
     faults: tuple[str, ...]
     """The `--inject` faults that act on this objective (train/faults.py names them all)."""
-    contract_keys: tuple[str, ...]
-    """The TOML keys of the objective's own settings in the optimizer contract, beyond those every
-    objective shares (config/contract.py)."""
-    trainer: str
-    """`module:function` of the recipe: `function(cfg: RunConfig) -> dict` (the sidecar record)."""
     head: bool = False
     """Trains a scalar head with the adapter (`reward_head.safetensors`)."""
-    pair_loss: str | None = None
-    """`module:function` of a preference loss against the frozen reference (the model with the
-    adapter disabled): `function(pc, pr, rc, rr, beta) -> DPOOut` over the pairs' completion
-    log-probs (`--beta` applies). None: no reference model."""
-    per_token: bool = False
-    """The preference loss reads each side's log-prob per completion token (the sum divided by
-    its token count), as TRL's IPO does, not the sum."""
+    has_reference: bool = False
+    """Compares the policy with the frozen reference (the model with the adapter disabled)
+    through a preference loss, whose temperature is `--beta`; the recipe's pair loss says how
+    (train/recipes/pairs.py)."""
 
     @property
     def reads_examples(self) -> bool:
         """Reads an examples file (`--examples`, `--chat-template`)."""
         return self.data != "corpus"
-
-    @property
-    def has_reference(self) -> bool:
-        """Compares the policy with the frozen reference through a preference loss (`--beta`)."""
-        return self.pair_loss is not None
 
     @property
     def samples(self) -> bool:
@@ -83,8 +69,6 @@ OBJECTIVES: tuple[Objective, ...] = (
         data="examples",
         batch="rows",
         faults=_EXAMPLE_FAULTS,
-        contract_keys=("training.accumulation",),
-        trainer="twinrun.train.recipes.sft:train_sft",
     ),
     Objective(
         name="dpo",
@@ -93,9 +77,7 @@ OBJECTIVES: tuple[Objective, ...] = (
         data="pairs",
         batch="pairs",
         faults=_EXAMPLE_FAULTS,
-        contract_keys=("training.accumulation", "dpo.beta"),
-        trainer="twinrun.train.recipes.pairs:train_pairs",
-        pair_loss="twinrun.objectives.dpo:dpo_loss",
+        has_reference=True,
     ),
     Objective(
         name="ipo",
@@ -104,10 +86,7 @@ OBJECTIVES: tuple[Objective, ...] = (
         data="pairs",
         batch="pairs",
         faults=_EXAMPLE_FAULTS,
-        contract_keys=("training.accumulation", "dpo.beta"),
-        trainer="twinrun.train.recipes.pairs:train_pairs",
-        pair_loss="twinrun.objectives.ipo:ipo_loss",
-        per_token=True,
+        has_reference=True,
     ),
     Objective(
         name="reward",
@@ -116,8 +95,6 @@ OBJECTIVES: tuple[Objective, ...] = (
         data="pairs",
         batch="pairs",
         faults=_EXAMPLE_FAULTS,
-        contract_keys=("training.accumulation",),
-        trainer="twinrun.train.recipes.pairs:train_pairs",
         head=True,
     ),
     Objective(
@@ -127,8 +104,6 @@ OBJECTIVES: tuple[Objective, ...] = (
         data="environment",
         batch="rollouts",
         faults=("sampler", "rng", "reduction", "observation", "replay"),
-        contract_keys=("grpo.clip_eps", "grpo.temperature", "grpo.token_cap"),
-        trainer="twinrun.train.recipes.grpo:train_grpo",
     ),
     Objective(
         name="text",
@@ -140,8 +115,6 @@ OBJECTIVES: tuple[Objective, ...] = (
         data="corpus",
         batch="rows",
         faults=("rng", "reduction"),
-        contract_keys=("text.windows_per_step",),
-        trainer="twinrun.train.recipes.text:train_text",
     ),
 )
 
@@ -159,23 +132,3 @@ def objective(name: str) -> Objective:
     """The record of `name`; a KeyError for a name that is not an objective (callers validate
     user input against `NAMES` first, with their own message)."""
     return BY_NAME[name]
-
-
-def _load(spec: str) -> Any:
-    module, function = spec.split(":")
-    return getattr(importlib.import_module(module), function)
-
-
-def trainer_of(name: str) -> Callable[[Any], dict[str, Any]]:
-    """The recipe function of `name`, imported now (this is where torch gets imported)."""
-    trainer: Callable[[Any], dict[str, Any]] = _load(objective(name).trainer)
-    return trainer
-
-
-def pair_loss_of(name: str) -> Callable[..., Any]:
-    """The preference loss of `name` (one with a reference model), imported now."""
-    spec = objective(name).pair_loss
-    if spec is None:
-        raise KeyError(f"objective {name!r} has no preference loss")
-    loss: Callable[..., Any] = _load(spec)
-    return loss

@@ -104,23 +104,24 @@ def check_environment(
     request is sent); a plugin is only located (`check_plugin_name`: its form, not the standard
     library, its module found) — explain never imports a plugin, so none of its code runs."""
     from twinrun.rl.environments import (
-        BUILTIN_ENVIRONMENTS,
+        TOOL_KINDS,
         check_plugin_name,
+        environment_kind,
         make_environment,
         validated_rows,
     )
-    from twinrun.rl.tool_envs import TOOL_ENVIRONMENTS
     from twinrun.rl.tool_plugins import loopback_url
     from twinrun.rl.tool_settings import check_tool_rows, check_tool_settings
 
-    if name in TOOL_ENVIRONMENTS or "://" in name:
+    kind = environment_kind(name)
+    if kind in TOOL_KINDS:
         if cfg is not None:
             check_tool_settings(cfg, tool=True)
-        if "://" in name:
+        if kind == "url":
             loopback_url(name)
             return
         check_tool_rows(name, rows)
-    elif name in BUILTIN_ENVIRONMENTS or ":" not in name or name.startswith("reasoning_gym:"):
+    elif kind != "plugin":  # built-in, reward source, unknown (make_environment says why)
         if cfg is not None:
             check_tool_settings(cfg, tool=False)
         validated_rows(make_environment(name, args), name, rows, seed)

@@ -3,10 +3,11 @@
 After every check of `capture/checks.py` has passed (in order; the first failure stops the
 replay before anything is written), the replay builds the model, loads the pinned adapter (and
 the AdamW state a step inside a run started from), restores the captured torch generator
-states, and runs the captured step once through the same `Loop.run_step` and the same
-objective forwards the source ran — so on CPU the final adapter is the source's, bit for bit. It
-never opens the examples file, never builds the environment and never samples. Its timings and
-digests come from hooks (nothing is patched).
+states, and runs the captured step once through a loop built as training builds it
+(train/driver.py `build_loop`) with the objective's own recipe (`from_batch`: its forwards on
+the captured batch) — so on CPU the final adapter is the source's, bit for bit. It never opens
+the examples file, never builds the environment and never samples. Its timings and digests come
+from hooks (nothing is patched).
 
 It writes `twinrun.inputs.json` (first: the manifest and batch it verified, which mark the
 directory as twinrun's), `twinrun.run-id.json` (this replay's own random run id, start time
@@ -23,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from twinrun.capture.batch import OptimizerBatch
 from twinrun.capture.checks import Verified, run_checks
 from twinrun.capture.digests import effective_rows_sha256, logical_sha256, padding_fraction
 from twinrun.capture.payload import BatchArrays
@@ -32,74 +32,23 @@ from twinrun.capture.state import HEAD_PARAM, load_optimizer_state
 from twinrun.config.resolved import ValidRun
 from twinrun.config.schedule import lr_at
 from twinrun.config.toml import TomlRun, resolved_tree
-from twinrun.core.determinism import establish, runtime_versions
+from twinrun.core.determinism import runtime_versions
 from twinrun.core.digest import sha256_file
 from twinrun.core.errors import ContractError
 from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.core.rng import float_bits, restore_torch_rng
 from twinrun.objectives.registry import objective
 from twinrun.replay.identity import write_identity
-from twinrun.train.adamw import AdamW
+from twinrun.train.driver import build_loop
 from twinrun.train.hooks.capture import SKIPPED
 from twinrun.train.hooks.timing import TimingHook, peak_memory
-from twinrun.train.loop import (
-    Hook,
-    Loop,
-    Params,
-    Phase,
-    StepForwards,
-    StepRecipe,
-    StepView,
-    WholeForward,
-    make_optimizer,
-)
+from twinrun.train.loop import Hook, Loop, Params, Phase, StepView
 from twinrun.train.outputs import REPLAY_INPUTS_FORMAT, begin_output_dir
-from twinrun.train.policies import RowParts
+from twinrun.train.session import ModelSession
 
 if TYPE_CHECKING:
     from twinrun.model.build import CausalLM
     from twinrun.model.tokens import CheckpointTokenizer
-
-
-@dataclass
-class ReplaySession:
-    """What the objectives' forwards use of a Session (train/session.py `ModelSession`) — and
-    nothing that reads data."""
-
-    run: ValidRun
-    tok: CheckpointTokenizer
-    model: CausalLM
-
-
-@dataclass
-class ReplayRecipe(StepRecipe):
-    """The captured step as a recipe: its batch is the captured OptimizerBatch, its forwards
-    the objective's own."""
-
-    s: ReplaySession
-    batch: OptimizerBatch
-    head: torch.nn.Linear | None
-
-    def prepare(self, step: int) -> OptimizerBatch:
-        return self.batch
-
-    def forwards(self, step: int, batch: OptimizerBatch) -> StepForwards:
-        name = self.s.run.config.objective
-        shape = objective(name).batch  # the forwards follow the captured batch's shape
-        if shape == "rollouts":
-            from twinrun.train.recipes.grpo import rollouts_from_batch, update_forwards
-
-            return (yield from update_forwards(self.s, rollouts_from_batch(batch), step))
-        if shape == "rows":  # a text step is SFT's forwards over whole windows
-            from twinrun.train.recipes.sft import rows_from_batch, sft_forwards
-
-            outcome = yield from sft_forwards(self.s, rows_from_batch(batch), step)
-            assert outcome.batch is not None
-            outcome.batch.objective = name
-            return outcome
-        from twinrun.train.recipes.pairs import pair_forwards, pairs_from_batch
-
-        return (yield from pair_forwards(self.s, pairs_from_batch(batch), step, self.head))
 
 
 class ReplayDigestHook(Hook):
@@ -137,24 +86,13 @@ def replay(run: TomlRun) -> dict[str, Any]:
     _, v = run_checks(run, stop=True)
     assert v.decoded is not None
     valid = v.replay()  # the captured objective's run, as the contract check resolved it
-    cfg = valid.config
     built = build(v)
-    optimizer = make_optimizer(
-        built.params,
-        valid.learning_rate,
-        cfg.adam_betas,
-        cfg.adam_eps,
-        cfg.weight_decay,
-    )
-    if "optimizer" in v.state_bytes:  # the AdamW state a step inside a run started from
-        load_optimizer_state(
-            v.state_bytes["optimizer"], built.params, optimizer, v.run.pins().init_adapter
-        )
-    check_schedule(v)
     out = Path(valid.output)
+    loop = replay_loop(v, built, out)  # nothing is written yet: a bad state stops it here
+    check_schedule(v)
     begin_output_dir(out, False, replay_inputs(v))
     write_identity(out)  # this replay's own run id: what tells it from a copy
-    row = replay_step(v, built, optimizer, out)
+    row = replay_step(v, built, loop)
     final_sha = save_final(out / FINAL, built.model, built.head, valid)
     row |= replay_metrics(v, row, final_sha, built.model)
     atomic_write_jsonl(out / "metrics.jsonl", [row])
@@ -174,34 +112,26 @@ def replay_inputs(v: Verified) -> dict[str, Any]:
 
 def build(v: Verified) -> Built:
     """Strict mode, then the model with the pinned adapter (and the reward head)."""
-    from twinrun.core.rng import seed_torch
-    from twinrun.model.build import build_model
     from twinrun.model.lora import lora_parameters
-    from twinrun.model.tokens import load_tokenizer
+    from twinrun.model.prelude import open_model
 
     valid = v.replay()
     cfg = valid.config
-    provenance = establish(
-        strict=cfg.strict, threads=cfg.threads, device=cfg.device, cpu_kernels=cfg.cpu_kernels
-    )
-    provenance["torch_seed"] = seed_torch(valid.seed)
-    model_dir = Path(valid.model)
-    tok = load_tokenizer(model_dir)
     # the adapter's rank and alpha were checked against the config by the shared check path
-    model = build_model(
-        model_dir,
-        precision=valid.precision,
-        device=cfg.device,
-        adapter=cfg.init_adapter,
-        batch_invariant=cfg.batch_invariant,
-        gradient_checkpointing=cfg.gradient_checkpointing,
-    )
+    p = open_model(
+        valid.model, strict=cfg.strict, threads=cfg.threads, device=cfg.device,
+        cpu_kernels=cfg.cpu_kernels, adapter=cfg.init_adapter,
+    )  # fmt: skip
+    model = p.build(
+        precision=valid.precision, seed=valid.seed, attention=cfg.attention,
+        batch_invariant=cfg.batch_invariant, gradient_checkpointing=cfg.gradient_checkpointing,
+    )  # fmt: skip
     params = lora_parameters(model)
     head = build_head(v, model) if objective(cfg.objective).head else None
     if head is not None:
         assert isinstance(head.weight, torch.nn.Parameter)  # typed as a Tensor by torch
         params = [*params, (HEAD_PARAM, head.weight)]
-    return Built(tok, model, params, head, provenance)
+    return Built(p.tok, model, params, head, p.provenance)
 
 
 def check_schedule(v: Verified) -> None:
@@ -223,46 +153,50 @@ def check_schedule(v: Verified) -> None:
         )
 
 
-def replay_step(v: Verified, built: Built, optimizer: AdamW, out: Path) -> dict[str, Any]:
-    """The captured step, once, through the training loop, from the captured generator states."""
-    assert v.decoded is not None
+def replay_loop(v: Verified, built: Built, out: Path) -> Loop:
+    """The training loop of the captured step (built as training builds it), with the hooks of
+    a replay, and the AdamW state a step inside a run started from."""
     valid, m = v.replay(), v.manifest
-    cfg = valid.config
     hooks: list[Hook] = [ReplayDigestHook(built.tok.pad_id)]
-    if cfg.diag:
+    if valid.config.diag:
         from twinrun.diag.recorder import DiagRecorder
         from twinrun.train.hooks.diag import DiagHook
 
         hooks.append(DiagHook(DiagRecorder(out / "diag.jsonl")))
-    hooks.append(TimingHook(cfg.device))
-    loop = Loop(
-        params=built.params,
-        optimizer=optimizer,
-        base_lr=valid.learning_rate,
-        warmup_steps=valid.warmup_steps,
-        total_steps=m["schedule"]["total_steps"],
-        hooks=hooks,
-        parts=RowParts() if cfg.batch_invariant else WholeForward(),
-        schedule=valid.lr_schedule,
-        decay_steps=cfg.decay_steps,
-    )
-    session = ReplaySession(valid, built.tok, built.model)
-    recipe = ReplayRecipe(session, v.decoded.arrays.to_batch(), built.head)
-    if cfg.device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats(cfg.device)
+    hooks.append(TimingHook(valid.config.device))
+    loop = build_loop(valid, built.params, m["schedule"]["total_steps"], hooks)
+    if "optimizer" in v.state_bytes:  # the AdamW state a step inside a run started from
+        load_optimizer_state(
+            v.state_bytes["optimizer"], built.params, loop.optimizer, v.run.pins().init_adapter
+        )
+    return loop
+
+
+def replay_step(v: Verified, built: Built, loop: Loop) -> dict[str, Any]:
+    """The captured step, once, through the training loop, from the captured generator states,
+    with the objective's own recipe (`from_batch`: its forwards on the captured batch)."""
+    from twinrun.train.recipes import RECIPES
+
+    assert v.decoded is not None
+    valid, m = v.replay(), v.manifest
+    device = valid.config.device
+    session = ModelSession(valid, built.tok, built.model)
+    batch = v.decoded.arrays.to_batch()
+    recipe = RECIPES[valid.config.objective].from_batch(session, batch, built.head)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(device)
     restore_torch_rng(v.decoded.rng)
     try:
-        return loop.run_step(m["step"], recipe, recipe.batch)
+        return loop.run_step(m["step"], recipe, recipe.prepare(m["step"]))
     finally:
-        for hook in hooks:
+        for hook in loop.hooks:
             hook.close()
 
 
 def build_head(v: Verified, model: CausalLM) -> torch.nn.Linear:
     """The reward head the captured step started from: from the seed (a fresh run), or the
     verified bytes of the captured state."""
-    from safetensors.torch import load
-
+    from twinrun.core.safetensors_io import read_tensors
     from twinrun.model.reward_head import HEAD_KEY, new_reward_head
 
     pin = v.manifest["initial_state"]["reward_head"]
@@ -272,7 +206,11 @@ def build_head(v: Verified, model: CausalLM) -> torch.nn.Linear:
         if "reward_head" not in v.state_bytes:
             raise ContractError("the capture pins no reward head", "re-capture the step")
         with torch.no_grad():
-            head.weight.copy_(load(v.state_bytes["reward_head"])[HEAD_KEY])
+            saved = read_tensors(
+                v.state_bytes["reward_head"], "reward head", "re-capture the step",
+                where="the capture's reward head",
+            )  # fmt: skip
+            head.weight.copy_(saved[HEAD_KEY])
     return head.to(valid.config.device)
 
 

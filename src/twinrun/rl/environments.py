@@ -1,10 +1,21 @@
 """GRPO environments (docs/training.md): what the model sees and how it is scored.
 
-An environment has two methods:
+One protocol, `Environment`, is what GRPO samples: `episode(row, rng) -> Episode` is one
+conversation (`start()` the first user message, `answer(text)` the reply to each model turn,
+`reward()` the score once the episode is done, `close()`), and `one_turn` says whether the model
+takes exactly one turn — then one episode serves a whole prompt group: its observation is made
+once, and each sample's answer is scored (`reward()`) right after it. Multi-turn tool
+environments (`tool_envs.py`) give one episode per rollout.
+
+A single-turn environment is written in the simpler `SingleTurn` shape, two methods:
 
 - `prompt(row, rng) -> str`: the observation the model sees for an examples row; `rng` is a
   twinrun stream keyed by (seed, step, prompt) for environments that randomise their observation.
 - `reward(row, completion) -> float`: a finite float score for one sampled completion.
+
+and is an `Environment` of one-turn episodes (`OneTurnEnvironment`, `OneTurnEpisode`): the
+built-ins are, and a plugin's or reward source's object is adapted (`OneTurnAdapter`).
+`environment_kind(name)` is the one reading of an environment name.
 
 Built in:
 
@@ -60,15 +71,17 @@ import re
 import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from twinrun.core.errors import ConfigError, DataError
 from twinrun.core.redact import REDACTED, redact_string
 from twinrun.core.rng import Stream
-from twinrun.rl.reward_sources import is_reward_source, make_reward_source
+from twinrun.rl.reward_sources import MATH_VERIFY, is_reward_source, make_reward_source
 
 BUILTIN_ENVIRONMENTS = ("arithmetic", "clock")
+TOOL_ENVIRONMENTS = ("calculator", "lookup")  # multi-turn, built in (tool_envs.py)
 
 _LEADING_INT = re.compile(r"\s*(-?\d+)")
 _PLUGIN = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
@@ -78,9 +91,88 @@ class EnvironmentPluginError(ConfigError):
     """A plugin environment could not be built or returned something unusable."""
 
 
+EnvironmentKind = Literal["builtin", "tool", "url", "reward-source", "plugin", "unknown"]
+ONE_TURN_KINDS = ("builtin", "reward-source")  # single-turn by name
+TOOL_KINDS = ("tool", "url")  # multi-turn by name; a plugin's turns are read from its code
+
+
+def environment_kind(name: str) -> EnvironmentKind:
+    """What an environment name names, from its text alone (nothing is imported or called):
+    "builtin" (`arithmetic`, `clock`), "tool" (`calculator`, `lookup`), "url" (an OpenEnv
+    server: anything with `://`; only loopback http(s) is served), "reward-source"
+    (`math-verify`, `reasoning_gym:TASK`), "plugin" (`module.path:factory`, its form checked
+    when it is located; single-turn or multi-turn by its shape), else "unknown"."""
+    if name in BUILTIN_ENVIRONMENTS:
+        return "builtin"
+    if name in TOOL_ENVIRONMENTS:
+        return "tool"
+    if "://" in name:
+        return "url"
+    if is_reward_source(name):
+        return "reward-source"
+    return "plugin" if ":" in name else "unknown"
+
+
+def no_arguments(name: str, args: Mapping[str, Any] | None) -> None:
+    """ConfigError when `args` are given to an environment that takes none: a built-in, a
+    built-in tool environment, a URL, `math-verify` (plugins and reasoning-gym tasks take them)."""
+    takes_none = environment_kind(name) in ("builtin", "tool", "url") or name == MATH_VERIFY
+    if args and takes_none:
+        raise ConfigError(
+            f"environment {name!r} takes no arguments, got {sorted(args)}",
+            "remove [environment.args] / --env-arg, or use a plugin environment",
+        )
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One tool call the model made, and what came of it."""
+
+    name: str
+    arguments: Any  # the parsed arguments, or the raw text when malformed
+    ok: bool
+    result: str  # the tool's answer (text), or the one-line failure shown to the model
+
+
+@dataclass(frozen=True)
+class EnvReply:
+    """The environment's reply to one model turn. When `done`, `messages` is empty."""
+
+    messages: tuple[dict[str, str], ...]  # each {"role": "tool"|"user", "content": str}
+    done: bool
+    calls: tuple[CallRecord, ...] = ()
+
+
+@runtime_checkable
+class Episode(Protocol):
+    """One conversation with a fresh environment instance."""
+
+    tools: tuple[dict[str, Any], ...]  # JSON schemas offered to the model (may be empty)
+
+    def start(self) -> str: ...  # the first user message (observation at turn 0)
+
+    def answer(self, text: str) -> EnvReply: ...  # reply to the model's turn (decoded text)
+
+    def reward(self) -> float: ...  # score once done (one-turn: of the last answer); finite
+
+    def close(self) -> None: ...
+
+
 @runtime_checkable
 class Environment(Protocol):
-    """What GRPO needs from an environment."""
+    """What GRPO samples: episodes. `one_turn`: the model takes one turn, and one episode serves
+    every sample of a prompt group (its observation made once, each answer scored right after
+    it); otherwise each rollout has its own episode of up to `--max-turns` turns."""
+
+    name: str
+    one_turn: bool
+
+    def episode(self, row: dict[str, Any], rng: Stream) -> Episode: ...
+
+
+@runtime_checkable
+class SingleTurn(Protocol):
+    """How a single-turn environment is written (built-ins, plugins, reward sources)."""
 
     def prompt(self, row: dict[str, Any], rng: Stream) -> str: ...
 
@@ -116,19 +208,72 @@ def _hidden(env: object) -> tuple[str, ...]:
     return getattr(env, "hidden_arguments", ())
 
 
-class PluginEnvironment:
-    """A plugin's environment object with the texts of its arguments (never echoed in errors),
-    and how to make another (`renew`: GRPO makes one per prompt group, so an environment that
-    keeps state between calls cannot carry it from one group — or one process — to another)."""
+class OneTurnEpisode:
+    """A single-turn environment's episode of one prompt group: `start()` is its observation
+    (`prompt(row, rng)`, checked), every `answer` ends the episode, and `reward()` scores the
+    last answer (`reward(row, completion)`, checked) — each sample of the group answers, then is
+    scored, in turn. Nothing to close."""
+
+    tools: tuple[dict[str, Any], ...] = ()
+
+    def __init__(self, env: SingleTurn, name: str, row: dict[str, Any], rng: Stream) -> None:
+        self.env, self.name, self.row, self.rng = env, name, row, rng
+        self.scored = dict(row)  # the rewards' copy of the row (the prompt gets its own)
+        self.final = ""
+
+    def start(self) -> str:
+        return checked_prompt(self.env, self.name, dict(self.row), self.rng)
+
+    def answer(self, text: str) -> EnvReply:
+        self.final = text
+        return EnvReply((), True)
+
+    def reward(self) -> float:
+        return checked_reward(self.env, self.name, self.scored, self.final)
+
+    def close(self) -> None:
+        pass
+
+
+class OneTurnEnvironment:
+    """A `SingleTurn` environment as the `Environment` protocol: one-turn episodes, each over a
+    fresh instance (`renew`: GRPO makes one per prompt group, so an environment that keeps
+    state between calls cannot carry it from one group — or one process — to another)."""
+
+    name = ""
+    one_turn = True
+
+    def prompt(self, row: dict[str, Any], rng: Stream) -> str:
+        raise NotImplementedError
+
+    def reward(self, row: dict[str, Any], completion: str) -> float:
+        raise NotImplementedError
+
+    def renew(self) -> OneTurnEnvironment:
+        """An instance with no state from earlier calls (built-ins keep none: themselves)."""
+        return self
+
+    def episode(self, row: dict[str, Any], rng: Stream) -> OneTurnEpisode:
+        return OneTurnEpisode(self.renew(), self.name, row, rng)
+
+
+class OneTurnAdapter(OneTurnEnvironment):
+    """A plugin's or reward source's `SingleTurn` object with the texts of its arguments (never
+    echoed in errors), and how to make another (`renew`: the factory, called again)."""
 
     def __init__(
-        self, inner: Any, hidden_arguments: tuple[str, ...], renew: Callable[[], Any] | None = None
+        self,
+        inner: Any,
+        hidden_arguments: tuple[str, ...],
+        renew: Callable[[], Any] | None = None,
+        name: str = "",
     ) -> None:
         self.inner = inner
         self.hidden_arguments = hidden_arguments
         self._renew = renew
+        self.name = name or str(getattr(inner, "name", ""))
 
-    def renew(self) -> PluginEnvironment:
+    def renew(self) -> OneTurnAdapter:
         """A fresh instance made by the factory, with the same arguments."""
         return self if self._renew is None else self._renew()
 
@@ -167,7 +312,19 @@ def first_integer(completion: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-class ArithmeticEnvironment:
+def arithmetic_reward(row: Mapping[str, Any], completion: str, env: str) -> float:
+    """1.0 iff `completion` (a single-turn completion, a tool episode's final model turn) starts
+    with int(row["answer"]), else 0.0; a DataError naming the environment when the row has no
+    integer answer."""
+    raw = _field(row, "answer", env)
+    try:
+        answer = int(str(raw).strip())
+    except ValueError:
+        raise DataError(f"environment {env!r}: 'answer' {raw!r} is not an integer") from None
+    return 1.0 if first_integer(completion) == answer else 0.0
+
+
+class ArithmeticEnvironment(OneTurnEnvironment):
     """Exact-integer-answer environment: reward 1.0 iff the completion starts with the answer."""
 
     name = "arithmetic"
@@ -179,14 +336,7 @@ class ArithmeticEnvironment:
         return prompt
 
     def reward(self, row: dict[str, Any], completion: str) -> float:
-        raw = _field(row, "answer", self.name)
-        try:
-            answer = int(str(raw).strip())
-        except ValueError:
-            raise DataError(
-                f"environment {self.name!r}: 'answer' {raw!r} is not an integer"
-            ) from None
-        return 1.0 if first_integer(completion) == answer else 0.0
+        return arithmetic_reward(row, completion, self.name)
 
 
 class ClockEnvironment(ArithmeticEnvironment):
@@ -401,24 +551,22 @@ def load_plugin_factory(
     return factory, hide
 
 
-def make_environment(name: str, args: Mapping[str, Any] | None = None) -> Environment:
-    """A built-in environment by name, a reward source (`reasoning_gym:NAME`, `math-verify`:
-    `reward_sources`), or a plugin `module.path:factory` made by factory(**args) (the module's
-    rules above, checked before the module is imported and before the factory is called).
+def make_environment(name: str, args: Mapping[str, Any] | None = None) -> OneTurnEnvironment:
+    """A single-turn environment: a built-in by name, a reward source (`reasoning_gym:NAME`,
+    `math-verify`: `reward_sources`), or a plugin `module.path:factory` made by factory(**args)
+    (the module's rules above, checked before the module is imported and before the factory is
+    called), as one-turn episodes.
 
     Raises ConfigError for an unknown name or arguments to a built-in, EnvironmentPluginError
     (a ConfigError) for every plugin failure."""
     args = dict(args or {})
-    if name in _BUILTINS:
-        if args:
-            raise ConfigError(
-                f"environment {name!r} takes no arguments, got {sorted(args)}",
-                "remove [environment.args] / --env-arg, or use a plugin environment",
-            )
+    kind = environment_kind(name)
+    no_arguments(name, args)
+    if kind == "builtin":
         return _BUILTINS[name]()
-    if is_reward_source(name):
-        return make_reward_source(name, args)
-    if ":" not in name:
+    if kind == "reward-source":
+        return OneTurnAdapter(make_reward_source(name, args), (), None, name)
+    if kind != "plugin":
         raise ConfigError(
             f"unknown environment {name!r}",
             f"choose from {', '.join(BUILTIN_ENVIRONMENTS)}, math-verify, reasoning_gym:TASK, "
@@ -426,7 +574,7 @@ def make_environment(name: str, args: Mapping[str, Any] | None = None) -> Enviro
         )
     factory, hide = load_plugin_factory(name, args)
 
-    def build() -> PluginEnvironment:
+    def build() -> OneTurnAdapter:
         try:
             env = factory(**args)
         except Exception as exc:
@@ -436,15 +584,9 @@ def make_environment(name: str, args: Mapping[str, Any] | None = None) -> Enviro
                 "check [environment.args] / --env-arg against the factory's parameters",
             ) from exc
         _check_methods(env, name)
-        return PluginEnvironment(env, hide, build)
+        return OneTurnAdapter(env, hide, build, name)
 
     return build()
-
-
-def fresh_environment(env: Environment) -> Environment:
-    """An instance of `env` with no state from earlier calls: a plugin's factory is called
-    again; built-in environments and reward sources keep no state, so they are reused."""
-    return env.renew() if isinstance(env, PluginEnvironment) else env
 
 
 def _plugin_call(name: str, what: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -480,7 +622,7 @@ def _plugin_call(name: str, what: str, fn: Callable[..., Any], *args: Any) -> An
         signal.signal(signal.SIGINT, previous)
 
 
-def checked_prompt(env: Environment, name: str, row: dict[str, Any], rng: Stream) -> str:
+def checked_prompt(env: SingleTurn, name: str, row: dict[str, Any], rng: Stream) -> str:
     """`env.prompt(row, rng)`, failing with a one-line error naming `name` unless it is a str."""
     try:
         prompt = _plugin_call(name, "prompt", env.prompt, row, rng)
@@ -498,9 +640,33 @@ def checked_prompt(env: Environment, name: str, row: dict[str, Any], rng: Stream
     return prompt
 
 
-def checked_reward(env: Environment, name: str, row: dict[str, Any], completion: str) -> float:
+def finite_reward(
+    value: Any,
+    lead: str,
+    error: type[EnvironmentPluginError] = EnvironmentPluginError,
+    hint: str = "reward(row, completion) must return a finite float",
+    hide: tuple[str, ...] | None = None,
+) -> float:
+    """Every environment's reward check: `value` as a Python float when it is a finite real
+    number; else `error(f"{lead} {what}, not a [finite] float", hint)` (bool, str, None, NaN,
+    ±inf and an int past float's range are refused). With `hide`, a value that is not a number
+    is shown too (its repr, those texts hidden, at most 60 characters)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        seen = "" if hide is None else f" {_one_line(repr(value), hide)[:60]}"
+        raise error(f"{lead} {type(value).__name__}{seen}, not a float", hint)
+    try:
+        reward = float(value)
+    except (OverflowError, ValueError, TypeError):  # an int past 1.8e308: 10**400
+        reward = math.inf
+    if not math.isfinite(reward):
+        shown = f"{reward}" if isinstance(value, float) else f"{type(value).__name__} {reward}"
+        raise error(f"{lead} {shown}, not a finite float", hint)
+    return reward
+
+
+def checked_reward(env: SingleTurn, name: str, row: dict[str, Any], completion: str) -> float:
     """`env.reward(row, completion)` as a Python float; a one-line error naming `name` when the
-    reward raises or is not a finite real number (bool, str, None, NaN and ±inf are refused)."""
+    reward raises or is not a finite real number (`finite_reward`)."""
     try:
         value = _plugin_call(name, "reward", env.reward, row, completion)
     except (DataError, EnvironmentPluginError):  # DataError: a row's; this: its own interrupt
@@ -510,26 +676,10 @@ def checked_reward(env: Environment, name: str, row: dict[str, Any], completion:
             f"environment {name!r}: reward raised {type(exc).__name__}: "
             f"{_one_line(exc, _hidden(env))}"
         ) from exc
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise EnvironmentPluginError(
-            f"environment {name!r}: reward returned {type(value).__name__} "
-            f"{_one_line(repr(value), _hidden(env))[:60]}, not a float",
-            "reward(row, completion) must return a finite float",
-        )
-    try:
-        reward = float(value)
-    except (OverflowError, ValueError, TypeError):  # an int past 1.8e308: 10**400
-        reward = math.inf
-    if not math.isfinite(reward):
-        shown = f"{reward}" if isinstance(value, float) else f"{type(value).__name__} {reward}"
-        raise EnvironmentPluginError(
-            f"environment {name!r}: reward returned {shown}, not a finite float",
-            "reward(row, completion) must return a finite float",
-        )
-    return reward
+    return finite_reward(value, f"environment {name!r}: reward returned", hide=_hidden(env))
 
 
-def validated_rows(env: Environment, name: str, rows: list[Any], seed: int) -> list[Any]:
+def validated_rows(env: SingleTurn, name: str, rows: list[Any], seed: int) -> list[Any]:
     """Every examples row checked against the environment before any output exists: its prompt
     must build and its reward must score (an empty completion). The draws come from their own
     purpose ("validate"), so this changes no draw of the run."""

@@ -1,6 +1,7 @@
-"""What every multi-turn tool environment shares (docs/tool-environments.md): the episode
-records, the protocols, the one error, calls into user code under a time limit, and running
-the model's tool calls.
+"""What every multi-turn tool environment shares (docs/tool-environments.md): the one error,
+calls into user code under a time limit, and running the model's tool calls. The protocol
+(`Environment`, `Episode`) and the episode records (`EnvReply`, `CallRecord`) are
+`environments.py`'s, named here too; `ToolEnvironment` is `Environment` (with `one_turn` False).
 
 `Guard` runs every call into an environment's code in a daemon worker thread and waits at most
 `timeout_s`: past it, a ToolEnvironmentError says what did not return, and the thread is left to
@@ -14,62 +15,30 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
-import numbers
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from twinrun.core.errors import DataError
 from twinrun.core.rng import Stream
-from twinrun.rl.environments import EnvironmentPluginError, first_integer, one_line
+from twinrun.rl.environments import (
+    CallRecord,
+    EnvironmentPluginError,
+    EnvReply,
+    Episode,
+    arithmetic_reward,
+    finite_reward,
+    one_line,
+)
+from twinrun.rl.environments import Environment as ToolEnvironment
 from twinrun.rl.tool_calls import ToolCall, canonical_json
+
+__all__ = ["CallRecord", "EnvReply", "Episode", "ToolEnvironment"]  # environments.py's
 
 
 class ToolEnvironmentError(EnvironmentPluginError):
     """A tool environment failed, returned something unusable or did not return in time."""
-
-
-@dataclass(frozen=True)
-class CallRecord:
-    """One tool call the model made, and what came of it."""
-
-    name: str
-    arguments: Any  # the parsed arguments, or the raw text when malformed
-    ok: bool
-    result: str  # the tool's answer (text), or the one-line failure shown to the model
-
-
-@dataclass(frozen=True)
-class EnvReply:
-    """The environment's reply to one model turn. When `done`, `messages` is empty."""
-
-    messages: tuple[dict[str, str], ...]  # each {"role": "tool"|"user", "content": str}
-    done: bool
-    calls: tuple[CallRecord, ...] = ()
-
-
-@runtime_checkable
-class Episode(Protocol):
-    """One rollout's conversation with a fresh environment instance."""
-
-    tools: tuple[dict[str, Any], ...]  # JSON schemas offered to the model (may be empty)
-
-    def start(self) -> str: ...  # the first user message (observation at turn 0)
-
-    def answer(self, text: str) -> EnvReply: ...  # reply to the model's turn (decoded text)
-
-    def reward(self) -> float: ...  # final score of the episode (finite float)
-
-    def close(self) -> None: ...
-
-
-@runtime_checkable
-class ToolEnvironment(Protocol):
-    name: str
-
-    def episode(self, row: dict[str, Any], rng: Stream) -> Episode: ...
 
 
 MAX_REPLY_CHARS = 1 << 20  # one tool reply or observation: many context windows of text
@@ -221,22 +190,10 @@ class Guard:
             )
 
     def reward(self, value: Any, what: str = "reward") -> float:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise ToolEnvironmentError(
-                f"environment {self.env!r}: {what} is {type(value).__name__}, not a float",
-                "the episode's reward must be a finite float",
-            )
-        try:
-            reward = float(value)
-        except (OverflowError, ValueError, TypeError):  # an int past 1.8e308: 10**400
-            reward = math.inf
-        if not math.isfinite(reward):
-            shown = f"{reward}" if isinstance(value, float) else f"{type(value).__name__} {reward}"
-            raise ToolEnvironmentError(
-                f"environment {self.env!r}: {what} is {shown}, not a finite float",
-                "the episode's reward must be a finite float",
-            )
-        return reward
+        return finite_reward(
+            value, f"environment {self.env!r}: {what} is", ToolEnvironmentError,
+            "the episode's reward must be a finite float",
+        )  # fmt: skip
 
 
 def row_prompt(row: Mapping[str, Any], env: str) -> str:
@@ -248,23 +205,6 @@ def row_prompt(row: Mapping[str, Any], env: str) -> str:
             f"every row needs 'prompt' for --env {env} (or a reset that returns text)",
         )
     return prompt
-
-
-def arithmetic_reward(row: Mapping[str, Any], final: str, env: str) -> float:
-    """1.0 iff the final model turn starts with int(row["answer"]) (DataError naming the
-    environment when the row has no integer answer)."""
-    if "answer" not in row:
-        raise DataError(
-            f"environment {env!r}: examples row has no 'answer' field (keys: {sorted(row)})",
-            f"every row needs 'answer' for --env {env} (or an environment with a reward)",
-        )
-    try:
-        answer = int(str(row["answer"]).strip())
-    except ValueError:
-        raise DataError(
-            f"environment {env!r}: 'answer' {row['answer']!r} is not an integer"
-        ) from None
-    return 1.0 if first_integer(final) == answer else 0.0
 
 
 def row_kwargs(fn: Callable[..., Any], row: Mapping[str, Any], rng: Stream) -> dict[str, Any]:

@@ -36,8 +36,16 @@ from typing import Any
 
 from twinrun.core.errors import ConfigError
 from twinrun.core.rng import Stream
-from twinrun.rl.environments import BUILTIN_ENVIRONMENTS, first_integer, wall_clock_stamp
-from twinrun.rl.reward_sources import is_reward_source
+from twinrun.rl.environments import (
+    ONE_TURN_KINDS,
+    TOOL_ENVIRONMENTS,
+    TOOL_KINDS,
+    arithmetic_reward,
+    environment_kind,
+    first_integer,
+    no_arguments,
+    wall_clock_stamp,
+)
 from twinrun.rl.tool_base import (
     CallRecord,
     EnvReply,
@@ -46,7 +54,6 @@ from twinrun.rl.tool_base import (
     Toolbox,
     ToolEnvironment,
     ToolEnvironmentError,
-    arithmetic_reward,
     row_prompt,
     tool_messages,
 )
@@ -66,7 +73,6 @@ __all__ = [
     "make_tool_environment",
 ]  # fmt: skip
 
-TOOL_ENVIRONMENTS = ("calculator", "lookup")
 MAX_EXPRESSION = 200
 MAX_EXPONENT = 64
 MAX_INTEGER = 10**100
@@ -187,6 +193,8 @@ class ArithmeticToolEpisode:
 class BuiltinToolEnvironment:
     """`calculator` or `lookup`."""
 
+    one_turn = False
+
     def __init__(self, name: str, timeout_s: float) -> None:
         self.name = name
         self.guard = Guard(name, timeout_s)
@@ -198,18 +206,6 @@ class BuiltinToolEnvironment:
             )
         return ArithmeticToolEpisode(
             self.name, lookup, "it gives a chemical element's atomic number", True, row, self.guard
-        )
-
-
-def _is_url(name: str) -> bool:
-    return "://" in name  # http(s) on loopback is served; any other URL is refused by name
-
-
-def _no_args(name: str, args: Mapping[str, Any] | None) -> None:
-    if args:
-        raise ConfigError(
-            f"environment {name!r} takes no arguments, got {sorted(args)}",
-            "remove [environment.args] / --env-arg, or use a plugin environment",
         )
 
 
@@ -232,18 +228,19 @@ def make_tool_environment(
             f"(0, {MAX_TIMEOUT_S}]"
         )
     timeout = float(timeout_s)
-    if name in TOOL_ENVIRONMENTS:
-        _no_args(name, args)
+    kind = environment_kind(name)
+    if kind == "tool":
+        no_arguments(name, args)
         return BuiltinToolEnvironment(name, timeout)
-    if _is_url(name):
-        _no_args(name, args)
+    if kind == "url":  # http(s) on loopback is served; any other URL is refused by name
+        no_arguments(name, args)
         return HttpToolEnvironment(name, timeout)
-    if name in BUILTIN_ENVIRONMENTS or is_reward_source(name):
+    if kind in ONE_TURN_KINDS:
         raise ToolEnvironmentError(
             f"environment {name!r} is single-turn, not a tool environment",
             f"tool environments: {', '.join(TOOL_ENVIRONMENTS)}, a plugin or a loopback URL",
         )
-    if ":" not in name:
+    if kind != "plugin":
         raise ConfigError(
             f"unknown tool environment {name!r}",
             f"choose from {', '.join(TOOL_ENVIRONMENTS)}, a plugin as module.path:factory, or "
@@ -258,9 +255,10 @@ def tool_environment_of(
     """The tool environment `name`, or None when it is single-turn or unknown (make_environment
     says why) — a plugin is imported and its shape read once (`is_tool_environment` and then
     `make_tool_environment` would probe a function factory twice)."""
-    if name in TOOL_ENVIRONMENTS or _is_url(name):
+    kind = environment_kind(name)
+    if kind in TOOL_KINDS:
         return make_tool_environment(name, args, timeout_s)
-    if name in BUILTIN_ENVIRONMENTS or is_reward_source(name) or ":" not in name:
+    if kind != "plugin":
         return None
     factory, guard, shape = plugin_shape(name, args, timeout_s)
     if shape not in EPISODES:
@@ -275,9 +273,8 @@ def is_tool_environment(
     (nothing is imported); a plugin is imported and its factory's shape read (a function
     factory is called once, under `timeout_s`). Unknown names are False (make_environment
     says why)."""
-    if name in TOOL_ENVIRONMENTS or _is_url(name):
-        return True
-    if name in BUILTIN_ENVIRONMENTS or is_reward_source(name) or ":" not in name:
-        return False
+    kind = environment_kind(name)
+    if kind != "plugin":
+        return kind in TOOL_KINDS
     _, _, shape = plugin_shape(name, args, timeout_s)
     return shape in EPISODES

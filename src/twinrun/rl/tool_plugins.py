@@ -256,6 +256,8 @@ EPISODES: dict[str, type[_PluginEpisode]] = {
 class PluginToolEnvironment:
     """A plugin's factory, called under the time limit once per rollout."""
 
+    one_turn = False
+
     def __init__(self, name: str, factory: Callable[..., Any], args: Mapping[str, Any],
                  guard: Guard, shape: str) -> None:  # fmt: skip
         self.name, self.factory, self.args, self.guard, self.shape = (
@@ -402,6 +404,8 @@ class HttpEnvironmentClient:
 class HttpToolEnvironment:
     """`--env http://127.0.0.1:PORT`: POST /reset {} and POST /step {"action": {"message":
     text}}, each answering {"observation", "reward", "done"}."""
+
+    one_turn = False
 
     def __init__(self, url: str, timeout_s: float) -> None:
         self.base = loopback_url(url)

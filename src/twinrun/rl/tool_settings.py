@@ -44,10 +44,10 @@ def check_tool_settings(cfg: Any, tool: bool) -> None:
 def check_tool_rows(name: str, rows: list[Any]) -> None:
     """Every examples row of a built-in tool environment (`calculator`, `lookup`) has its string
     prompt and integer answer; a DataError naming the first row that does not."""
-    from twinrun.rl.tool_base import arithmetic_reward, row_prompt
-    from twinrun.rl.tool_envs import TOOL_ENVIRONMENTS
+    from twinrun.rl.environments import arithmetic_reward, environment_kind
+    from twinrun.rl.tool_base import row_prompt
 
-    if name not in TOOL_ENVIRONMENTS:
+    if environment_kind(name) != "tool":
         return  # plugins and URLs read their rows their own way
     for i, row in enumerate(rows):
         data = dict(row.data)

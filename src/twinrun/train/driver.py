@@ -1,9 +1,10 @@
 """Build a run's step loop with its policies and hooks, and drive it: resume from the newest
 checkpoint, run the steps, close what the hooks opened. Shared by every objective.
 
-`make_loop` is where a reader sees how this run's step is computed (the loop's backward,
-gradient combination, spike rerun and planted stray draw) and which hooks observe it; each hook
-declares its points and phases itself (train/loop.py says what they are).
+`build_loop` is the one place a `Loop` is built, for training and replay alike: where a reader
+sees how a step is computed (the optimizer, the loop's backward, gradient combination, spike
+rerun and planted stray draw). `training_hooks` says which hooks observe a training run; each
+hook declares its points and phases itself (train/loop.py says what they are).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from twinrun.config.resolved import Evaluation
+from twinrun.config.resolved import Evaluation, ValidRun
 from twinrun.config.schedule import check_schedule
 from twinrun.core.fileio import atomic_write_text
 from twinrun.core.progress import Progress
 from twinrun.train import distributed
 from twinrun.train.checkpoint import check_same_run, newest_checkpoint, restore, resume_point
+from twinrun.train.faults import Faults
 from twinrun.train.hooks.checkpoint import Checkpointer, CheckpointHook, ObjectiveState
 from twinrun.train.hooks.nonfinite import NonFiniteHook
 from twinrun.train.hooks.report import ReportHook
@@ -30,8 +32,9 @@ from twinrun.train.loop import (
     Hook,
     LocalSum,
     Loop,
+    Params,
     PlainBackward,
-    Recipe,
+    StepRecipe,
     WholeForward,
     make_optimizer,
 )
@@ -40,29 +43,26 @@ from twinrun.train.session import Session
 
 LOGS = ("diag.jsonl", "trace.jsonl")
 
-__all__ = ["ObjectiveState", "drive", "make_loop", "spikes_of", "truncate_logs"]
+__all__ = [
+    "ObjectiveState", "build_loop", "drive", "make_loop", "spikes_of", "training_hooks",
+    "truncate_logs",
+]  # fmt: skip
 
 
 def make_loop(s: Session, total_steps: int, objective: ObjectiveState | None = None) -> Loop:
-    """The loop of this run: its policies, and the hooks that observe it."""
-    run, cfg = s.run, s.cfg
-    check_schedule(run.warmup_steps, total_steps, run.lr_schedule, cfg.decay_steps)
-    progress = Progress(total_steps, f"{cfg.objective} step", quiet=cfg.quiet)
-    root = distributed.is_root()
-    if cfg.resume and root:
+    """The loop of this training run: `build_loop` with the hooks that observe it."""
+    progress = Progress(total_steps, f"{s.cfg.objective} step", quiet=s.cfg.quiet)
+    if s.cfg.resume and distributed.is_root():
         truncate_logs(s.out, resume_point(s.out))
-    planted = {fault for fault, _ in s.faults.planted}
-    backward: BackwardPolicy = PlainBackward()
-    if "reduction" in planted:
-        backward = ReductionFault(s.faults)
-    combine: GradientCombiner = LocalSum()
-    if distributed.active():  # per-forward gradients of every process, in global order
-        from twinrun.train.gather import OrderedGather
+    hooks = training_hooks(s, total_steps, objective)
+    return build_loop(s.run, s.params, total_steps, hooks, s.faults, progress)
 
-        combine = OrderedGather()
-    spike = None
-    if cfg.spike_factor is not None and cfg.spike_window is not None:
-        spike = SpikeRerun(cfg.spike_factor, cfg.spike_window, progress)
+
+def training_hooks(s: Session, total_steps: int, objective: ObjectiveState | None) -> list[Hook]:
+    """The hooks of a training run, in the order they are registered (each declares its own
+    points and phases)."""
+    run, cfg = s.run, s.cfg
+    root = distributed.is_root()
     hooks: list[Hook] = []
     checkpointer = Checkpointer(s.out, s.shaping(), objective, flush=hooks)
     if cfg.trace_step is not None:
@@ -92,11 +92,42 @@ def make_loop(s: Session, total_steps: int, objective: ObjectiveState | None = N
         hooks.append(ReportHook(cfg.report_to, s.out, s.shaping()))
     # last: it stops the run once every other hook has written the step out
     hooks.append(InterruptHook(checkpointer if cfg.checkpoint_every else None))
+    return hooks
+
+
+def build_loop(
+    run: ValidRun,
+    params: Params,
+    total_steps: int,
+    hooks: list[Hook],
+    faults: Faults | None = None,
+    progress: Progress | None = None,
+) -> Loop:
+    """The one place a step loop is built — for training and for the replay of a captured step
+    alike, so the two cannot compute a step differently: the optimizer and the schedule, and
+    the loop's policies (its backward, gradient parts and combination, spike rerun and planted
+    stray draw), all chosen from the run's settings. `faults`: the run's planted faults (a
+    replay plants none)."""
+    cfg = run.config
+    check_schedule(run.warmup_steps, total_steps, run.lr_schedule, cfg.decay_steps)
+    planted = {fault for fault, _ in faults.planted} if faults is not None else set()
+    backward: BackwardPolicy = PlainBackward()
+    if "reduction" in planted:
+        assert faults is not None
+        backward = ReductionFault(faults)
+    combine: GradientCombiner = LocalSum()
+    if distributed.active():  # per-forward gradients of every process, in global order
+        from twinrun.train.gather import OrderedGather
+
+        combine = OrderedGather()
+    spike = None
+    if cfg.spike_factor is not None and cfg.spike_window is not None:
+        spike = SpikeRerun(cfg.spike_factor, cfg.spike_window, progress)
     optimizer = make_optimizer(
-        s.params, run.learning_rate, cfg.adam_betas, cfg.adam_eps, cfg.weight_decay
+        params, run.learning_rate, cfg.adam_betas, cfg.adam_eps, cfg.weight_decay
     )
     return Loop(
-        params=s.params,
+        params=params,
         optimizer=optimizer,
         base_lr=run.learning_rate,
         warmup_steps=run.warmup_steps,
@@ -106,7 +137,7 @@ def make_loop(s: Session, total_steps: int, objective: ObjectiveState | None = N
         parts=RowParts() if cfg.batch_invariant else WholeForward(),
         combine=combine,
         spike=spike,
-        stray_draw=StrayDraw(s.faults) if "rng" in planted else None,
+        stray_draw=StrayDraw(faults) if faults is not None and "rng" in planted else None,
         schedule=run.lr_schedule,
         decay_steps=cfg.decay_steps,
         stop_after=cfg.stop_after,
@@ -115,7 +146,7 @@ def make_loop(s: Session, total_steps: int, objective: ObjectiveState | None = N
 
 
 def drive(
-    s: Session, loop: Loop, recipe: Recipe[B], objective: ObjectiveState | None = None
+    s: Session, loop: Loop, recipe: StepRecipe[B], objective: ObjectiveState | None = None
 ) -> None:
     """Run the loop's steps (from the newest checkpoint with --resume), then close the hooks."""
     cfg = s.cfg

@@ -11,7 +11,7 @@ A recipe (train/recipes/) supplies data and forwards, never behaviour around the
 
 The loop takes each step's batch exactly once and runs every forward's backward itself. What the
 step computes is decided by the loop's own fields, chosen when the run is built
-(train/driver.py `make_loop`) and named where they act:
+(train/driver.py `build_loop`, for training and replay alike) and named where they act:
 
     backward    one forward's backward: `PlainBackward`, or the planted reduction fault
                 (train/policies.py `ReductionFault`)
@@ -58,7 +58,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, Protocol, TypeVar
 
 import torch
 
@@ -106,20 +106,18 @@ class StepOutcome:
 StepForwards = Generator[Forward, None, StepOutcome]
 
 
-class Recipe(Protocol[B]):
-    def prepare(self, step: int) -> B: ...
+class StepRecipe(Generic[B]):
+    """What the loop asks of a recipe each step (the module docstring says what each does);
+    `after_update` keeps nothing unless a recipe says otherwise."""
 
-    def forwards(self, step: int, batch: B) -> StepForwards: ...
+    def prepare(self, step: int) -> B:
+        raise NotImplementedError
+
+    def forwards(self, step: int, batch: B) -> StepForwards:
+        raise NotImplementedError
 
     def after_update(self, step: int, outcome: StepOutcome) -> None:
         """The step's update is applied: keep what later steps use (GRPO's replay buffer)."""
-
-
-class StepRecipe:
-    """A recipe's base: `after_update` keeps nothing."""
-
-    def after_update(self, step: int, outcome: StepOutcome) -> None:
-        pass
 
 
 # the loop's policies: the defaults here, the others in train/policies.py and train/gather.py
@@ -340,7 +338,7 @@ class Loop:
     def __post_init__(self) -> None:
         self.at = by_point(self.hooks)
 
-    def run(self, recipe: Recipe[B], start: int, prefetch: int = 0) -> None:
+    def run(self, recipe: StepRecipe[B], start: int, prefetch: int = 0) -> None:
         """Steps `start` .. total_steps - 1 (or up to `stop_after`); each batch is taken from the
         prefetcher once."""
         stop = (
@@ -353,14 +351,9 @@ class Loop:
         finally:
             ahead.close()
 
-    def run_step(self, step: int, recipe: Recipe[B], batch: B) -> dict[str, Any]:
+    def run_step(self, step: int, recipe: StepRecipe[B], batch: B) -> dict[str, Any]:
         t0 = time.perf_counter()
-        lr = lr_at(
-            step, self.base_lr, self.warmup_steps, self.total_steps, self.schedule,
-            self.decay_steps,
-        )  # fmt: skip
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr = self.set_lr(step)
         state = StepState(step, lr, torch.get_rng_state())
         view = StepView(self, state)
         if self.stray_draw is not None:
@@ -370,10 +363,10 @@ class Loop:
         self.compute(state, view, recipe, batch)
         for hook in self.at["computed"]:
             hook.computed(view)
-        if self.spike is not None:
-            median = self.spike.exceeded(self.metrics, view.outcome.loss)
-            if median is not None:
-                self.rerun(state, view, recipe, batch, median)
+        spike = self.spike
+        median = None if spike is None else spike.exceeded(self.metrics, view.outcome.loss)
+        if median is not None:
+            self.rerun(state, view, recipe, batch, median)
         for hook in self.at["at_boundary"]:
             hook.at_boundary(view)
         outcome = view.outcome
@@ -401,7 +394,17 @@ class Loop:
             self.progress.update(step + 1, f"loss {outcome.loss:.4f} lr {lr:.2e}")
         return row
 
-    def compute(self, state: StepState, view: StepView, recipe: Recipe[B], batch: B) -> None:
+    def set_lr(self, step: int) -> float:
+        """The schedule's learning rate of `step`, set on the optimizer."""
+        lr = lr_at(
+            step, self.base_lr, self.warmup_steps, self.total_steps, self.schedule,
+            self.decay_steps,
+        )  # fmt: skip
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def compute(self, state: StepState, view: StepView, recipe: StepRecipe[B], batch: B) -> None:
         """The step's forwards and backwards: each forward's gradient apart, then combined into
         `.grad` (also what a spike rerun calls again, on the same batch)."""
         state.attempt += 1
@@ -435,7 +438,7 @@ class Loop:
             p.grad = g
 
     def rerun(
-        self, state: StepState, view: StepView, recipe: Recipe[B], batch: B, median: float
+        self, state: StepState, view: StepView, recipe: StepRecipe[B], batch: B, median: float
     ) -> None:
         """The spiking step computed again from its pre-step generator state, on the same batch
         (planted faults off); the spike policy judges the two attempts, training continues with

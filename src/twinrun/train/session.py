@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from twinrun.config.resolved import (
     EpochPlan,
@@ -17,10 +17,8 @@ from twinrun.config.resolved import (
     StepCount,
     TextWindows,
     ValidRun,
-    validate,
 )
 from twinrun.config.run import RunConfig, shaping_numbers
-from twinrun.config.values import resolve_max_length
 from twinrun.core.digest import sha256_file
 from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.core.lock import acquire, release
@@ -42,21 +40,21 @@ if TYPE_CHECKING:
 E = TypeVar("E")  # what a recipe's data encodes to (rows, pairs, token ids)
 
 
-class ModelSession(Protocol):
+@dataclass
+class ModelSession:
     """What an objective's forwards use of a run: the validated run, tokenizer and model (a
-    `Session`, or the `ReplaySession` replay builds without any data)."""
+    training `Session`, or what replay builds without any data)."""
 
-    run: ValidRun
+    run: ValidRun  # validated once the process knows its device; never changed after
     tok: CheckpointTokenizer
     model: CausalLM
 
 
 @dataclass
-class Session:
-    run: ValidRun  # validated once the process knows its device; never changed after
+class Session(ModelSession):
+    """A training run's session: the model and what the run read, checked and recorded."""
+
     out: Path
-    tok: CheckpointTokenizer
-    model: CausalLM
     params: Params
     provenance: dict[str, Any]
     runtime: dict[str, Any]
@@ -112,18 +110,19 @@ def read_examples(run: ValidRun) -> tuple[list[SourcedRow], str]:
 
 
 def open_session(
-    cfg: RunConfig,
+    given: ValidRun,
     encode: Callable[[ValidRun, CheckpointTokenizer, Any, int], list[E]],
     read: Callable[[ValidRun], tuple[Any, str]] = read_examples,
 ) -> tuple[Session, list[E]]:
-    """Validate config, model, data and output; then build. Nothing is written before every
-    input has been checked; the output directory is locked for the whole session (by the
+    """Check model, data and output of the validated run; then build. Nothing is written before
+    every input has been checked; the output directory is locked for the whole session (by the
     process that writes it: rank 0 under torchrun). `read` gives the raw data `encode`
     tokenizes and its SHA256 (the examples file by default; the text corpus for `tune text`);
-    both are given the validated run."""
+    both are given the run."""
     # joins torchrun's process group, if any; rank 0 reports, the others only compute
-    device = distributed.setup(cfg.device)
-    cfg = replace(cfg, device=device, quiet=cfg.quiet or not distributed.is_root())
+    device = distributed.setup(given.config.device)
+    run = given.with_config(device=device, quiet=given.config.quiet or not distributed.is_root())
+    cfg = run.config
     from twinrun.train.sharding import check_shard_base
 
     check_shard_base(cfg)
@@ -135,7 +134,6 @@ def open_session(
             "only some of the step's forwards",
             "trace the step in a run without torchrun (its bytes are the same)",
         )
-    run = validate(cfg)
     faults = parse_faults(cfg.inject, cfg.objective)
     # the second writer stops here; under torchrun only rank 0 writes, so only it locks
     lock = acquire(run.output) if distributed.is_root() else None
@@ -158,18 +156,14 @@ def _open_locked(
     if not cfg.resume:
         check_output_dir(run.output, cfg.overwrite, config_inputs(cfg))
     out = Path(run.output)
-    model_dir = Path(run.model)
-    from twinrun.core.determinism import establish, runtime_versions
+    from twinrun.core.determinism import runtime_versions
+    from twinrun.model.prelude import open_model
 
-    # first: the CPU kernels are pinned before torch runs any (tokenization may)
-    provenance = establish(
-        strict=cfg.strict, threads=cfg.threads, device=cfg.device, cpu_kernels=cfg.cpu_kernels
-    )
-    from twinrun.model.loading import read_model_config as read_config
-    from twinrun.model.tokens import load_tokenizer
-
-    model_config = read_config(model_dir)  # ModelError when missing / not a checkpoint
-    tok = load_tokenizer(model_dir)
+    p = open_model(
+        run.model, strict=cfg.strict, threads=cfg.threads, device=cfg.device,
+        cpu_kernels=cfg.cpu_kernels, adapter=cfg.init_adapter,
+    )  # fmt: skip
+    tok = p.tok
     rows, data_sha256 = read(run)
     eval_sha256 = eval_digest(run)
     inputs = run_inputs(run, data_sha256, eval_sha256)
@@ -180,31 +174,22 @@ def _open_locked(
         run = run.with_config(resume=False, overwrite=True)
         cfg = run.config
         check_output_dir(out, cfg.overwrite)  # its partial logs go; anything foreign stops it
-    max_length = resolve_max_length(cfg.max_length, model_config)
+    max_length = p.max_length(cfg.max_length)
     encoded = encode(run, tok, rows, max_length)
     check_run_schedule(run, encoded)
     eval_rows = read_eval_rows(run, tok, max_length)
 
-    from twinrun.core.rng import seed_torch
-
-    provenance["torch_seed"] = seed_torch(run.seed)
-    from twinrun.model.build import FreshLora, build_model
+    from twinrun.model.build import FreshLora
     from twinrun.model.lora import lora_parameters
 
     loading = Progress(1, "", quiet=cfg.quiet or not distributed.is_root())
-    loading.note(f"{cfg.objective}: loading {model_dir} ...")  # a large model takes minutes
-    model = build_model(
-        model_dir,
-        precision=run.precision,
-        device=cfg.device,
-        attention=cfg.attention,
-        adapter=cfg.init_adapter,
-        lora=None
-        if cfg.init_adapter is not None
-        else FreshLora(run.lora_rank, run.lora_alpha, run.seed, cfg.lora_targets),
-        batch_invariant=cfg.batch_invariant,
-        gradient_checkpointing=cfg.gradient_checkpointing,
-    )
+    loading.note(f"{cfg.objective}: loading {run.model} ...")  # a large model takes minutes
+    fresh = FreshLora(run.lora_rank, run.lora_alpha, run.seed, cfg.lora_targets)
+    model = p.build(
+        precision=run.precision, seed=run.seed, attention=cfg.attention,
+        lora=None if cfg.init_adapter is not None else fresh,
+        batch_invariant=cfg.batch_invariant, gradient_checkpointing=cfg.gradient_checkpointing,
+    )  # fmt: skip
     if cfg.init_adapter is not None:
         check_adapter_shape(model, run)
     params = lora_parameters(model)
@@ -227,7 +212,7 @@ def _open_locked(
         tok=tok,
         model=model,
         params=params,
-        provenance=provenance,
+        provenance=p.provenance,
         runtime=runtime_versions() | distributed.runtime_record() | sharding,
         model_sha256=inputs["model_sha256"],
         data_sha256=data_sha256,

@@ -1,19 +1,44 @@
-"""Training recipes: each builds its batches and its forward/backward for the step loop —
-`sft`, `pairs` (dpo and reward), `grpo` and `text`. `train(cfg)` runs any of them: the
-objective's record (objectives/registry.py) names its recipe."""
+"""Training recipes, one class per objective (`RECIPES`, keyed by the objective registry's
+names): `sft`, the pair objectives (`dpo`, `ipo`, `reward`), `grpo` and `text`. `train(cfg)` runs
+any of them — open the session, the recipe, its loop, drive it, finish — and replay builds a
+captured step's recipe from the same classes (`from_batch`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from twinrun.config.resolved import ValidRun, validate
 from twinrun.config.run import RunConfig
 from twinrun.core.errors import ConfigError
-from twinrun.objectives.registry import NAMES, trainer_of
+from twinrun.objectives.registry import NAMES
+from twinrun.train.driver import drive, make_loop, spikes_of
+from twinrun.train.recipes.base import Recipe
+from twinrun.train.recipes.grpo import GrpoRecipe
+from twinrun.train.recipes.pairs import PAIR_RECIPES
+from twinrun.train.recipes.sft import SftRecipe
+from twinrun.train.recipes.text import TextRecipe
+from twinrun.train.session import finish_session, open_session
+
+_KINDS: tuple[type[Recipe], ...] = (SftRecipe, *PAIR_RECIPES, GrpoRecipe, TextRecipe)
+RECIPES: dict[str, type[Recipe]] = {kind.name: kind for kind in _KINDS}
 
 
-def train(cfg: RunConfig) -> dict[str, Any]:
-    """Run `cfg` with its objective's recipe; returns the run's sidecar record ({} on a process
-    of a data-parallel run other than rank 0). The one entry every command trains through."""
-    if cfg.objective not in NAMES:
-        raise ConfigError(f"unknown objective {cfg.objective!r}", f"use one of {', '.join(NAMES)}")
-    return trainer_of(cfg.objective)(cfg)
+def train(run: RunConfig | ValidRun) -> dict[str, Any]:
+    """Run `run` (validated here once if it is not yet) with its objective's recipe; returns the
+    run's sidecar record ({} on a process of a data-parallel run other than rank 0). The one
+    entry every command trains through."""
+    if isinstance(run, RunConfig):
+        if run.objective not in NAMES:
+            raise ConfigError(
+                f"unknown objective {run.objective!r}", f"use one of {', '.join(NAMES)}"
+            )
+        run = validate(run)
+    kind = RECIPES[run.config.objective]
+    data = kind.data(run)  # what the data needs is built (and checked) before anything is written
+    session, encoded = open_session(run, data.encode, data.read)
+    recipe = kind.open(session, encoded, data.context)
+    session.params = [*session.params, *recipe.extra_params()]  # the reward head trains too
+    loop = make_loop(session, recipe.total_steps, recipe.objective_state)
+    drive(session, loop, recipe, recipe.objective_state)
+    summary = recipe.summary(loop.metrics, spikes_of(loop))
+    return finish_session(session, loop.metrics, summary, recipe.finish(session))

@@ -25,9 +25,8 @@ import math
 import random
 import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -39,35 +38,32 @@ from twinrun.config.resolved import (
     Rollouts,
     StepCount,
     ValidRun,
-    validate,
 )
-from twinrun.config.run import RunConfig
 from twinrun.core.rng import stream
 from twinrun.data.batching import epoch_order
-from twinrun.data.examples import EncodedRow, SourcedRow, check_length
-from twinrun.model.decoding import generate_block
+from twinrun.data.examples import SourcedRow
 from twinrun.objectives.grpo import grpo_loss
 from twinrun.rl.advantages import apply_token_cap, compute_advantages
 from twinrun.rl.environments import (
     Environment,
     EnvironmentPluginError,
-    checked_prompt,
-    checked_reward,
-    fresh_environment,
     make_environment,
-    observation_fault,
     validated_rows,
 )
 from twinrun.rl.prioritized import PrioritizedReplay
-from twinrun.rl.tool_calls import canonical_json
 from twinrun.rl.tool_envs import ToolEnvironment
 from twinrun.rl.tool_settings import check_tool_rows
 from twinrun.train.distributed import in_global_order, mine
-from twinrun.train.driver import ObjectiveState, drive, make_loop, spikes_of
 from twinrun.train.faults import unseeded_plans
-from twinrun.train.loop import Forward, StepForwards, StepOutcome, StepRecipe
-from twinrun.train.recipes.tool_rollouts import check_tool_template, tool_block, tool_environment
-from twinrun.train.session import ModelSession, Session, finish_session, open_session
+from twinrun.train.hooks.checkpoint import ObjectiveState
+from twinrun.train.loop import Forward, StepForwards, StepOutcome
+from twinrun.train.recipes.base import Recipe, RecipeData, Rows
+from twinrun.train.recipes.tool_rollouts import (
+    check_tool_template,
+    episode_block,
+    tool_environment,
+)
+from twinrun.train.session import ModelSession, Session
 from twinrun.train.sharding import forward_slots, paced
 
 
@@ -102,7 +98,7 @@ class Rollout:
 @dataclass
 class GrpoState:
     rows: list[SourcedRow]
-    env: Environment | None
+    env: Environment | None  # a single-turn environment (one-turn episodes)
     env_name: str
     replay: PrioritizedReplay[Rollout] | None
     tools: ToolEnvironment | None = None  # a multi-turn tool environment (then `env` is unused)
@@ -126,44 +122,6 @@ class GrpoState:
         return self.orders[epoch][j]
 
 
-def train_grpo(cfg: RunConfig) -> dict[str, Any]:
-    given = validate(cfg)
-    name = given.record(Rollouts).env
-    tools = tool_environment(given)  # plugin errors before anything is written
-    env = make_environment(name, cfg.env_args or {}) if tools is None else None
-    session, rows = open_session(
-        cfg,
-        lambda run, tok, raw, max_len: usable_prompts(
-            tok,
-            checked_tool_rows(name, raw)
-            if env is None
-            else validated_rows(env, name, raw, run.seed),
-            run,
-            tools is not None,
-        ),
-    )  # every row is checked before the output directory is made
-    run = session.run  # as the session resolved it (the device under torchrun)
-    replay: PrioritizedReplay[Any] | None = None
-    if run.has(PerReplay):
-        per = run.record(PerReplay)
-        replay = PrioritizedReplay(per.replay_capacity, per.replay_alpha, per.replay_beta)
-    state = GrpoState(rows=rows, env=env, env_name=name, replay=replay, tools=tools)
-    p, seed, steps = run.record(Rollouts).prompts_per_step, run.seed, run.record(StepCount).steps
-    plans = [[state.example_at(seed, step * p + i) for i in range(p)] for step in range(steps)]
-    recipe = GrpoRecipe(session, state, unseeded_plans(session.faults, plans, len(rows)))
-    objective = ObjectiveState(state.replay_state, state.set_replay_state)
-    loop = make_loop(session, steps, objective)
-    drive(session, loop, recipe, objective)
-    last = loop.metrics[-1]
-    summary = {
-        "final_loss": last["loss"],
-        "spikes": spikes_of(loop),
-        "steps": steps,
-        "final_reward_mean": last["reward_mean"],
-    }
-    return finish_session(session, loop.metrics, summary)
-
-
 class NoSignalWarning(UserWarning):
     """A GRPO step whose rewards are equal within every group: its update changes nothing."""
 
@@ -174,12 +132,65 @@ def replay_pending(state: GrpoState) -> bool:
 
 
 @dataclass
-class GrpoRecipe(StepRecipe):
+class GrpoRecipe(Recipe):
+    """GRPO: each step's prompts, their sampled rollouts scored by the environment, then the
+    clipped policy update."""
+
+    name: ClassVar[str] = "grpo"
     s: Session
     state: GrpoState
     plans: list[list[int]]  # the example indices of each step
     warned_no_signal: bool = False
     fresh: list[Rollout] = field(default_factory=list)  # the last forwards' sampled rollouts
+
+    @classmethod
+    def data(cls, given: ValidRun) -> RecipeData:
+        """The environment is built (and a plugin's errors raised) before anything is written;
+        every row is checked by it before the output directory is made."""
+        name = given.record(Rollouts).env
+        tools = tool_environment(given)
+        env = make_environment(name, given.config.env_args or {}) if tools is None else None
+
+        def encode(run: ValidRun, tok: Any, raw: Any, max_len: int) -> list[SourcedRow]:
+            rows = (
+                checked_tool_rows(name, raw)
+                if env is None
+                else validated_rows(env, name, raw, run.seed)
+            )
+            return usable_prompts(tok, rows, run, tools is not None)
+
+        return RecipeData(encode, context=(name, env, tools))
+
+    @classmethod
+    def open(cls, session: Session, encoded: list[Any], context: Any) -> GrpoRecipe:
+        name, env, tools = context
+        run = session.run  # as the session resolved it (the device under torchrun)
+        replay: PrioritizedReplay[Any] | None = None
+        if run.has(PerReplay):
+            per = run.record(PerReplay)
+            replay = PrioritizedReplay(per.replay_capacity, per.replay_alpha, per.replay_beta)
+        state = GrpoState(rows=encoded, env=env, env_name=name, replay=replay, tools=tools)
+        p, steps = run.record(Rollouts).prompts_per_step, run.record(StepCount).steps
+        seed = run.seed
+        plans = [[state.example_at(seed, step * p + i) for i in range(p)] for step in range(steps)]
+        recipe = cls(session, state, unseeded_plans(session.faults, plans, len(encoded)))
+        recipe.total_steps = steps
+        recipe.objective_state = ObjectiveState(state.replay_state, state.set_replay_state)
+        return recipe
+
+    @classmethod
+    def replay_forwards(
+        cls, s: ModelSession, batch: OptimizerBatch, step: int, head: torch.nn.Linear | None
+    ) -> StepForwards:
+        return update_forwards(s, rollouts_from_batch(batch), step)
+
+    def summary(self, metrics: Rows, spikes: Rows) -> dict[str, Any]:
+        return {
+            "final_loss": metrics[-1]["loss"],
+            "spikes": spikes,
+            "steps": self.total_steps,
+            "final_reward_mean": metrics[-1]["reward_mean"],
+        }
 
     def prepare(self, step: int) -> list[int]:
         return self.plans[step]
@@ -295,36 +306,6 @@ def usable_prompts(
     return rows
 
 
-def prompt_ids_for(s: Session, observation: str) -> list[int]:
-    messages = [{"role": "user", "content": observation}]
-    return s.tok.prompt_ids(messages, s.run.record(Examples).templated)
-
-
-def sample_block(
-    s: Session, prompts: list[list[int]], step: int, examples: list[int]
-) -> list[list[tuple[list[int], list[float]]]]:
-    """The `group_size` completions of each prompt of a block, decoded as one batch from one
-    left-padded prefill; completion k of example e draws its token i from
-    stream(seed, "sample", step, e, k, i). Returns (tokens, float64 old logprobs) per completion,
-    per prompt."""
-    seed, rollouts = s.run.seed, s.run.record(Rollouts)
-    group = rollouts.group_size
-
-    def draw_for(example: int, k: int) -> Callable[[int], float]:
-        return lambda position: stream(seed, "sample", step, example, k, position).uniform()
-
-    with torch.no_grad():
-        results = generate_block(
-            s.model,
-            prompts,
-            rollouts.max_new_tokens,
-            s.run.record(PolicyUpdate).temperature,
-            [[draw_for(e, k) for k in range(group)] for e in examples],
-            end_ids=s.tok.end_ids,
-        )
-    return [[(list(r.tokens), [float(x) for x in r.logprobs]) for r in rows] for rows in results]
-
-
 def rollout_blocks(groups: int, block: int) -> list[range]:
     """The step's prompt groups in blocks of `block` consecutive global group indices (the last
     may be shorter): fixed by the run's settings, never by the process count."""
@@ -338,10 +319,11 @@ def sampled_rollouts(s: Session, state: GrpoState, step: int, examples: list[int
     completion does not depend on the process that samples it) and the blocks are all-gathered."""
     stamped = s.faults.once("observation", step)  # the planted fault, not in a spike rerun
     blocks = rollout_blocks(len(examples), s.cfg.rollout_block)
-    collect = collect_rollouts if state.tools is None else collect_episodes
     with paced(s.model):  # a sharded base: every process runs as many forwards as the longest
         local = [
-            collect(s, state, step, [examples[g] for g in blocks[b]], list(blocks[b]), stamped)
+            collect_rollouts(
+                s, state, step, [examples[g] for g in blocks[b]], list(blocks[b]), stamped
+            )
             for b in mine(len(blocks))
         ]
     return [r for block in in_global_order(local, "gathering the rollouts") for r in block]
@@ -355,63 +337,30 @@ def collect_rollouts(
     slots: list[int] | None = None,
     stamped: bool | None = None,
 ) -> list[Rollout]:
-    """The rollouts of one block of prompt groups, decoded as one batch (`sample_block`), group
-    after group; `slots` are their global group indices (default 0, 1, ...), which key the
-    environment's observation draws; `stamped`: whether the planted observation fault acts
-    (default: asked of the run's faults)."""
-    seed = s.run.seed
-    room = s.max_length - s.run.record(Rollouts).max_new_tokens  # a prompt's tokens at most
+    """The rollouts of one block of prompt groups: its episodes (`tool_rollouts.episode_block`),
+    group after group. A single-turn environment's are one-turn episodes, one per group, whose
+    prompts are decoded as one batch from one left-padded prefill: every completion token is the
+    model's (no model mask), and the group's one observation is on its first sample. A tool
+    environment's have every turn sampled by twinrun, a model mask and each turn. `slots` are
+    the groups' global indices (default 0, 1, ...), which key the environment's observation
+    draws; `stamped`: whether the planted observation fault acts (default: asked of the run's
+    faults; it is refused for tool environments)."""
+    env = state.tools if state.tools is not None else state.env
+    assert env is not None
     if stamped is None:
         stamped = s.faults.once("observation", step)
     slots = list(range(len(examples))) if slots is None else slots
-    prompts, observations = [], []
-    assert state.env is not None
-    envs = [fresh_environment(state.env) for _ in examples]  # one per prompt group
-    for slot, example, env in zip(slots, examples, envs, strict=True):
-        row = state.rows[example]
-        observation = checked_prompt(
-            env, state.env_name, dict(row.data), stream(seed, "env", step, slot)
-        )
-        if stamped:
-            observation = observation_fault(observation)
-        ids = prompt_ids_for(s, observation)
-        check_length(EncodedRow(tuple(ids), ()), row.where, room)
-        prompts.append(ids)
-        observations.append(canonical_json([{"role": "user", "content": observation}]))
-    out: list[Rollout] = []
-    sampled = sample_block(s, prompts, step, examples)
-    for example, ids, group, seen, env in zip(
-        examples, prompts, sampled, observations, envs, strict=True
-    ):
-        data = dict(state.rows[example].data)
-        for k, (completion, logprobs) in enumerate(group):
-            reward = checked_reward(env, state.env_name, data, s.tok.decode(completion))
-            rollout = Rollout(example, k, step, ids, completion, logprobs, reward)
-            rollout.turns = [{"observation": seen}] if k == 0 else None
-            out.append(rollout)
-    return out
-
-
-def collect_episodes(
-    s: Session,
-    state: GrpoState,
-    step: int,
-    examples: list[int],
-    slots: list[int],
-    stamped: bool,
-) -> list[Rollout]:
-    """The rollouts of one block of prompt groups in a tool environment, every turn sampled by
-    twinrun (`tool_rollouts.py`), group after group. The planted observation fault does not apply
-    (it is refused for tool environments)."""
-    assert state.tools is not None
     out = []
-    for r in tool_block(s, state.tools, state.rows, step, examples, slots):
+    for r in episode_block(s, env, state.rows, step, examples, slots, stamped):
         p = r.prompt_length
         rollout = Rollout(
             r.example, r.k, step, r.tokens[:p], r.tokens[p:], r.logprobs[p:], r.reward
         )
-        rollout.model_mask = r.mask[p:]
-        rollout.turns = [dataclasses.asdict(t) for t in r.turns]
+        if env.one_turn:
+            rollout.turns = [{"observation": r.turns[0].observation}] if r.k == 0 else None
+        else:
+            rollout.model_mask = r.mask[p:]
+            rollout.turns = [dataclasses.asdict(t) for t in r.turns]
         out.append(rollout)
     return out
 

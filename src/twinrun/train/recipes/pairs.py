@@ -4,39 +4,47 @@
 each side of a pair goes through its own one-row forward — and `--accumulation` counts pair
 groups (each a chosen forward and a rejected forward) per optimizer step.
 
-- DPO: policy = base + LoRA, reference = the same model with the adapter disabled (no grad);
-  loss `-logsigmoid(beta * ((pc - rc) - (pr - rr)))` over completion log-prob sums, averaged over
-  the step's pairs (`objectives/dpo.py`).
+What tells the objectives apart is their `PairLoss`, a strategy: whether it needs the frozen
+reference (the model with the adapter disabled, no grad), whether each side's log-prob is taken
+per completion token, the settings record it reads, and the loss over the two sides.
+- DPO: loss `-logsigmoid(beta * ((pc - rc) - (pr - rr)))` over completion log-prob sums,
+  averaged over the step's pairs (`objectives/dpo.py`).
 - IPO: the same forwards; each side's log-prob per completion token, loss
-  `(h - 1/(2 beta))^2` with `h = (pc - rc) - (pr - rr)` (`objectives/ipo.py`). The record's
-  `pair_loss` names the loss, `per_token` the division.
+  `(h - 1/(2 beta))^2` with `h = (pc - rc) - (pr - rr)` (`objectives/ipo.py`).
 - Reward: a scalar head on the final-norm hidden state of the last real token
   (`model/reward_head.py`), Bradley–Terry loss `-logsigmoid(s_chosen - s_rejected)`, averaged over
   the step's pairs (`objectives/reward.py`). The head trains with the adapter.
+A new pair loss is a loss function, a `PairLoss` and a recipe class of three lines here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
 from twinrun.capture.batch import OptimizerBatch
-from twinrun.config.resolved import EpochPlan, Examples, Preference
-from twinrun.config.run import RunConfig
-from twinrun.data.batching import StepPlan, pad_rows, plan_steps
+from twinrun.config.resolved import Preference, ValidRun
+from twinrun.data.batching import StepPlan, pad_rows
 from twinrun.data.pairs import EncodedPair, encode_pairs
 from twinrun.model.lora import lora_disabled
-from twinrun.objectives.dpo import sequence_logprob
-from twinrun.objectives.registry import objective, pair_loss_of
+from twinrun.objectives.dpo import DPOOut, dpo_loss, sequence_logprob
+from twinrun.objectives.ipo import ipo_loss
+from twinrun.objectives.registry import objective
 from twinrun.objectives.reward import bradley_terry_loss
 from twinrun.train.distributed import in_global_order, is_root
-from twinrun.train.driver import drive, make_loop, spikes_of
-from twinrun.train.faults import unseeded_plans
-from twinrun.train.loop import Forward, StepForwards, StepOutcome, StepRecipe
+from twinrun.train.loop import Forward, Params, StepForwards, StepOutcome
+from twinrun.train.recipes.base import (
+    Recipe,
+    RecipeData,
+    Rows,
+    epoch_plans,
+    examples_data,
+)
 from twinrun.train.recipes.sft import Padded
-from twinrun.train.session import ModelSession, Session, finish_session, open_session
+from twinrun.train.session import ModelSession, Session
 from twinrun.train.sharding import forward_slots
 
 
@@ -51,42 +59,66 @@ class PairBatch:
     sides: list[Padded]
 
 
-def train_pairs(cfg: RunConfig) -> dict[str, Any]:
-    """Run DPO, IPO or reward modelling (`cfg.objective`) end to end; the sidecar record."""
-    session, pairs = open_session(
-        cfg,
-        lambda run, tok, raw, max_len: encode_pairs(
-            tok, raw, run.record(Examples).templated, max_len
-        ),
-    )
-    run = session.run  # as the session resolved it (the device under torchrun)
-    cfg = run.config
-    head = None
-    if objective(cfg.objective).head:  # reward: a scalar head trains with the adapter
-        from twinrun.model.reward_head import new_reward_head
+@dataclass(frozen=True)
+class PairSides:
+    """One group's values per side — log-probs (per token when the loss says so) or the head's
+    scores — and the reference's (None without a reference), [P] each."""
 
-        head = new_reward_head(session.model.hidden_size, run.seed).to(cfg.device)
-        assert isinstance(head.weight, torch.nn.Parameter)  # typed as a Tensor by torch
-        session.params = [*session.params, ("reward_head.score.weight", head.weight)]
-    epochs = run.record(EpochPlan)
-    plans = plan_steps(len(pairs), epochs.epochs, run.batch_size, epochs.accumulation, run.seed)
-    recipe = PairRecipe(session, pairs, unseeded_plans(session.faults, plans, len(pairs)), head)
-    loop = make_loop(session, len(plans))
-    drive(session, loop, recipe)
-    last = loop.metrics[-1]
-    summary = {
-        "final_loss": last["loss"],
-        "steps": len(plans),
-        "final_accuracy": last["accuracy"],
-        "spikes": spikes_of(loop),
-    }
-    extra = None
-    if head is not None and is_root():
-        from twinrun.model.reward_head import HEAD_FILE, HEAD_KEY, save_reward_head
+    chosen: torch.Tensor
+    rejected: torch.Tensor
+    ref_chosen: torch.Tensor | None
+    ref_rejected: torch.Tensor | None
 
-        save_reward_head(head, session.out)
-        extra = {"reward_head": {"file": HEAD_FILE, "key": HEAD_KEY}}
-    return finish_session(session, loop.metrics, summary, extra)
+
+class PairOut(NamedTuple):
+    """A pair loss's result: per-pair losses (with grad), accuracy and mean margin (detached)."""
+
+    losses: torch.Tensor
+    accuracy: torch.Tensor
+    margin: torch.Tensor
+
+
+@dataclass(frozen=True)
+class PairLoss:
+    """How a pair objective scores its pairs (see the module docstring)."""
+
+    needs_reference: bool
+    """Runs the frozen reference's forwards (no grad, adapter disabled) beside the policy's."""
+    per_token: bool
+    """Each side's log-prob is divided by its completion tokens (TRL's IPO), not the sum."""
+    settings: type | None
+    """The settings record the loss reads (`run.record(settings)`), or None."""
+    loss: Callable[[PairSides, ValidRun], PairOut]
+
+
+def _against_reference(
+    fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], DPOOut],
+) -> Callable[[PairSides, ValidRun], PairOut]:
+    """A preference loss of the policy against the reference at `--beta` (DPO's signature)."""
+
+    def loss(sides: PairSides, run: ValidRun) -> PairOut:
+        assert sides.ref_chosen is not None and sides.ref_rejected is not None  # reference ran
+        out = fn(
+            sides.chosen, sides.rejected, sides.ref_chosen, sides.ref_rejected,
+            run.record(Preference).beta,
+        )  # fmt: skip
+        return PairOut(out.losses, out.accuracy, out.reward_margin)
+
+    return loss
+
+
+def _bradley_terry(sides: PairSides, run: ValidRun) -> PairOut:
+    bt = bradley_terry_loss(sides.chosen, sides.rejected)
+    return PairOut(bt.losses, bt.accuracy, bt.margin)
+
+
+DPO = PairLoss(
+    needs_reference=True, per_token=False, settings=Preference, loss=_against_reference(dpo_loss)
+)
+IPO = PairLoss(
+    needs_reference=True, per_token=True, settings=Preference, loss=_against_reference(ipo_loss)
+)
+BRADLEY_TERRY = PairLoss(needs_reference=False, per_token=False, settings=None, loss=_bradley_terry)
 
 
 def pad_sides(groups: list[list[EncodedPair]], pad_id: int) -> list[Padded]:
@@ -96,11 +128,62 @@ def pad_sides(groups: list[list[EncodedPair]], pad_id: int) -> list[Padded]:
 
 
 @dataclass
-class PairRecipe(StepRecipe):
+class PairRecipe(Recipe):
+    """A pair objective's run: the planned groups of pairs, one plan per step; `loss` is the
+    objective's `PairLoss`, `head` the reward head (objectives whose record has `head`)."""
+
+    loss: ClassVar[PairLoss]
     s: Session
     pairs: list[EncodedPair]
     plans: list[StepPlan]
-    head: torch.nn.Module | None
+    head: torch.nn.Linear | None
+
+    @classmethod
+    def data(cls, given: ValidRun) -> RecipeData:
+        return examples_data(encode_pairs)
+
+    @classmethod
+    def open(cls, session: Session, encoded: list[Any], context: Any) -> PairRecipe:
+        head = None
+        if objective(cls.name).head:  # reward: a scalar head trains with the adapter
+            from twinrun.model.reward_head import new_reward_head
+
+            head = new_reward_head(session.model.hidden_size, session.run.seed)
+            head = head.to(session.run.config.device)
+        recipe = cls(session, encoded, epoch_plans(session, len(encoded)), head)
+        recipe.total_steps = len(recipe.plans)
+        return recipe
+
+    @classmethod
+    def replay_forwards(
+        cls, s: ModelSession, batch: OptimizerBatch, step: int, head: torch.nn.Linear | None
+    ) -> StepForwards:
+        return pair_forwards(s, pairs_from_batch(batch), step, cls.name, cls.loss, head)
+
+    def extra_params(self) -> Params:
+        from twinrun.capture.state import HEAD_PARAM
+
+        if self.head is None:
+            return []
+        assert isinstance(self.head.weight, torch.nn.Parameter)  # typed as a Tensor by torch
+        return [(HEAD_PARAM, self.head.weight)]
+
+    def summary(self, metrics: Rows, spikes: Rows) -> dict[str, Any]:
+        last = metrics[-1]
+        return {
+            "final_loss": last["loss"],
+            "steps": self.total_steps,
+            "final_accuracy": last["accuracy"],
+            "spikes": spikes,
+        }
+
+    def finish(self, session: Session) -> dict[str, Any] | None:
+        if self.head is None or not is_root():
+            return None
+        from twinrun.model.reward_head import HEAD_FILE, HEAD_KEY, save_reward_head
+
+        save_reward_head(self.head, session.out)
+        return {"reward_head": {"file": HEAD_FILE, "key": HEAD_KEY}}
 
     def prepare(self, step: int) -> PairBatch:
         plan = self.plans[step]
@@ -108,11 +191,34 @@ class PairRecipe(StepRecipe):
         return PairBatch(plan.forwards, plan.epoch, groups, pad_sides(groups, self.s.tok.pad_id))
 
     def forwards(self, step: int, batch: PairBatch) -> StepForwards:
-        outcome = yield from pair_forwards(self.s, batch.groups, step, self.head, batch.sides)
+        outcome = yield from pair_forwards(
+            self.s, batch.groups, step, self.name, self.loss, self.head, batch.sides
+        )
         indices = torch.tensor([i for fw in batch.indices for i in fw])
         outcome.leaves = {"batch.sample_indices": indices, **outcome.leaves}
         outcome.metrics = {"epoch": batch.epoch, **outcome.metrics}
         return outcome
+
+
+@dataclass
+class DpoRecipe(PairRecipe):
+    name: ClassVar[str] = "dpo"
+    loss: ClassVar[PairLoss] = DPO
+
+
+@dataclass
+class IpoRecipe(PairRecipe):
+    name: ClassVar[str] = "ipo"
+    loss: ClassVar[PairLoss] = IPO
+
+
+@dataclass
+class RewardRecipe(PairRecipe):
+    name: ClassVar[str] = "reward"
+    loss: ClassVar[PairLoss] = BRADLEY_TERRY
+
+
+PAIR_RECIPES: tuple[type[PairRecipe], ...] = (DpoRecipe, IpoRecipe, RewardRecipe)
 
 
 def completion_tokens(padded: Padded) -> torch.Tensor:
@@ -121,9 +227,11 @@ def completion_tokens(padded: Padded) -> torch.Tensor:
 
 
 def side_forward(
-    s: ModelSession, padded: Padded, head: torch.nn.Module | None
+    s: ModelSession, padded: Padded, head: torch.nn.Module | None, reference: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One forward over one side of the pairs: (values [B], ids, logits, reference values)."""
+    """One forward over one side of the pairs: (values [B], ids, logits, reference values —
+    None unless `reference`). With a head the values are its scores, else the sequence
+    log-probs."""
     ids, attn, mask = (t.to(s.run.config.device) for t in padded)
     invariant = s.run.config.batch_invariant
     if head is not None:
@@ -132,63 +240,71 @@ def side_forward(
         values = scores(s.model, head, ids, attn)  # type: ignore[arg-type]  # the head is a Linear
         return values, ids, values, None
     logits = s.model(ids, attn)
-    with torch.no_grad(), lora_disabled(s.model):
-        ref = sequence_logprob(s.model(ids, attn), ids, mask, batch_invariant=invariant)
+    ref = None
+    if reference:
+        with torch.no_grad(), lora_disabled(s.model):
+            ref = sequence_logprob(s.model(ids, attn), ids, mask, batch_invariant=invariant)
     return sequence_logprob(logits, ids, mask, batch_invariant=invariant), ids, logits, ref
+
+
+def group_sides(
+    s: ModelSession, chosen: Padded, rejected: Padded, loss: PairLoss, head: torch.nn.Module | None
+) -> tuple[PairSides, list[torch.Tensor], list[torch.Tensor]]:
+    """A group's chosen and rejected forwards: the sides as the loss reads them, their ids and
+    logits (chosen first)."""
+    c, c_ids, c_logits, c_ref = side_forward(s, chosen, head, loss.needs_reference)
+    r, r_ids, r_logits, r_ref = side_forward(s, rejected, head, loss.needs_reference)
+    if loss.per_token:  # each side's log-prob per completion token (TRL's IPO)
+        nc, nr = completion_tokens(chosen), completion_tokens(rejected)
+        c, r = c / nc, r / nr
+        c_ref = None if c_ref is None else c_ref / nc
+        r_ref = None if r_ref is None else r_ref / nr
+    return PairSides(c, r, c_ref, r_ref), [c_ids, r_ids], [c_logits, r_logits]
 
 
 def pair_forwards(
     s: ModelSession,
     groups: list[list[EncodedPair]],
     step: int,
+    name: str,
+    loss: PairLoss,
     head: torch.nn.Module | None,
     sides: list[Padded] | None = None,
 ) -> StepForwards:
-    """A chosen and a rejected forward per group, one loss per group, for one step (replay runs
-    this); `sides` are the padded chosen/rejected tensors per group (else padded here)."""
+    """A chosen and a rejected forward per group, one loss per group, for one step of objective
+    `name` (replay runs this); `sides` are the padded chosen/rejected tensors per group (else
+    padded here)."""
     if sides is None:
         sides = pad_sides(groups, s.tok.pad_id)
     total = sum(len(fw) for fw in groups)
-    if head is None:  # a preference loss against the reference (dpo, ipo)
-        pair_loss = pair_loss_of(s.run.config.objective)
-        per_token = objective(s.run.config.objective).per_token
     parts = []  # (loss sum, correct, margin) of this process's groups (all without torchrun)
     for g, padding in forward_slots(len(groups), s.model):
         fw = groups[g]
-        chosen, c_ids, c_logits, c_ref = side_forward(s, sides[2 * g], head)
-        rejected, r_ids, r_logits, r_ref = side_forward(s, sides[2 * g + 1], head)
-        if head is None:
-            assert c_ref is not None and r_ref is not None  # reference forwards ran
-            if per_token:  # each side's log-prob per completion token (TRL's IPO)
-                nc, nr = completion_tokens(sides[2 * g]), completion_tokens(sides[2 * g + 1])
-                chosen, c_ref, rejected, r_ref = chosen / nc, c_ref / nc, rejected / nr, r_ref / nr
-            pref = pair_loss(chosen, rejected, c_ref, r_ref, s.run.record(Preference).beta)
-            losses, accuracy = pref.losses, pref.accuracy
-            margin = float(pref.reward_margin) * len(fw)
-        else:
-            bt = bradley_terry_loss(chosen, rejected)
-            losses, accuracy, margin = bt.losses, bt.accuracy, float(bt.margin) * len(fw)
-        yield Forward(
-            losses.sum() / total, losses / total, [c_ids, r_ids], [c_logits, r_logits], padding
-        )
+        values, ids, logits = group_sides(s, sides[2 * g], sides[2 * g + 1], loss, head)
+        out = loss.loss(values, s.run)
+        losses = out.losses
+        yield Forward(losses.sum() / total, losses / total, ids, logits, padding)
         if padding:
             continue
-        parts.append((losses.detach().double().sum().cpu(), float(accuracy) * len(fw), margin))
+        parts.append((
+            losses.detach().double().sum().cpu(),
+            float(out.accuracy) * len(fw),
+            float(out.margin) * len(fw),
+        ))  # fmt: skip
     loss_sum = torch.zeros((), dtype=torch.float64)
     correct = margin = 0.0
     for part_loss, part_correct, part_margin in in_global_order(parts):  # group 0 first
         loss_sum += part_loss
         correct += part_correct
         margin += part_margin
-    loss = loss_sum / total
     rows = [p.chosen if side == 0 else p.rejected for fw in groups for side in (0, 1) for p in fw]
     return StepOutcome(
-        loss=float(loss),
+        loss=float(loss_sum / total),
         tokens=sum(r.targets for r in rows),
         rows=2 * total,
         metrics={"pairs": total, "accuracy": correct / total, "reward_margin": margin / total},
         batch=OptimizerBatch(
-            objective=s.run.config.objective,
+            objective=name,
             step=step,
             rows=[list(r.input_ids) for r in rows],
             loss_masks=[list(r.loss_mask) for r in rows],

@@ -9,21 +9,25 @@ to the gradient of the step's mean token loss.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from twinrun.capture.batch import OptimizerBatch
-from twinrun.config.resolved import EpochPlan, Examples
-from twinrun.config.run import RunConfig
-from twinrun.data.batching import StepPlan, pad_rows, padding_fraction, plan_steps
+from twinrun.config.resolved import ValidRun
+from twinrun.data.batching import StepPlan, pad_rows, padding_fraction
 from twinrun.data.examples import EncodedRow, encode_sft_rows
 from twinrun.objectives.sft import completion_nll
 from twinrun.train.distributed import in_global_order
-from twinrun.train.driver import drive, make_loop, spikes_of
-from twinrun.train.faults import unseeded_plans
-from twinrun.train.loop import Forward, StepForwards, StepOutcome, StepRecipe
-from twinrun.train.session import ModelSession, Session, finish_session, open_session
+from twinrun.train.loop import Forward, StepForwards, StepOutcome
+from twinrun.train.recipes.base import (
+    Recipe,
+    RecipeData,
+    Rows,
+    epoch_plans,
+    examples_data,
+)
+from twinrun.train.session import ModelSession, Session
 from twinrun.train.sharding import forward_slots
 
 Padded = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -39,30 +43,33 @@ class SftBatch:
     padded: list[Padded]
 
 
-def train_sft(cfg: RunConfig) -> dict[str, Any]:
-    """Run SFT end to end; returns the sidecar record."""
-    session, rows = open_session(
-        cfg,
-        lambda run, tok, raw, max_len: encode_sft_rows(
-            tok, raw, run.record(Examples).templated, max_len
-        ),
-    )
-    run = session.run  # as the session resolved it (the device under torchrun)
-    epochs = run.record(EpochPlan)
-    plans = plan_steps(len(rows), epochs.epochs, run.batch_size, epochs.accumulation, run.seed)
-    recipe = SftRecipe(session, rows, unseeded_plans(session.faults, plans, len(rows)))
-    loop = make_loop(session, len(plans))
-    drive(session, loop, recipe)
-    last = loop.metrics[-1]
-    summary = {"final_loss": last["loss"], "steps": len(plans), "spikes": spikes_of(loop)}
-    return finish_session(session, loop.metrics, summary)
-
-
 @dataclass
-class SftRecipe(StepRecipe):
+class SftRecipe(Recipe):
+    """SFT: the planned forwards of example rows, one plan per step."""
+
+    name: ClassVar[str] = "sft"
     s: Session
     rows: list[EncodedRow]
     plans: list[StepPlan]
+
+    @classmethod
+    def data(cls, given: ValidRun) -> RecipeData:
+        return examples_data(encode_sft_rows)
+
+    @classmethod
+    def open(cls, session: Session, encoded: list[Any], context: Any) -> SftRecipe:
+        recipe = cls(session, encoded, epoch_plans(session, len(encoded)))
+        recipe.total_steps = len(recipe.plans)
+        return recipe
+
+    @classmethod
+    def replay_forwards(
+        cls, s: ModelSession, batch: OptimizerBatch, step: int, head: torch.nn.Linear | None
+    ) -> StepForwards:
+        return sft_forwards(s, rows_from_batch(batch), step, cls.name)
+
+    def summary(self, metrics: Rows, spikes: Rows) -> dict[str, Any]:
+        return {"final_loss": metrics[-1]["loss"], "steps": self.total_steps, "spikes": spikes}
 
     def prepare(self, step: int) -> SftBatch:
         plan = self.plans[step]
@@ -71,7 +78,7 @@ class SftRecipe(StepRecipe):
         return SftBatch(plan.forwards, plan.epoch, forwards, padded)
 
     def forwards(self, step: int, batch: SftBatch) -> StepForwards:
-        outcome = yield from sft_forwards(self.s, batch.forwards, step, batch.padded)
+        outcome = yield from sft_forwards(self.s, batch.forwards, step, self.name, batch.padded)
         indices = torch.tensor([i for fw in batch.indices for i in fw])
         outcome.leaves = {"batch.sample_indices": indices, **outcome.leaves}
         outcome.metrics["epoch"] = batch.epoch
@@ -79,10 +86,15 @@ class SftRecipe(StepRecipe):
 
 
 def sft_forwards(
-    s: ModelSession, forwards: list[list[EncodedRow]], step: int, padded: list[Padded] | None = None
+    s: ModelSession,
+    forwards: list[list[EncodedRow]],
+    step: int,
+    objective: str,
+    padded: list[Padded] | None = None,
 ) -> StepForwards:
-    """The forwards of one step over these rows (also what replay runs); `padded` are the rows
-    already padded (by `prepare`), else they are padded here."""
+    """The forwards of one step over these rows (also what replay runs, and a text run's
+    windows: `objective` names the batch); `padded` are the rows already padded (by
+    `prepare`), else they are padded here."""
     device = s.run.config.device
     total = sum(r.targets for fw in forwards for r in fw)
     if padded is None:
@@ -107,7 +119,7 @@ def sft_forwards(
         rows=len(flat),
         metrics={"padding_fraction": sum(pad) / len(pad)},
         batch=OptimizerBatch(
-            objective="sft",
+            objective=objective,
             step=step,
             rows=[list(r.input_ids) for r in flat],
             loss_masks=[list(r.loss_mask) for r in flat],

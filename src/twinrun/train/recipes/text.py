@@ -13,20 +13,20 @@ the step's window starts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from twinrun.capture.batch import OptimizerBatch
 from twinrun.config.resolved import StepCount, TextWindows, ValidRun
-from twinrun.config.run import RunConfig
 from twinrun.data.corpus import check_window, read_corpus, tokenize_corpus, window_row
 from twinrun.data.corpus import window_start as start_of
 from twinrun.data.examples import EncodedRow
 from twinrun.model.tokens import CheckpointTokenizer
-from twinrun.train.driver import drive, make_loop, spikes_of
-from twinrun.train.loop import StepForwards, StepRecipe
-from twinrun.train.recipes.sft import sft_forwards
-from twinrun.train.session import Session, finish_session, open_session
+from twinrun.train.loop import StepForwards
+from twinrun.train.recipes.base import Recipe, RecipeData, Rows
+from twinrun.train.recipes.sft import rows_from_batch, sft_forwards
+from twinrun.train.session import ModelSession, Session
 
 
 @dataclass
@@ -44,38 +44,47 @@ def window_starts(run: ValidRun, step: int, tokens: int) -> tuple[int, ...]:
     return tuple(start_of(run.seed, step, i, tokens, n) for i in range(k))
 
 
-def train_text(cfg: RunConfig) -> dict[str, Any]:
-    """Run continued pre-training end to end; returns the sidecar record."""
-
-    def read(run: ValidRun) -> tuple[list[str], str]:
-        return read_corpus(list(run.record(TextWindows).corpus))
-
-    def encode(
-        run: ValidRun, tok: CheckpointTokenizer, texts: list[str], max_length: int
-    ) -> list[int]:
-        ids = tokenize_corpus(tok, texts)
-        check_window(len(ids), run.record(TextWindows).window, max_length)
-        return ids
-
-    session, ids = open_session(cfg, encode, read)
-    recipe = TextRecipe(session, ids)
-    steps = session.run.record(StepCount).steps
-    loop = make_loop(session, steps)
-    drive(session, loop, recipe)
-    last = loop.metrics[-1]
-    summary = {
-        "final_loss": last["loss"],
-        "steps": steps,
-        "corpus_tokens": len(ids),
-        "spikes": spikes_of(loop),
-    }
-    return finish_session(session, loop.metrics, summary)
-
-
 @dataclass
-class TextRecipe(StepRecipe):
+class TextRecipe(Recipe):
+    """Continued pre-training: each step's windows, drawn from the corpus's token ids."""
+
+    name: ClassVar[str] = "text"
     s: Session
     ids: list[int]
+
+    @classmethod
+    def data(cls, given: ValidRun) -> RecipeData:
+        def read(run: ValidRun) -> tuple[list[str], str]:
+            return read_corpus(list(run.record(TextWindows).corpus))
+
+        def encode(
+            run: ValidRun, tok: CheckpointTokenizer, texts: list[str], max_length: int
+        ) -> list[int]:
+            ids = tokenize_corpus(tok, texts)
+            check_window(len(ids), run.record(TextWindows).window, max_length)
+            return ids
+
+        return RecipeData(encode, read)
+
+    @classmethod
+    def open(cls, session: Session, encoded: list[Any], context: Any) -> TextRecipe:
+        recipe = cls(session, encoded)
+        recipe.total_steps = session.run.record(StepCount).steps
+        return recipe
+
+    @classmethod
+    def replay_forwards(
+        cls, s: ModelSession, batch: OptimizerBatch, step: int, head: torch.nn.Linear | None
+    ) -> StepForwards:
+        return sft_forwards(s, rows_from_batch(batch), step, cls.name)
+
+    def summary(self, metrics: Rows, spikes: Rows) -> dict[str, Any]:
+        return {
+            "final_loss": metrics[-1]["loss"],
+            "steps": self.total_steps,
+            "corpus_tokens": len(self.ids),
+            "spikes": spikes,
+        }
 
     def prepare(self, step: int) -> TextBatch:
         run = self.s.run
@@ -85,8 +94,6 @@ class TextRecipe(StepRecipe):
         return TextBatch(starts, [rows[i : i + size] for i in range(0, len(rows), size)])
 
     def forwards(self, step: int, batch: TextBatch) -> StepForwards:
-        outcome = yield from sft_forwards(self.s, batch.forwards, step)
-        assert outcome.batch is not None
-        outcome.batch.objective = "text"
+        outcome = yield from sft_forwards(self.s, batch.forwards, step, self.name)
         outcome.leaves = {"batch.sample_indices": torch.tensor(batch.starts), **outcome.leaves}
         return outcome

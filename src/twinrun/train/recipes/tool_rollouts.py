@@ -1,8 +1,13 @@
-"""Multi-turn GRPO rollouts in a tool environment: twinrun samples every turn itself.
+"""GRPO rollouts as episodes (`rl/environments.py`'s one protocol): twinrun samples every turn
+itself. A single-turn environment's block is episodes of one turn (`one_turn`): one episode per
+prompt group, its observation encoded as the examples are (`Examples.templated`: chat template or
+plain), the group's `group_size` samples decoded from that one prompt (token i of sample k drawn
+from `stream(seed, "sample", step, example, k, i)`), each answer scored right after it; the
+planted observation fault (`--inject observation@STEP`) prepends the clock to its observation.
 
-One episode per rollout (prompt group g of the step, sample k), each with its own environment
-instance (`rl/tool_envs.py`: `env.episode(row, rng)`, `rng` = `stream(seed, "env", step, g)`, the
-same key for every sample of the group):
+A multi-turn tool environment has one episode per rollout (prompt group g of the step, sample k),
+each with its own environment instance (`rl/tool_envs.py`: `env.episode(row, rng)`, `rng` =
+`stream(seed, "env", step, g)`, the same key for every sample of the group):
 
 1. turn 0: the messages are the episode's first user message (`start()`), preceded by a system
    message listing the tool schemas when the chat template does not render `tools` itself; the
@@ -12,7 +17,7 @@ same key for every sample of the group):
    (tool results, or a user message) is appended as the template renders it;
 3. the episode ends when the environment says done, after `max_turns` model turns, or when the
    next turn would not fit the token budget (the row plus `max_new_tokens` within the model's
-   length); then the episode is scored (`reward()`) and closed.
+   length); then the episode is scored (`reward()`), and closed with the block's others.
 
 The row is the tokens the model actually saw and sampled: turn 0's prompt ids, then each turn's
 sampled tokens followed by the environment's tokens — the text the template puts after the
@@ -28,9 +33,10 @@ Each turn of the episode is recorded (`Turn`): the model-visible messages new at
 JSON), the prompt ids appended before it and the tokens sampled in it — the observation leaves
 `twinrun diff` compares before any gradient.
 
-Every active rollout of a rollout block is decoded together at each turn, each from its own ids
-(left-padded: `generate_block` with one row per prompt), so a row's bytes depend on its block
-(fixed by the settings, never by the process count) and on which of its rollouts are still going.
+Every active rollout of a rollout block is decoded together at each turn (left-padded:
+`generate_block` with one prompt per episode, one row per rollout of it), so a row's bytes depend
+on its block (fixed by the settings, never by the process count) and on which of its rollouts are
+still going.
 """
 
 from __future__ import annotations
@@ -41,18 +47,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from twinrun.config.resolved import PolicyUpdate, Rollouts, ValidRun
+from twinrun.config.resolved import Examples, PolicyUpdate, Rollouts, ValidRun
 from twinrun.core.errors import ModelError
 from twinrun.core.rng import stream
 from twinrun.data.examples import EncodedRow, SourcedRow, check_length
 from twinrun.model.decoding import generate_block
+from twinrun.rl.environments import Environment, Episode, observation_fault
 from twinrun.rl.tool_calls import canonical_json, template_takes_tools, tools_system_text
 from twinrun.rl.tool_calls import check_tool_template as check_rendering
-from twinrun.rl.tool_envs import (
-    Episode,
-    ToolEnvironment,
-    tool_environment_of,
-)
+from twinrun.rl.tool_envs import ToolEnvironment, tool_environment_of
 from twinrun.rl.tool_settings import check_tool_settings
 
 if TYPE_CHECKING:
@@ -88,6 +91,7 @@ class EpisodeRun:
     turns: list[Turn] = field(default_factory=list)
     pending: list[int] = field(default_factory=list)  # prompt ids added before the next turn
     done: bool = False
+    reward: float = 0.0  # set once done
 
 
 @dataclass
@@ -110,31 +114,45 @@ def render(s: Session, messages: list[Message], tools: list[dict[str, Any]]) -> 
     return str(s.tok.render_chat(messages, True, passed))
 
 
-def first_messages(s: Session, episode: Episode) -> tuple[list[Message], list[dict[str, Any]]]:
-    """Turn 0's messages and the episode's tool schemas."""
+def first_messages(
+    s: Session, episode: Episode, stamped: bool = False
+) -> tuple[list[Message], list[dict[str, Any]]]:
+    """Turn 0's messages and the episode's tool schemas; `stamped`: the planted observation
+    fault prepends the clock to the first user message."""
     tools = [dict(t) for t in episode.tools]
     messages: list[Message] = []
     if tools and not template_takes_tools(str(s.tok.chat_template)):
         messages.append({"role": "system", "content": tools_system_text(tools)})
-    messages.append({"role": "user", "content": episode.start()})
+    observation = episode.start()
+    messages.append({"role": "user", "content": observation_fault(observation) if stamped
+                     else observation})  # fmt: skip
     return messages, tools
 
 
 def start_episode(
-    s: Session, env: ToolEnvironment, row: SourcedRow, example: int, k: int, step: int, slot: int
-) -> EpisodeRun:
-    """A fresh environment instance for rollout (slot, k) and its turn-0 prompt."""
+    s: Session, env: Environment, row: SourcedRow, example: int, ks: Sequence[int], step: int,
+    slot: int, stamped: bool = False,
+) -> list[EpisodeRun]:  # fmt: skip
+    """A fresh environment instance's episode for prompt group `slot`, and its turn-0 prompt, for
+    the samples `ks` that share it (a one-turn environment's whole group, a tool environment's
+    one rollout). A one-turn prompt is encoded as the examples are (templated or plain); a tool
+    episode's is the chat template's rendering, with the tools."""
     seed = s.run.seed
     episode = env.episode(dict(row.data), stream(seed, "env", step, slot))
-    messages, tools = first_messages(s, episode)
-    text = render(s, messages, tools)
-    ids = s.tok.encode(text)
+    messages, tools = first_messages(s, episode, stamped)
+    if env.one_turn:
+        text, ids = "", s.tok.prompt_ids(messages, s.run.record(Examples).templated)
+    else:
+        text = render(s, messages, tools)
+        ids = s.tok.encode(text)
     budget = s.max_length - s.run.record(Rollouts).max_new_tokens
     check_length(EncodedRow(tuple(ids), ()), row.where, budget)
-    run = EpisodeRun(example, k, episode, tools, messages, text, ids, [0] * len(ids),
-                     [0.0] * len(ids), pending=list(ids))  # fmt: skip
-    run.turns.append(Turn(canonical_json(messages), [], []))
-    return run
+    seen = canonical_json(messages)
+    return [
+        EpisodeRun(example, k, episode, tools, list(messages), text, list(ids), [0] * len(ids),
+                   [0.0] * len(ids), [Turn(seen, [], [])], pending=list(ids))
+        for k in ks
+    ]  # fmt: skip
 
 
 def continuation(s: Session, run: EpisodeRun, sampled: list[int], said: str,
@@ -160,21 +178,34 @@ def continuation(s: Session, run: EpisodeRun, sampled: list[int], said: str,
 
 
 def decode_turn(
-    s: Session, runs: list[EpisodeRun], step: int, turn: int
+    s: Session, runs: list[EpisodeRun], step: int, turn: int, one_turn: bool = False
 ) -> list[tuple[list[int], list[float]]]:
-    """The model's turn of every run, decoded as one left-padded batch (one row per run)."""
+    """The model's turn of every run, decoded as one left-padded batch: one prompt per episode,
+    one row per run of it (a one-turn episode's samples share its prompt and one prefill; their
+    draws are keyed without the turn). (tokens, float64 logprobs) per run, in order."""
     seed = s.run.seed
 
     def draw_for(r: EpisodeRun) -> Callable[[int], float]:
+        if one_turn:
+            return lambda i: stream(seed, "sample", step, r.example, r.k, i).uniform()
         return lambda i: stream(seed, "sample", step, r.example, r.k, turn, i).uniform()
 
+    shared: dict[int, list[EpisodeRun]] = {}
+    for r in runs:
+        shared.setdefault(id(r.episode) if one_turn else id(r), []).append(r)
+    groups = list(shared.values())
     with torch.no_grad():
         results = generate_block(
-            s.model, [r.ids for r in runs], s.run.record(Rollouts).max_new_tokens,
-            s.run.record(PolicyUpdate).temperature, [[draw_for(r)] for r in runs],
+            s.model, [g[0].ids for g in groups], s.run.record(Rollouts).max_new_tokens,
+            s.run.record(PolicyUpdate).temperature, [[draw_for(r) for r in g] for g in groups],
             end_ids=s.tok.end_ids,
         )  # fmt: skip
-    return [(list(g[0].tokens), [float(x) for x in g[0].logprobs]) for g in results]
+    out = {
+        id(r): (list(x.tokens), [float(v) for v in x.logprobs])
+        for g, rows in zip(groups, results, strict=True)
+        for r, x in zip(g, rows, strict=True)
+    }
+    return [out[id(r)] for r in runs]
 
 
 def advance(
@@ -206,44 +237,44 @@ def advance(
     run.turns.append(Turn(canonical_json(messages), [], []))
 
 
-def finish(run: EpisodeRun, prompt_length: int) -> EpisodeResult:
-    """The episode scored and closed."""
-    try:
-        reward = run.episode.reward()
-    finally:
-        run.episode.close()
-    return EpisodeResult(run.example, run.k, prompt_length, run.ids, run.mask, run.logprobs,
-                         reward, run.turns)  # fmt: skip
-
-
-def tool_block(
+def episode_block(
     s: Session,
-    env: ToolEnvironment,
+    env: Environment,
     rows: list[SourcedRow],
     step: int,
     examples: list[int],
     slots: list[int],
+    stamped: bool = False,
 ) -> list[EpisodeResult]:
     """The episodes of one rollout block (its prompt groups, `group_size` samples each), turn
-    by turn, in group then sample order."""
+    by turn, in group then sample order: a run is scored (`reward()`) as soon as its episode is
+    done — a one-turn episode's samples each right after their answer — and every episode is
+    closed once the block is done. `stamped`: the planted observation fault."""
+    group = s.run.record(Rollouts).group_size
+    samples = [range(group)] if env.one_turn else [[k] for k in range(group)]
     runs = [
-        start_episode(s, env, rows[e], e, k, step, slot)
+        run
         for slot, e in zip(slots, examples, strict=True)
-        for k in range(s.run.record(Rollouts).group_size)
+        for ks in samples
+        for run in start_episode(s, env, rows[e], e, ks, step, slot, stamped)
     ]
     prompt_lengths = [len(r.ids) for r in runs]
-    assert s.cfg.max_turns is not None  # a tool environment's run has it (check_tool_settings)
-    max_turns = int(s.cfg.max_turns)
+    assert env.one_turn or s.cfg.max_turns is not None  # a tool run has it (check_tool_settings)
+    max_turns = 1 if env.one_turn else int(s.cfg.max_turns or 0)
     try:
         for turn in range(max_turns):
             active = [r for r in runs if not r.done]
             if not active:
                 break
-            for r, (sampled, logprobs) in zip(
-                active, decode_turn(s, active, step, turn), strict=True
-            ):
+            decoded = decode_turn(s, active, step, turn, env.one_turn)
+            for r, (sampled, logprobs) in zip(active, decoded, strict=True):
                 advance(s, r, sampled, logprobs, last=turn + 1 == max_turns)
-        return [finish(r, n) for r, n in zip(runs, prompt_lengths, strict=True)]
+                if r.done:
+                    r.reward = r.episode.reward()
+        for episode in {id(r.episode): r.episode for r in runs}.values():
+            episode.close()
+        return [EpisodeResult(r.example, r.k, n, r.ids, r.mask, r.logprobs, r.reward, r.turns)
+                for r, n in zip(runs, prompt_lengths, strict=True)]  # fmt: skip
     except BaseException:
         for r in runs:
             close_quietly(r.episode)

@@ -1,0 +1,133 @@
+"""What a recipe is: one objective's run, as a class that the step loop drives in training and in
+replay alike.
+
+A recipe class is registered under its objective's name (`RECIPES` in this package, one entry per
+record of objectives/registry.py) and says:
+- `data(run)`: how the validated run's data is read and encoded (checked before anything is written;
+  `open_session` calls it with the validated run);
+- `open(session, encoded, context)`: the recipe of a training run over the encoded data, with
+  `total_steps`, its checkpointed state (`objective_state`, GRPO's replay buffer) and its own
+  trainable parameters beyond the adapter (`extra_params()`, the reward head);
+- `prepare(step)` / `forwards(step, batch)` / `after_update(step, outcome)`: the step protocol of
+  train/loop.py;
+- `summary(metrics, spikes)` and `finish(session)`: the sidecar's metrics and any record of its
+  own files (the reward head's);
+- `from_batch(session, batch, head)`: the recipe of one captured step (replay): the batch is the
+  captured `OptimizerBatch`, the forwards the objective's own (`replay_forwards`) — no data is
+  read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from twinrun.train.loop import Params, StepForwards, StepRecipe
+from twinrun.train.session import read_examples
+
+if TYPE_CHECKING:
+    import torch
+
+    from twinrun.capture.batch import OptimizerBatch
+    from twinrun.config.resolved import ValidRun
+    from twinrun.data.batching import StepPlan
+    from twinrun.model.tokens import CheckpointTokenizer
+    from twinrun.train.hooks.checkpoint import ObjectiveState
+    from twinrun.train.session import ModelSession, Session
+
+Rows = list[dict[str, Any]]  # metrics rows, or spike records
+Encode = Callable[["ValidRun", "CheckpointTokenizer", Any, int], list[Any]]
+Read = Callable[["ValidRun"], tuple[Any, str]]
+
+
+@dataclass(frozen=True)
+class RecipeData:
+    """How a run's data is read (the raw data and its SHA256) and encoded (checked, tokenized),
+    and what the recipe built to check it (GRPO: its environment) — handed to `open`."""
+
+    encode: Encode
+    read: Read = read_examples
+    context: Any = None
+
+
+class Recipe(StepRecipe):
+    """An objective's run (see the module docstring). Subclasses set `name` and implement
+    `data`, `open`, `from_batch`, `prepare`, `forwards` and `summary`."""
+
+    name: ClassVar[str]
+    total_steps: int = 0
+    objective_state: ObjectiveState | None = None
+
+    @classmethod
+    def data(cls, given: ValidRun) -> RecipeData:
+        raise NotImplementedError
+
+    @classmethod
+    def open(cls, session: Session, encoded: list[Any], context: Any) -> Recipe:
+        raise NotImplementedError
+
+    @classmethod
+    def from_batch(
+        cls, session: ModelSession, batch: OptimizerBatch, head: torch.nn.Linear | None
+    ) -> StepRecipe:
+        """The recipe of one captured step: `replay_forwards` on the captured batch."""
+        return Replayed(batch, lambda step, b: cls.replay_forwards(session, b, step, head))
+
+    @classmethod
+    def replay_forwards(
+        cls, s: ModelSession, batch: OptimizerBatch, step: int, head: torch.nn.Linear | None
+    ) -> StepForwards:
+        """The objective's forwards over a captured batch (what training ran on it)."""
+        raise NotImplementedError
+
+    def summary(self, metrics: Rows, spikes: Rows) -> dict[str, Any]:
+        """The sidecar's metrics of the finished run (`spikes`: the spike reruns)."""
+        raise NotImplementedError
+
+    def extra_params(self) -> Params:
+        """Trainable parameters of the recipe's own, beyond the adapter's (the reward head)."""
+        return []
+
+    def finish(self, session: Session) -> dict[str, Any] | None:
+        """Write the recipe's own files into the run directory (rank 0, after the adapter);
+        their sidecar record, or None."""
+        return None
+
+
+def examples_data(encode: Callable[[CheckpointTokenizer, Any, bool, int], list[Any]]) -> RecipeData:
+    """An examples file's data: its rows encoded by `encode(tok, raw, templated, max_length)`
+    (`templated`: through the chat template)."""
+    from twinrun.config.resolved import Examples
+
+    return RecipeData(
+        lambda run, tok, raw, max_len: encode(tok, raw, run.record(Examples).templated, max_len)
+    )
+
+
+def epoch_plans(session: Session, n: int) -> list[StepPlan]:
+    """The steps of a run counted in epochs over `n` encoded items (rows, pairs): each step's
+    forwards of item indices, keyed per-epoch shuffles (a planted sampler fault unseeds them)."""
+    from twinrun.config.resolved import EpochPlan
+    from twinrun.data.batching import plan_steps
+    from twinrun.train.faults import unseeded_plans
+
+    run = session.run
+    epochs = run.record(EpochPlan)
+    plans = plan_steps(n, epochs.epochs, run.batch_size, epochs.accumulation, run.seed)
+    return unseeded_plans(session.faults, plans, n)
+
+
+@dataclass
+class Replayed(StepRecipe):
+    """One captured step as a recipe: its batch is the captured `OptimizerBatch`, its forwards
+    those the objective trains with (`run(step, batch)`)."""
+
+    batch: OptimizerBatch
+    run: Callable[[int, OptimizerBatch], StepForwards]
+
+    def prepare(self, step: int) -> OptimizerBatch:
+        return self.batch
+
+    def forwards(self, step: int, batch: OptimizerBatch) -> StepForwards:
+        return (yield from self.run(step, batch))
