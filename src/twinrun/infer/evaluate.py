@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.inference import EvalConfig
-from twinrun.model.prelude import Prelude, open_model
+from twinrun.model.prelude import Prelude, open_for_inference
 
 REPORT_FORMAT = "twinrun.infer.evaluate.v1"
 
@@ -52,10 +52,7 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
     from twinrun.infer.inputs import read_examples
 
     claim_outputs(cfg)
-    p = open_model(
-        str(cfg.model), strict=cfg.strict, threads=cfg.threads, device=cfg.device,
-        cpu_kernels=cfg.cpu_kernels, adapter=cfg.adapter, templated=cfg.chat_template == "on",
-    )  # fmt: skip
+    p = open_for_inference(cfg)
     raw, kind = read_examples(str(cfg.examples))
     if kind == "pairs":
         from twinrun.data.pairs import encode_pairs

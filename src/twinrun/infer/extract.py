@@ -36,7 +36,7 @@ from typing import Any
 
 from twinrun.config.inference import ExtractConfig
 from twinrun.core.errors import ConfigError, DataError
-from twinrun.model.prelude import Prelude, open_model
+from twinrun.model.prelude import Prelude, open_for_inference
 
 HIDDEN_FORMAT = "twinrun.hidden.v1"
 STEERING_FORMAT = "twinrun.infer.steering.v1"
@@ -123,10 +123,7 @@ def run_extract(cfg: ExtractConfig) -> dict[str, Any]:
     from twinrun.infer.inputs import read_examples
 
     claim_outputs(cfg)
-    p = open_model(
-        str(cfg.model), strict=cfg.strict, threads=cfg.threads, device=cfg.device,
-        cpu_kernels=cfg.cpu_kernels, adapter=cfg.adapter, templated=cfg.chat_template == "on",
-    )  # fmt: skip
+    p = open_for_inference(cfg)
     layers = int(p.config.get("num_hidden_layers", 0))
     assert cfg.layer is not None
     if cfg.layer > layers:

@@ -6,7 +6,7 @@ from typing import Any
 
 from twinrun.config.inference import GenerateConfig
 from twinrun.core.errors import ConfigError
-from twinrun.model.prelude import open_model
+from twinrun.model.prelude import open_for_inference
 
 
 def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
@@ -16,10 +16,7 @@ def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
     from twinrun.core.rng import stream
     from twinrun.model.decoding import generate as generate_tokens
 
-    p = open_model(
-        str(cfg.model), strict=cfg.strict, threads=cfg.threads, device=cfg.device,
-        cpu_kernels=cfg.cpu_kernels, adapter=cfg.adapter, templated=cfg.chat_template == "on",
-    )  # fmt: skip
+    p = open_for_inference(cfg)
     messages = [{"role": "user", "content": str(cfg.prompt)}]
     prompt_ids = p.tok.prompt_ids(messages, p.templated)
     positions = p.max_length()

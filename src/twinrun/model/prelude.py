@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from twinrun.config.values import resolve_max_length
 
@@ -128,3 +128,31 @@ def open_model(
         adapter=adapter,
         templated=templated,
     )
+
+
+class InferenceFlags(Protocol):
+    """What an inference command (`tune evaluate`, `extract`, `generate`) gives the prelude."""
+
+    @property
+    def model(self) -> Any: ...
+    @property
+    def adapter(self) -> Any: ...
+    @property
+    def chat_template(self) -> str | None: ...
+    @property
+    def strict(self) -> bool: ...
+    @property
+    def threads(self) -> int | None: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def cpu_kernels(self) -> str: ...
+
+
+def open_for_inference(flags: InferenceFlags) -> Prelude:
+    """`open_model` with an inference command's flags (its chat template on or off)."""
+    return open_model(
+        str(flags.model), strict=flags.strict, threads=flags.threads, device=flags.device,
+        cpu_kernels=flags.cpu_kernels, adapter=flags.adapter,
+        templated=flags.chat_template == "on",
+    )  # fmt: skip

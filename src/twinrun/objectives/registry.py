@@ -60,6 +60,9 @@ class Objective:
 
 
 _EXAMPLE_FAULTS = ("sampler", "rng", "reduction")
+_PAIRS: dict[str, Any] = {
+    "counts": "epochs", "data": "pairs", "batch": "pairs", "faults": _EXAMPLE_FAULTS
+}  # fmt: skip
 
 OBJECTIVES: tuple[Objective, ...] = (
     Objective(
@@ -73,28 +76,19 @@ OBJECTIVES: tuple[Objective, ...] = (
     Objective(
         name="dpo",
         summary="Direct preference optimisation on {prompt, chosen, rejected} pairs.",
-        counts="epochs",
-        data="pairs",
-        batch="pairs",
-        faults=_EXAMPLE_FAULTS,
+        **_PAIRS,
         has_reference=True,
     ),
     Objective(
         name="ipo",
         summary="Identity preference optimisation (IPO, as TRL's loss_type='ipo') on pairs.",
-        counts="epochs",
-        data="pairs",
-        batch="pairs",
-        faults=_EXAMPLE_FAULTS,
+        **_PAIRS,
         has_reference=True,
     ),
     Objective(
         name="reward",
         summary="Reward model: LoRA + a scalar head, Bradley-Terry loss on preference pairs.",
-        counts="epochs",
-        data="pairs",
-        batch="pairs",
-        faults=_EXAMPLE_FAULTS,
+        **_PAIRS,
         head=True,
     ),
     Objective(

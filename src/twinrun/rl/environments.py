@@ -622,17 +622,23 @@ def _plugin_call(name: str, what: str, fn: Callable[..., Any], *args: Any) -> An
         signal.signal(signal.SIGINT, previous)
 
 
-def checked_prompt(env: SingleTurn, name: str, row: dict[str, Any], rng: Stream) -> str:
-    """`env.prompt(row, rng)`, failing with a one-line error naming `name` unless it is a str."""
+def _env_call(env: SingleTurn, name: str, method: str, fn: Any, *args: Any) -> Any:
+    """`fn(*args)`, a method of environment `name`; what it raises becomes one line naming the
+    environment and the method (a row's DataError and the plugin's own interrupt pass)."""
     try:
-        prompt = _plugin_call(name, "prompt", env.prompt, row, rng)
+        return _plugin_call(name, method, fn, *args)
     except (DataError, EnvironmentPluginError):  # DataError: a row's; this: its own interrupt
         raise
     except Exception as exc:
         raise EnvironmentPluginError(
-            f"environment {name!r}: prompt raised {type(exc).__name__}: "
+            f"environment {name!r}: {method} raised {type(exc).__name__}: "
             f"{_one_line(exc, _hidden(env))}"
         ) from exc
+
+
+def checked_prompt(env: SingleTurn, name: str, row: dict[str, Any], rng: Stream) -> str:
+    """`env.prompt(row, rng)`, failing with a one-line error naming `name` unless it is a str."""
+    prompt = _env_call(env, name, "prompt", env.prompt, row, rng)
     if not isinstance(prompt, str):
         raise EnvironmentPluginError(
             f"environment {name!r}: prompt returned {type(prompt).__name__}, not str"
@@ -667,15 +673,7 @@ def finite_reward(
 def checked_reward(env: SingleTurn, name: str, row: dict[str, Any], completion: str) -> float:
     """`env.reward(row, completion)` as a Python float; a one-line error naming `name` when the
     reward raises or is not a finite real number (`finite_reward`)."""
-    try:
-        value = _plugin_call(name, "reward", env.reward, row, completion)
-    except (DataError, EnvironmentPluginError):  # DataError: a row's; this: its own interrupt
-        raise
-    except Exception as exc:
-        raise EnvironmentPluginError(
-            f"environment {name!r}: reward raised {type(exc).__name__}: "
-            f"{_one_line(exc, _hidden(env))}"
-        ) from exc
+    value = _env_call(env, name, "reward", env.reward, row, completion)
     return finite_reward(value, f"environment {name!r}: reward returned", hide=_hidden(env))
 
 

@@ -19,7 +19,7 @@ record of objectives/registry.py) and says:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -56,8 +56,13 @@ class Recipe(StepRecipe):
     `data`, `open`, `from_batch`, `prepare`, `forwards` and `summary`."""
 
     name: ClassVar[str]
-    total_steps: int = 0
+    plans: Sequence[Any]  # what each step trains on, planned when the run opens: one per step
     objective_state: ObjectiveState | None = None
+
+    @property
+    def total_steps(self) -> int:
+        """The run's planned optimizer steps (the schedule's length)."""
+        return len(self.plans)
 
     @classmethod
     def data(cls, given: ValidRun) -> RecipeData:

@@ -174,7 +174,6 @@ class GrpoRecipe(Recipe):
         seed = run.seed
         plans = [[state.example_at(seed, step * p + i) for i in range(p)] for step in range(steps)]
         recipe = cls(session, state, unseeded_plans(session.faults, plans, len(encoded)))
-        recipe.total_steps = steps
         recipe.objective_state = ObjectiveState(state.replay_state, state.set_replay_state)
         return recipe
 

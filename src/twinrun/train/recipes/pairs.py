@@ -150,9 +150,7 @@ class PairRecipe(Recipe):
 
             head = new_reward_head(session.model.hidden_size, session.run.seed)
             head = head.to(session.run.config.device)
-        recipe = cls(session, encoded, epoch_plans(session, len(encoded)), head)
-        recipe.total_steps = len(recipe.plans)
-        return recipe
+        return cls(session, encoded, epoch_plans(session, len(encoded)), head)
 
     @classmethod
     def replay_forwards(

@@ -58,9 +58,7 @@ class SftRecipe(Recipe):
 
     @classmethod
     def open(cls, session: Session, encoded: list[Any], context: Any) -> SftRecipe:
-        recipe = cls(session, encoded, epoch_plans(session, len(encoded)))
-        recipe.total_steps = len(recipe.plans)
-        return recipe
+        return cls(session, encoded, epoch_plans(session, len(encoded)))
 
     @classmethod
     def replay_forwards(

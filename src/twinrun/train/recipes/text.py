@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from twinrun.capture.batch import OptimizerBatch
 from twinrun.config.resolved import StepCount, TextWindows, ValidRun
 from twinrun.data.corpus import check_window, read_corpus, tokenize_corpus, window_row
 from twinrun.data.corpus import window_start as start_of
@@ -25,8 +24,8 @@ from twinrun.data.examples import EncodedRow
 from twinrun.model.tokens import CheckpointTokenizer
 from twinrun.train.loop import StepForwards
 from twinrun.train.recipes.base import Recipe, RecipeData, Rows
-from twinrun.train.recipes.sft import rows_from_batch, sft_forwards
-from twinrun.train.session import ModelSession, Session
+from twinrun.train.recipes.sft import SftRecipe, sft_forwards
+from twinrun.train.session import Session
 
 
 @dataclass
@@ -52,6 +51,10 @@ class TextRecipe(Recipe):
     s: Session
     ids: list[int]
 
+    @property
+    def total_steps(self) -> int:
+        return self.s.run.record(StepCount).steps
+
     @classmethod
     def data(cls, given: ValidRun) -> RecipeData:
         def read(run: ValidRun) -> tuple[list[str], str]:
@@ -68,15 +71,10 @@ class TextRecipe(Recipe):
 
     @classmethod
     def open(cls, session: Session, encoded: list[Any], context: Any) -> TextRecipe:
-        recipe = cls(session, encoded)
-        recipe.total_steps = session.run.record(StepCount).steps
-        return recipe
+        return cls(session, encoded)
 
-    @classmethod
-    def replay_forwards(
-        cls, s: ModelSession, batch: OptimizerBatch, step: int, head: torch.nn.Linear | None
-    ) -> StepForwards:
-        return sft_forwards(s, rows_from_batch(batch), step, cls.name)
+    # a text step is SFT's forwards over whole windows: the same classmethod, named "text" here
+    replay_forwards = SftRecipe.__dict__["replay_forwards"]
 
     def summary(self, metrics: Rows, spikes: Rows) -> dict[str, Any]:
         return {
