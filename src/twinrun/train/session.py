@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from twinrun.config.resolved import (
     EpochPlan,
@@ -33,6 +33,7 @@ from twinrun.train.resume_check import check_resume, run_inputs
 if TYPE_CHECKING:
     from twinrun.data.examples import EncodedRow
     from twinrun.model.build import CausalLM
+    from twinrun.model.prelude import Prelude
     from twinrun.model.tokens import CheckpointTokenizer
     from twinrun.train.loop import Params
 
@@ -163,7 +164,62 @@ def _open_locked(
         run.model, strict=cfg.strict, threads=cfg.threads, device=cfg.device,
         cpu_kernels=cfg.cpu_kernels, adapter=cfg.init_adapter,
     )  # fmt: skip
-    tok = p.tok
+    run, data = _read_data(run, p, encode, read)
+    cfg = run.config  # a resume that starts again is a fresh run
+    model, params = _build_model(run, p)
+    from twinrun.train.agreement import agreement_record
+
+    # every process has the same settings and inputs (or every process stops), then rank 0 writes
+    distributed.agree(
+        "waiting for every process to check its inputs", agreement_record(cfg, data.inputs)
+    )
+    sharding: dict[str, int] = {}
+    if cfg.shard_base:  # after the agreement: every process shards, or none does
+        from twinrun.train.sharding import shard_base
+
+        sharding = shard_base(model, params, cfg.device)
+    if not cfg.resume and distributed.is_root():
+        begin_output_dir(out, cfg.overwrite, data.inputs)  # the inputs record first: the marker
+    session = Session(
+        run=run,
+        out=out,
+        tok=p.tok,
+        model=model,
+        params=params,
+        provenance=p.provenance,
+        runtime=runtime_versions() | distributed.runtime_record() | sharding,
+        model_sha256=data.inputs["model_sha256"],
+        data_sha256=data.data_sha256,
+        faults=faults,
+        max_length=data.max_length,
+        lock=lock,
+        eval_rows=data.eval_rows,
+        eval_sha256=data.eval_sha256,
+    )
+    return session, data.encoded
+
+
+@dataclass
+class RunData(Generic[E]):
+    """A run's data, read, checked and encoded before the model is built."""
+
+    encoded: list[E]
+    data_sha256: str
+    eval_sha256: str | None
+    eval_rows: list[EncodedRow]
+    max_length: int
+    inputs: dict[str, Any]  # the run's inputs record (train/resume_check.py `run_inputs`)
+
+
+def _read_data(
+    run: ValidRun,
+    p: Prelude,
+    encode: Callable[[ValidRun, CheckpointTokenizer, Any, int], list[E]],
+    read: Callable[[ValidRun], tuple[Any, str]],
+) -> tuple[ValidRun, RunData[E]]:
+    """Read the data, check a resume against it, encode it and the evaluation rows; the run as
+    it goes on (a resume killed before its first checkpoint starts again, `--overwrite`)."""
+    cfg, out = run.config, Path(run.output)
     rows, data_sha256 = read(run)
     eval_sha256 = eval_digest(run)
     inputs = run_inputs(run, data_sha256, eval_sha256)
@@ -172,16 +228,21 @@ def _open_locked(
     if cfg.resume and check_resume(out, inputs) == 0:
         # killed before its first checkpoint: start again from step 0
         run = run.with_config(resume=False, overwrite=True)
-        cfg = run.config
-        check_output_dir(out, cfg.overwrite)  # its partial logs go; anything foreign stops it
+        check_output_dir(out, run.config.overwrite)  # its partial logs go; anything foreign stops
     max_length = p.max_length(cfg.max_length)
-    encoded = encode(run, tok, rows, max_length)
+    encoded = encode(run, p.tok, rows, max_length)
     check_run_schedule(run, encoded)
-    eval_rows = read_eval_rows(run, tok, max_length)
+    eval_rows = read_eval_rows(run, p.tok, max_length)
+    return run, RunData(encoded, data_sha256, eval_sha256, eval_rows, max_length, inputs)
 
+
+def _build_model(run: ValidRun, p: Prelude) -> tuple[CausalLM, Params]:
+    """The model with fresh LoRA factors (or the `--init-adapter`, its shape checked) and its
+    trainable parameters."""
     from twinrun.model.build import FreshLora
     from twinrun.model.lora import lora_parameters
 
+    cfg = run.config
     loading = Progress(1, "", quiet=cfg.quiet or not distributed.is_root())
     loading.note(f"{cfg.objective}: loading {run.model} ...")  # a large model takes minutes
     fresh = FreshLora(run.lora_rank, run.lora_alpha, run.seed, cfg.lora_targets)
@@ -192,37 +253,7 @@ def _open_locked(
     )  # fmt: skip
     if cfg.init_adapter is not None:
         check_adapter_shape(model, run)
-    params = lora_parameters(model)
-    from twinrun.train.agreement import agreement_record
-
-    # every process has the same settings and inputs (or every process stops), then rank 0 writes
-    distributed.agree(
-        "waiting for every process to check its inputs", agreement_record(cfg, inputs)
-    )
-    sharding: dict[str, int] = {}
-    if cfg.shard_base:  # after the agreement: every process shards, or none does
-        from twinrun.train.sharding import shard_base
-
-        sharding = shard_base(model, params, cfg.device)
-    if not cfg.resume and distributed.is_root():
-        begin_output_dir(out, cfg.overwrite, inputs)  # the inputs record first: the marker
-    session = Session(
-        run=run,
-        out=out,
-        tok=tok,
-        model=model,
-        params=params,
-        provenance=p.provenance,
-        runtime=runtime_versions() | distributed.runtime_record() | sharding,
-        model_sha256=inputs["model_sha256"],
-        data_sha256=data_sha256,
-        faults=faults,
-        max_length=max_length,
-        lock=lock,
-        eval_rows=eval_rows,
-        eval_sha256=eval_sha256,
-    )
-    return session, encoded
+    return model, lora_parameters(model)
 
 
 def eval_digest(run: ValidRun) -> str | None:

@@ -47,11 +47,11 @@ from twinrun.rl.advantages import apply_token_cap, compute_advantages
 from twinrun.rl.environments import (
     Environment,
     EnvironmentPluginError,
+    OneTurnEnvironment,
     make_environment,
     validated_rows,
 )
 from twinrun.rl.prioritized import PrioritizedReplay
-from twinrun.rl.tool_envs import ToolEnvironment
 from twinrun.rl.tool_settings import check_tool_rows
 from twinrun.train.distributed import in_global_order, mine
 from twinrun.train.faults import unseeded_plans
@@ -98,10 +98,9 @@ class Rollout:
 @dataclass
 class GrpoState:
     rows: list[SourcedRow]
-    env: Environment | None  # a single-turn environment (one-turn episodes)
+    env: Environment  # single-turn (`env.one_turn`: one-turn episodes) or a tool environment
     env_name: str
     replay: PrioritizedReplay[Rollout] | None
-    tools: ToolEnvironment | None = None  # a multi-turn tool environment (then `env` is unused)
     orders: dict[int, list[int]] = field(default_factory=dict)
 
     def replay_state(self) -> dict[str, Any]:
@@ -149,27 +148,27 @@ class GrpoRecipe(Recipe):
         every row is checked by it before the output directory is made."""
         name = given.record(Rollouts).env
         tools = tool_environment(given)
-        env = make_environment(name, given.config.env_args or {}) if tools is None else None
+        env = make_environment(name, given.config.env_args or {}) if tools is None else tools
 
         def encode(run: ValidRun, tok: Any, raw: Any, max_len: int) -> list[SourcedRow]:
             rows = (
-                checked_tool_rows(name, raw)
-                if env is None
-                else validated_rows(env, name, raw, run.seed)
+                validated_rows(env, name, raw, run.seed)
+                if isinstance(env, OneTurnEnvironment)
+                else checked_tool_rows(name, raw)
             )
-            return usable_prompts(tok, rows, run, tools is not None)
+            return usable_prompts(tok, rows, run, not env.one_turn)
 
-        return RecipeData(encode, context=(name, env, tools))
+        return RecipeData(encode, context=(name, env))
 
     @classmethod
     def open(cls, session: Session, encoded: list[Any], context: Any) -> GrpoRecipe:
-        name, env, tools = context
+        name, env = context
         run = session.run  # as the session resolved it (the device under torchrun)
         replay: PrioritizedReplay[Any] | None = None
         if run.has(PerReplay):
             per = run.record(PerReplay)
             replay = PrioritizedReplay(per.replay_capacity, per.replay_alpha, per.replay_beta)
-        state = GrpoState(rows=encoded, env=env, env_name=name, replay=replay, tools=tools)
+        state = GrpoState(rows=encoded, env=env, env_name=name, replay=replay)
         p, steps = run.record(Rollouts).prompts_per_step, run.record(StepCount).steps
         seed = run.seed
         plans = [[state.example_at(seed, step * p + i) for i in range(p)] for step in range(steps)]
@@ -222,7 +221,7 @@ class GrpoRecipe(Recipe):
         update = yield from update_forwards(s, fresh + replayed, step)
         leaves: dict[str, Any] = {"batch.sample_indices": torch.tensor(examples, dtype=torch.int64)}
         leaves |= observation_leaves(fresh, rollouts.group_size)
-        if state.tools is not None:
+        if not state.env.one_turn:
             leaves |= turn_leaves(fresh)
         if state.replay is not None:
             leaves |= replay_leaves
@@ -344,8 +343,7 @@ def collect_rollouts(
     the groups' global indices (default 0, 1, ...), which key the environment's observation
     draws; `stamped`: whether the planted observation fault acts (default: asked of the run's
     faults; it is refused for tool environments)."""
-    env = state.tools if state.tools is not None else state.env
-    assert env is not None
+    env = state.env
     if stamped is None:
         stamped = s.faults.once("observation", step)
     slots = list(range(len(examples))) if slots is None else slots
