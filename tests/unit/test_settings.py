@@ -28,7 +28,7 @@ COMMON = {
     "--init-adapter", "--overwrite", "--quiet", "--report-to",
     "--lora-targets", "--attention", "--max-length", "--shard-base", "--lr-schedule",
     "--decay-steps", "--eval-examples", "--eval-every", "--eval-limit", "--stop-after",
-    "--cpu-kernels",
+    "--cpu-kernels", "--max-grad-norm",
 }  # fmt: skip
 GRPO = {
     "--steps", "--prompts-per-step", "--group-size", "--max-new-tokens", "--temperature",

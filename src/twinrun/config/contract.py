@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from twinrun.config.run import SETTINGS, RunConfig, applies
+from twinrun.config.run import RECORDED_WHEN_GIVEN, SETTINGS, RunConfig, applies
 from twinrun.core.digest import canonical_json
 
 V1_ALLOWED_DIFFERENCES = ("backend.options.gradient_checkpointing",)
@@ -60,6 +60,8 @@ def optimizer_contract(
     }
     for name in contract_settings(objective):
         value = getattr(cfg, name)
+        if value is None and name in RECORDED_WHEN_GIVEN:
+            continue  # off: a capture made before the setting existed has no key either
         c[SETTINGS[name].toml] = _AS_WRITTEN.get(name, lambda v: v)(value)
     c["model.lora_targets"] = sorted(lora_targets)  # as resolved, not as given
     return c

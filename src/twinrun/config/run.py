@@ -102,6 +102,11 @@ class RunConfig:
         "wsd: the last N steps decay linearly to exactly 0 (wsd only).", low=1,
         contract=True,
     )  # fmt: skip
+    max_grad_norm: float | None = _s(
+        "float", "--max-grad-norm", "training.max_grad_norm",
+        "Clip each step's gradient to this L2 norm (TRL's max_grad_norm; off when left out).",
+        low=0, low_open=True, contract=True,
+    )  # fmt: skip
     lora_rank: int | None = _s(
         "int", "--lora-rank", "model.lora_rank", "LoRA rank r.", required=True, low=1,
         contract=True,
@@ -486,6 +491,11 @@ def _joint_problems(cfg: RunConfig, source: Source) -> list[str]:
     return [message for broken, message in rules if broken]
 
 
+# settings added after runs were first recorded: absent from the sidecar (and the optimizer
+# contract) when left out, so a run or capture recorded before they existed still compares equal
+RECORDED_WHEN_GIVEN = ("max_turns", "max_grad_norm")
+
+
 def shaping_numbers(cfg: RunConfig, resolved: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Every setting that shaped the run, as recorded in the sidecar's `train` section.
 
@@ -500,8 +510,8 @@ def shaping_numbers(cfg: RunConfig, resolved: Mapping[str, Any] | None = None) -
         if name in REPLAY_FIELDS and cfg.replay != "per":
             continue
         value = getattr(cfg, name)
-        if name == "max_turns" and value is None:
-            continue  # single-turn environments: runs recorded before tool environments agree
+        if name in RECORDED_WHEN_GIVEN and value is None:
+            continue  # off: runs recorded before the setting existed agree
         if resolved is not None and name in resolved and (value is None or name == "lora_targets"):
             value = resolved[name]
         out[name] = list(value) if isinstance(value, tuple) else value

@@ -141,6 +141,7 @@ def build_loop(
         schedule=run.lr_schedule,
         decay_steps=cfg.decay_steps,
         stop_after=cfg.stop_after,
+        max_grad_norm=cfg.max_grad_norm,
         progress=progress,
     )
 

@@ -331,6 +331,7 @@ class Loop:
     schedule: str = "cosine"
     decay_steps: int | None = None
     stop_after: int | None = None  # run only the first N steps (the schedule is still T steps)
+    max_grad_norm: float | None = None  # clip the step's gradient to this L2 norm
     progress: Progress | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list)
     at: dict[str, list[Hook]] = field(init=False)  # each point's `hooks`, in phase order
@@ -367,10 +368,12 @@ class Loop:
         median = None if spike is None else spike.exceeded(self.metrics, view.outcome.loss)
         if median is not None:
             self.rerun(state, view, recipe, batch, median)
+        grad_norm = fixed_order_norm(state.grads)  # before clipping, as TRL logs it
+        if self.max_grad_norm is not None:
+            view.metrics["grad_clip"] = clip_to_norm(state.grads, grad_norm, self.max_grad_norm)
         for hook in self.at["at_boundary"]:
             hook.at_boundary(view)
         outcome = view.outcome
-        grad_norm = fixed_order_norm(state.grads)
         t1 = time.perf_counter()
         self.optimizer.step()
         state.timings["optimizer_s"] = time.perf_counter() - t1
@@ -473,6 +476,22 @@ def fixed_order_norm(tensors: Sequence[torch.Tensor]) -> float:
         for s in (rows * rows).sum(dim=1).tolist():
             total += s
     return math.sqrt(total)
+
+
+CLIP_EPS = 1e-6  # as torch.nn.utils.clip_grad_norm_: max_norm / (norm + 1e-6)
+
+
+def clip_to_norm(grads: Sequence[torch.Tensor], norm: float, max_norm: float) -> float:
+    """Scale `grads` in place so that their L2 norm (`norm`, `fixed_order_norm`'s) is at most
+    `max_norm`: each multiplied by `max_norm / (norm + 1e-6)` when that is below 1 (torch's
+    rule), else left alone. Returns the factor applied (1.0: not clipped). The factor is one
+    Python float, so the bytes depend on no thread count."""
+    coef = max_norm / (norm + CLIP_EPS)
+    if coef >= 1.0:
+        return 1.0
+    for g in grads:
+        g.mul_(coef)
+    return coef
 
 
 def sum_in_forward_order(params: Params, per_forward: list[Parts]) -> list[torch.Tensor]:
