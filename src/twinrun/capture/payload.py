@@ -16,6 +16,7 @@ every twinrun draw is keyed by them, so they are the whole generator position).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ import numpy as np
 from twinrun.capture.batch import OptimizerBatch
 from twinrun.core.errors import DataError
 from twinrun.core.jsonlimits import SMALL, parse_json
-from twinrun.objectives.registry import BY_NAME, NAMES
+from twinrun.objectives.registry import BY_NAME, NAMES, Batch
 
 FORMAT = "twinrun.optimizer-batch.v1"
 META_KEY = "twinrun"
@@ -254,6 +255,15 @@ def validate(arrays: BatchArrays, counts: np.ndarray | None = None) -> None:
     """Every invariant an optimizer batch keeps; a DataError for the first broken one."""
     if arrays.objective not in BY_NAME:
         raise DataError(f"unknown objective {arrays.objective!r}")
+    _check_common(arrays, counts)
+    SHAPE_CHECKS[BY_NAME[arrays.objective].batch](arrays)
+    if arrays.step < 0:
+        raise DataError("step must be >= 0")
+
+
+def _check_common(arrays: BatchArrays, counts: np.ndarray | None) -> None:
+    """The checks every batch shape shares: row offsets, loss mask, active counts (when given)
+    and forward sizes."""
     off, n, total = arrays.offsets, arrays.rows, len(arrays.tokens)
     if n < 1 or int(off[0]) != 0 or int(off[-1]) != total:
         raise DataError("row_offsets must start at 0 and end at the token count")
@@ -266,16 +276,20 @@ def validate(arrays: BatchArrays, counts: np.ndarray | None = None) -> None:
     sizes = arrays.forward_sizes
     if len(sizes) < 1 or np.any(sizes < 1) or int(sizes.sum()) != n:
         raise DataError(f"forward_sizes must be positive and sum to the {n} rows")
+
+
+def _check_token_denominator(arrays: BatchArrays, *, need_tokens: bool) -> None:
+    """The denominator is the loss-mask token count (1 when there is none, which only a shape
+    that does not `need_tokens` may have)."""
     kept = int(arrays.loss_mask.sum(dtype=np.int64))
-    shape = BY_NAME[arrays.objective].batch
-    if shape == "pairs":
-        pairs = sizes[0::2]
-        if len(sizes) % 2 or np.any(pairs != sizes[1::2]) or arrays.denominator != n // 2:
-            raise DataError(
-                "pair batches need chosen/rejected forwards of equal size and denominator = pairs"
-            )
-    elif arrays.denominator != max(1, kept) or (shape == "rows" and kept < 1):
+    if arrays.denominator != max(1, kept) or (need_tokens and kept < 1):
         raise DataError(f"denominator {arrays.denominator} is not the {kept} loss tokens")
+
+
+def _check_extras(arrays: BatchArrays, shape: Batch) -> None:
+    """The per-objective arrays are the ones `shape` needs (and may hold), each with one value
+    per token or per row as its layout says, and the floats finite."""
+    n, total = arrays.rows, len(arrays.tokens)
     need = REQUIRED_EXTRAS.get(shape, {})
     may = OPTIONAL_EXTRAS.get(shape, {})
     got = {key: layout for key, (layout, _) in arrays.extras.items()}
@@ -286,16 +300,51 @@ def validate(arrays: BatchArrays, counts: np.ndarray | None = None) -> None:
             raise DataError(f"{key} has {len(a)} values for layout {layout!r}")
         if key.startswith("floats.") and not np.all(np.isfinite(a)):
             raise DataError(f"{key} holds a non-finite value")
-    if shape == "rollouts":
-        prompt = arrays.extras["ints.prompt_lengths"][1]
-        if np.any(prompt < 1) or np.any(prompt >= arrays.lengths):
-            raise DataError("prompt_lengths must leave at least one completion token per row")
-        if "ints.model_mask" in arrays.extras:
-            model = arrays.extras["ints.model_mask"][1]
-            in_prompt = np.arange(total) < np.repeat(arrays.offsets[:-1] + prompt, arrays.lengths)
-            if np.any((model != 0) & (model != 1)) or np.any(model[in_prompt] != 0):
-                raise DataError("model_mask must be 0/1 and 0 on every prompt token")
-            if np.any(arrays.loss_mask > model):
-                raise DataError("loss_mask keeps a token that model_mask says is not the model's")
-    if arrays.step < 0:
-        raise DataError("step must be >= 0")
+
+
+def _check_rows_shape(arrays: BatchArrays) -> None:
+    """Token rows: at least one loss token, which the denominator counts."""
+    _check_token_denominator(arrays, need_tokens=True)
+    _check_extras(arrays, "rows")
+
+
+def _check_pairs_shape(arrays: BatchArrays) -> None:
+    """Preference pairs: chosen/rejected forwards of equal size, one denominator per pair."""
+    sizes = arrays.forward_sizes
+    pairs = sizes[0::2]
+    if len(sizes) % 2 or np.any(pairs != sizes[1::2]) or arrays.denominator != arrays.rows // 2:
+        raise DataError(
+            "pair batches need chosen/rejected forwards of equal size and denominator = pairs"
+        )
+    _check_extras(arrays, "pairs")
+
+
+def _check_rollouts_shape(arrays: BatchArrays) -> None:
+    """Sampled rollouts: the denominator counts the loss tokens, every row keeps a completion
+    token past its prompt, and a model mask (when present) covers the loss mask."""
+    _check_token_denominator(arrays, need_tokens=False)
+    _check_extras(arrays, "rollouts")
+    prompt = arrays.extras["ints.prompt_lengths"][1]
+    if np.any(prompt < 1) or np.any(prompt >= arrays.lengths):
+        raise DataError("prompt_lengths must leave at least one completion token per row")
+    if "ints.model_mask" in arrays.extras:
+        _check_model_mask(arrays, prompt)
+
+
+def _check_model_mask(arrays: BatchArrays, prompt: np.ndarray) -> None:
+    """`ints.model_mask` is 0/1, 0 on every prompt token, and 1 wherever the loss mask is."""
+    model = arrays.extras["ints.model_mask"][1]
+    total = len(arrays.tokens)
+    in_prompt = np.arange(total) < np.repeat(arrays.offsets[:-1] + prompt, arrays.lengths)
+    if np.any((model != 0) & (model != 1)) or np.any(model[in_prompt] != 0):
+        raise DataError("model_mask must be 0/1 and 0 on every prompt token")
+    if np.any(arrays.loss_mask > model):
+        raise DataError("loss_mask keeps a token that model_mask says is not the model's")
+
+
+# the checks of each batch shape (`Objective.batch`), after the shared ones
+SHAPE_CHECKS: dict[Batch, Callable[[BatchArrays], None]] = {
+    "rows": _check_rows_shape,
+    "pairs": _check_pairs_shape,
+    "rollouts": _check_rollouts_shape,
+}

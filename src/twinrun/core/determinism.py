@@ -185,38 +185,61 @@ def establish(
         _check_cuda_device(torch, device, index)
 
     if strict:
-        cuda_was_initialised = bool(torch.cuda.is_initialized())
-        cublas_before = os.environ.get(CUBLAS_ENV)
-        if cublas_before is not None and cublas_before not in CUBLAS_ALLOWED:
-            raise ContractError(
-                f"{CUBLAS_ENV}={cublas_before!r} is not a deterministic cuBLAS workspace setting",
-                f"set {CUBLAS_ENV} to {' or '.join(CUBLAS_ALLOWED)}, or unset it "
-                f"(twinrun then sets {CUBLAS_DEFAULT})",
-            )
-        if index is not None and cuda_was_initialised and cublas_before is None:
-            raise ContractError(
-                f"CUDA was initialised before strict mode could set {CUBLAS_ENV}",
-                f"export {CUBLAS_ENV}={CUBLAS_DEFAULT} before starting, or call "
-                "twinrun.core.determinism.establish() before anything touches CUDA",
-            )
-        if cublas_before is None:
-            os.environ[CUBLAS_ENV] = CUBLAS_DEFAULT
-        set_deterministic_algorithms()
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
+        _apply_strict(torch, index)
 
     if threads is not None:
-        torch.set_num_threads(threads)
-        got = torch.get_num_threads()
-        if got != threads:
-            raise ContractError(
-                f"torch thread count did not stick: asked for {threads}, got {got}",
-                "check OMP_NUM_THREADS / MKL settings, or leave --threads out",
-            )
+        _apply_threads(torch, threads)
 
     if strict:
         verify_strict()
 
+    return _provenance(torch, strict, device, attention, index, kernels)
+
+
+def _apply_strict(torch: ModuleType, index: int | None) -> None:
+    """Set the strict settings: `CUBLAS_WORKSPACE_CONFIG` (checked first, and refused when CUDA
+    was initialised before it could be set), deterministic algorithms and cudnn's flags."""
+    cuda_was_initialised = bool(torch.cuda.is_initialized())
+    cublas_before = os.environ.get(CUBLAS_ENV)
+    if cublas_before is not None and cublas_before not in CUBLAS_ALLOWED:
+        raise ContractError(
+            f"{CUBLAS_ENV}={cublas_before!r} is not a deterministic cuBLAS workspace setting",
+            f"set {CUBLAS_ENV} to {' or '.join(CUBLAS_ALLOWED)}, or unset it "
+            f"(twinrun then sets {CUBLAS_DEFAULT})",
+        )
+    if index is not None and cuda_was_initialised and cublas_before is None:
+        raise ContractError(
+            f"CUDA was initialised before strict mode could set {CUBLAS_ENV}",
+            f"export {CUBLAS_ENV}={CUBLAS_DEFAULT} before starting, or call "
+            "twinrun.core.determinism.establish() before anything touches CUDA",
+        )
+    if cublas_before is None:
+        os.environ[CUBLAS_ENV] = CUBLAS_DEFAULT
+    set_deterministic_algorithms()
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
+def _apply_threads(torch: ModuleType, threads: int) -> None:
+    """Set torch's intra-op thread count; a ContractError when it reads back different."""
+    torch.set_num_threads(threads)
+    got = torch.get_num_threads()
+    if got != threads:
+        raise ContractError(
+            f"torch thread count did not stick: asked for {threads}, got {got}",
+            "check OMP_NUM_THREADS / MKL settings, or leave --threads out",
+        )
+
+
+def _provenance(
+    torch: ModuleType,
+    strict: bool,
+    device: str,
+    attention: str,
+    index: int | None,
+    kernels: dict[str, Any],
+) -> dict[str, Any]:
+    """The provenance dict: the settings as read back now (in non-strict mode too)."""
     return {
         "strict": bool(strict),
         "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),

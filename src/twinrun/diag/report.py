@@ -18,7 +18,11 @@ from typing import TYPE_CHECKING
 from twinrun.core.fileio import atomic_write_with
 
 if TYPE_CHECKING:
-    from twinrun.diag.compare import CompareResult
+    import numpy as np
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from twinrun.diag.compare import CompareResult, DiffMatrix
 
 __all__ = ["DIFF_PICTURE", "SOFTWARE", "claim_report", "write_report"]
 SOFTWARE = "twinrun diff"
@@ -48,15 +52,39 @@ def write_report(
     result: CompareResult, path: str | os.PathLike[str], *, max_columns: int = 2000
 ) -> Path:
     """Draw the heatmap of `result` (from `compare(..., keep_matrix=True)`) to a PNG."""
-    import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.colors import Normalize
     from matplotlib.figure import Figure
-    from matplotlib.patches import Rectangle
 
     if result.matrix is None:
         raise ValueError("write_report needs compare(..., keep_matrix=True)")
     m = result.matrix
+    rel, div, k = _binned_cells(m, max_columns)
+    img = _log_image(rel)
+
+    n_cols, n_leaves = rel.shape[0], rel.shape[1]
+    fig = Figure(figsize=(min(16.0, 6.5 + 0.08 * n_cols), 2.2 + 0.35 * max(n_leaves, 1)))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    _draw_heatmap(fig, ax, img)
+    _draw_ticks(ax, m, n_cols, k)
+
+    if n_cols * n_leaves <= 4000:  # mark divergent cells (also digest-only ones at the floor)
+        _mark_divergent(ax, div)
+
+    ax.set_title(_outline_first(ax, result, m, k, n_leaves), fontsize=8)
+    fig.tight_layout()
+
+    out = Path(path)
+    meta = {"Software": SOFTWARE}  # what a later --overwrite checks before replacing
+    atomic_write_with(out, lambda tmp: fig.savefig(tmp, format="png", dpi=110, metadata=meta))
+    return out
+
+
+def _binned_cells(m: DiffMatrix, max_columns: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The rows × leaves relative differences and divergence marks of `m`, with consecutive
+    rows binned k at a time when there are more than `max_columns` of them; and k."""
+    import numpy as np
+
     rel = np.array(m.rel, dtype=np.float64).reshape(len(m.rows), len(m.leaves))
     div = np.array(m.diverged, dtype=bool).reshape(rel.shape)
     n_rows = rel.shape[0]
@@ -68,16 +96,24 @@ def write_report(
         rel = np.where(all_nan, np.nan, np.nanmax(np.where(np.isnan(r), -1.0, r), axis=1))
         d = np.pad(div, ((0, pad), (0, 0))).reshape(-1, k, div.shape[1])
         div = np.asarray(d.any(axis=1))
+    return rel, div, k
+
+
+def _log_image(rel: np.ndarray) -> np.ndarray:
+    """The leaves × columns image: log10 of `rel` clipped at the floor, missing cells above
+    the colour scale."""
+    import numpy as np
+
     with np.errstate(divide="ignore", invalid="ignore"):
         img = np.log10(np.clip(rel, FLOOR, None))
     img[np.isinf(rel)] = 1.0  # missing leaf or row: above the colour scale
-    img = img.T  # leaves × columns
+    return img.T  # leaves × columns
 
-    n_cols, n_leaves = rel.shape[0], rel.shape[1]
-    fig = Figure(figsize=(min(16.0, 6.5 + 0.08 * n_cols), 2.2 + 0.35 * max(n_leaves, 1)))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
+
+def _draw_heatmap(fig: Figure, ax: Axes, img: np.ndarray) -> None:
+    """Draw `img` on `ax` with its colour bar (grey where no run has the cell, red above)."""
     import matplotlib
+    from matplotlib.colors import Normalize
 
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#d9d9d9", over="#d62728")
     norm = Normalize(vmin=math.log10(FLOOR), vmax=0.0)
@@ -85,16 +121,32 @@ def write_report(
     cb = fig.colorbar(im, ax=ax, extend="max")
     cb.set_label("log10 relative difference")
 
-    ax.set_yticks(range(n_leaves))
+
+def _draw_ticks(ax: Axes, m: DiffMatrix, n_cols: int, k: int) -> None:
+    """Label the leaves (y) and up to 12 columns by their first row's step (x)."""
+    import numpy as np
+
+    n_rows = len(m.rows)
+    ax.set_yticks(range(len(m.leaves)))
     ax.set_yticklabels(m.leaves, fontsize=8)
     ticks = sorted({int(i) for i in np.linspace(0, max(n_cols - 1, 0), num=min(n_cols, 12))})
     ax.set_xticks(ticks)
     ax.set_xticklabels([_label(*m.rows[min(i * k, n_rows - 1)]) for i in ticks], fontsize=8)
     ax.set_xlabel("step" + (f" (bins of {k} rows)" if k > 1 else ""))
 
-    if n_cols * n_leaves <= 4000:  # mark divergent cells (also digest-only ones at the floor)
-        ys, xs = np.nonzero(div.T)
-        ax.scatter(xs, ys, marker="x", s=12, c="white", linewidths=0.8)
+
+def _mark_divergent(ax: Axes, div: np.ndarray) -> None:
+    """A white cross on every divergent cell."""
+    import numpy as np
+
+    ys, xs = np.nonzero(div.T)
+    ax.scatter(xs, ys, marker="x", s=12, c="white", linewidths=0.8)
+
+
+def _outline_first(ax: Axes, result: CompareResult, m: DiffMatrix, k: int, n_leaves: int) -> str:
+    """Outline the first divergence in red (its leaf, or the whole column when the row is
+    missing) and return the title, which names it (or says the runs are deterministic)."""
+    from matplotlib.patches import Rectangle
 
     title = f"twinrun diff\nA: {result.path_a}\nB: {result.path_b}"
     f = result.first
@@ -109,10 +161,4 @@ def write_report(
         title += f"\nfirst divergence: {where} leaf={f.leaf or '(row missing)'}"
     else:
         title += "\ndeterministic"
-    ax.set_title(title, fontsize=8)
-    fig.tight_layout()
-
-    out = Path(path)
-    meta = {"Software": SOFTWARE}  # what a later --overwrite checks before replacing
-    atomic_write_with(out, lambda tmp: fig.savefig(tmp, format="png", dpi=110, metadata=meta))
-    return out
+    return title

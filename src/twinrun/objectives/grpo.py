@@ -70,22 +70,7 @@ def grpo_loss(
     float64, advantages [N] float64, mask [N, T] bool (token-capped), denominator >= 1 (kept tokens
     in the whole optimizer batch), clip_eps > 0, row_weights [N] float64 or None.
     """
-    if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape:
-        raise ValueError(
-            f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask "
-            f"{tuple(mask.shape)} must have the same [N, T] shape"
-        )
-    if logprobs.dim() != 2:
-        raise ValueError(f"logprobs must be [N, T], got {tuple(logprobs.shape)}")
-    n = logprobs.shape[0]
-    if advantages.shape != (n,):
-        raise ValueError(f"advantages must be [{n}], got {tuple(advantages.shape)}")
-    if row_weights is not None and row_weights.shape != (n,):
-        raise ValueError(f"row_weights must be [{n}], got {tuple(row_weights.shape)}")
-    if isinstance(denominator, bool) or not isinstance(denominator, int) or denominator < 1:
-        raise ValueError(f"denominator must be an integer >= 1, got {denominator!r}")
-    if not clip_eps > 0:
-        raise ValueError(f"clip_eps must be > 0, got {clip_eps}")
+    _check_inputs(logprobs, old_logprobs, advantages, mask, denominator, clip_eps, row_weights)
 
     f64 = torch.float64
     active = mask.bool()
@@ -103,11 +88,7 @@ def grpo_loss(
     loss = row_sums.sum() / denominator
     row_losses = row_sums / denominator
 
-    with torch.no_grad():
-        is_clipped = ((ratio > 1.0 + clip_eps) & (adv > 0)) | ((ratio < 1.0 - clip_eps) & (adv < 0))
-        n_clipped = int((is_clipped & active).sum().item())
-        n_active = int(active.sum().item())
-        ratio_sum = float(torch.where(active, ratio, zero).sum(dim=1).sum().item())
+    n_clipped, n_active, ratio_sum = _clip_counts(ratio, adv, active, zero, clip_eps)
     return GRPOLossOut(
         loss=loss,
         row_losses=row_losses,
@@ -117,3 +98,48 @@ def grpo_loss(
         active_tokens=n_active,
         ratio_sum=ratio_sum,
     )
+
+
+def _check_inputs(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    denominator: int,
+    clip_eps: float,
+    row_weights: torch.Tensor | None,
+) -> None:
+    """A ValueError for the first of `grpo_loss`'s inputs whose shape or value is wrong."""
+    if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape:
+        raise ValueError(
+            f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask "
+            f"{tuple(mask.shape)} must have the same [N, T] shape"
+        )
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be [N, T], got {tuple(logprobs.shape)}")
+    n = logprobs.shape[0]
+    if advantages.shape != (n,):
+        raise ValueError(f"advantages must be [{n}], got {tuple(advantages.shape)}")
+    if row_weights is not None and row_weights.shape != (n,):
+        raise ValueError(f"row_weights must be [{n}], got {tuple(row_weights.shape)}")
+    if isinstance(denominator, bool) or not isinstance(denominator, int) or denominator < 1:
+        raise ValueError(f"denominator must be an integer >= 1, got {denominator!r}")
+    if not clip_eps > 0:
+        raise ValueError(f"clip_eps must be > 0, got {clip_eps}")
+
+
+def _clip_counts(
+    ratio: torch.Tensor,
+    adv: torch.Tensor,
+    active: torch.Tensor,
+    zero: torch.Tensor,
+    clip_eps: float,
+) -> tuple[int, int, float]:
+    """The diagnostics (no gradient): clipped active tokens, active tokens, and the sum of the
+    active tokens' ratios (per row, then over rows)."""
+    with torch.no_grad():
+        is_clipped = ((ratio > 1.0 + clip_eps) & (adv > 0)) | ((ratio < 1.0 - clip_eps) & (adv < 0))
+        n_clipped = int((is_clipped & active).sum().item())
+        n_active = int(active.sum().item())
+        ratio_sum = float(torch.where(active, ratio, zero).sum(dim=1).sum().item())
+    return n_clipped, n_active, ratio_sum

@@ -224,80 +224,107 @@ def not_fresh(reps: list[RunRecord]) -> list[str]:
 
 
 def gate_a(src: RunRecord, reps: list[RunRecord]) -> list[dict[str, Any]]:
+    """Gate A's criteria, in order (the module docstring says what each one asks)."""
     runs = [src, *reps]
-    out = [fresh_replays(reps)]
+    return [
+        fresh_replays(reps),
+        *_same_digests(runs),
+        _logical_pin(src, reps),
+        _declared_differences(reps),
+        _checkpointing_flag(reps),
+        _skipped_stages(reps),
+        _same_loss(src, reps),
+        _adapter_changed(runs),
+    ]
+
+
+def _same_digests(runs: list[RunRecord]) -> list[dict[str, Any]]:
+    """Every run reports the same logical batch, effective rows and initial adapter digests."""
+    out = []
     for name, key in (
         ("logical batch", "optimizer/logical_batch_sha256"),
         ("effective rows", "optimizer/effective_rows_sha256"),
         ("initial adapter", "optimizer_batch/initial_adapter_sha256"),
     ):
         out.append(_criterion(name, *_same(runs, key)))
+    return out
+
+
+def _logical_pin(src: RunRecord, reps: list[RunRecord]) -> dict[str, Any]:
+    """Every replay pinned the source's logical batch digest."""
     pins = {r.get("optimizer_batch/expected_logical_sha256") for r in reps}
-    out.append(
-        _criterion(
-            "logical pin",
-            pins == {src.get("optimizer/logical_batch_sha256")},
-            f"replays pinned {sorted(map(str, pins))}",
-        )
+    return _criterion(
+        "logical pin",
+        pins == {src.get("optimizer/logical_batch_sha256")},
+        f"replays pinned {sorted(map(str, pins))}",
     )
+
+
+def _declared_differences(reps: list[RunRecord]) -> dict[str, Any]:
+    """Every replay declared exactly the config differences it has."""
     bad = [
         r.name
         for r in reps
         if sorted(r.get("optimizer_batch/declared_differences") or [])
         != sorted(r.get("optimizer_batch/observed_differences") or [])
     ]
-    out.append(
-        _criterion(
-            "declared = observed differences",
-            not bad,
-            "; ".join(f"{r.name}: {r.condition}" for r in reps),
-        )
+    return _criterion(
+        "declared = observed differences",
+        not bad,
+        "; ".join(f"{r.name}: {r.condition}" for r in reps),
     )
+
+
+def _checkpointing_flag(reps: list[RunRecord]) -> dict[str, Any]:
+    """Every replay's gradient-checkpointing runtime flag is the one its config asks for."""
     bad = [
         r.name
         for r in reps
         if r.get("backend/gradient_checkpointing") is not bool(r.config(GC_KEY))
     ]
-    out.append(
-        _criterion(
-            "gradient checkpointing flag",
-            not bad,
-            f"differs from the config in {bad}" if bad else "as configured",
-        )
+    return _criterion(
+        "gradient checkpointing flag",
+        not bad,
+        f"differs from the config in {bad}" if bad else "as configured",
     )
+
+
+def _skipped_stages(reps: list[RunRecord]) -> dict[str, Any]:
+    """Every replay skipped dataset, environment, rollout and sampling (`SKIPPED`)."""
     bad = [
         r.name
         for r in reps
         if not all(r.get(f"optimizer_batch/{s}_skipped") is True for s in SKIPPED)
     ]
-    out.append(
-        _criterion(
-            "skipped stages", not bad, f"not skipped in {bad}" if bad else ", ".join(SKIPPED)
-        )
+    return _criterion(
+        "skipped stages", not bad, f"not skipped in {bad}" if bad else ", ".join(SKIPPED)
     )
+
+
+def _same_loss(src: RunRecord, reps: list[RunRecord]) -> dict[str, Any]:
+    """Every replay's loss is the source's, bit for bit (and the source has one)."""
     loss = src.get("loss")
     bad = [r.name for r in reps if r.get("loss") != loss or loss is None]
-    out.append(
-        _criterion(
-            "same loss",
-            not bad,
-            f"source {loss!r}" + "".join(f", {r.name} {r.get('loss')!r}" for r in reps),
-        )
+    return _criterion(
+        "same loss",
+        not bad,
+        f"source {loss!r}" + "".join(f", {r.name} {r.get('loss')!r}" for r in reps),
     )
+
+
+def _adapter_changed(runs: list[RunRecord]) -> dict[str, Any]:
+    """Every run's final adapter differs from its initial one."""
     bad = [
         r.name
         for r in runs
         if r.get("optimizer_batch/final_adapter_sha256")
         in (None, r.get("optimizer_batch/initial_adapter_sha256"))
     ]
-    out.append(
-        _criterion(
-            "adapter changed",
-            not bad,
-            f"final = initial in {bad}" if bad else "every final differs",
-        )
+    return _criterion(
+        "adapter changed",
+        not bad,
+        f"final = initial in {bad}" if bad else "every final differs",
     )
-    return out
 
 
 def gate_b(src: RunRecord, reps: list[RunRecord]) -> list[dict[str, Any]]:

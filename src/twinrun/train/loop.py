@@ -368,11 +368,7 @@ class Loop:
         median = None if spike is None else spike.exceeded(self.metrics, view.outcome.loss)
         if median is not None:
             self.rerun(state, view, recipe, batch, median)
-        grad_norm = fixed_order_norm(state.grads)  # before clipping, as TRL logs it
-        if self.max_grad_norm is not None:
-            view.metrics["grad_clip"] = clip_to_norm(state.grads, grad_norm, self.max_grad_norm)
-        for hook in self.at["at_boundary"]:
-            hook.at_boundary(view)
+        grad_norm = self.boundary(state, view)
         outcome = view.outcome
         t1 = time.perf_counter()
         self.optimizer.step()
@@ -396,6 +392,19 @@ class Loop:
         if self.progress is not None:
             self.progress.update(step + 1, f"loss {outcome.loss:.4f} lr {lr:.2e}")
         return row
+
+    def boundary(self, state: StepState, view: StepView) -> float:
+        """The step's gradient is final: clipped (with `max_grad_norm`, before any hook reads
+        it), then the boundary hooks; returns its norm before clipping (as TRL logs it)."""
+        if self.max_grad_norm is None:
+            for hook in self.at["at_boundary"]:
+                hook.at_boundary(view)
+            return fixed_order_norm(state.grads)
+        norm = fixed_order_norm(state.grads)
+        view.metrics["grad_clip"] = clip_to_norm(state.grads, norm, self.max_grad_norm)
+        for hook in self.at["at_boundary"]:
+            hook.at_boundary(view)
+        return norm
 
     def set_lr(self, step: int) -> float:
         """The schedule's learning rate of `step`, set on the optimizer."""
