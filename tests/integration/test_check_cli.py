@@ -90,6 +90,32 @@ def test_failing_command_is_exit_2(
     assert rc == 2 and "cannot start" in err
 
 
+def test_a_run_s_own_one_line_error_stays_one_line(
+    toy_model_dir: Path, sft_examples: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, out, err = check(capsys, "--", *sft_cmd(toy_model_dir, sft_examples, "--max-length", "4"))
+    assert rc == 2 and out == ""
+    (line,) = [ln for ln in err.splitlines() if not ln.startswith("check: run ")]  # progress
+    assert line.startswith("twinrun: error: seed-0-a (seed 0) exited with status 2: ")
+    assert "tokens exceed the row limit of 4" in line and "raise --max-length" in line
+
+
+def test_keep_on_a_full_disk_is_one_line(
+    tmp_path: Path, toy_model_dir: Path, sft_examples: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.tiny_disk import tiny_disk
+
+    with tiny_disk(tmp_path / "disk", "64k") as disk:
+        keep = disk / "keep"
+        rc, out, err = check(capsys, "--quick", "--keep", str(keep), "--",
+                             *sft_cmd(toy_model_dir, sft_examples))  # fmt: skip
+        assert rc == 2
+        (line,) = [ln for ln in err.splitlines() if not ln.startswith("check: run ")]
+        assert line.startswith("twinrun: error: seed-0-")
+        assert "(seed 0) stopped: no space left on the disk" in line
+        assert line.endswith("free some space, or give --keep a directory on another disk")
+
+
 def test_command_writing_nothing_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = check(capsys, "--", sys.executable, "-c", "pass", "{seed}", "{out}")
     assert rc == 2 and out == "" and "wrote no metrics.jsonl" in err

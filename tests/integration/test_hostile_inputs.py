@@ -4,11 +4,8 @@ generation past the model's positions, a config.json with a quoted size, secrets
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ from tests.integration.test_check_cli import fake
 from tests.integration.test_evaluate_generate_cli import gen
 from tests.integration.test_grpo_cli import grpo_args
 from tests.integration.test_resume import cli
+from tests.tiny_disk import tiny_disk
 from twinrun.cli.main import run_cli
 from twinrun.data.examples import shipped_examples
 
@@ -33,20 +31,6 @@ def one_line(err: str) -> str:
 
 def tree(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
-
-
-@contextlib.contextmanager
-def tiny_disk(where: Path, size: str) -> Iterator[Path]:
-    """A real tmpfs of `size` (a full disk on demand); skipped where mounting is not allowed."""
-    where.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                         capture_output=True, text=True)  # fmt: skip
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({res.stderr.strip() or res.returncode})")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", str(where)], check=False)
 
 
 @pytest.mark.parametrize("where", ["under_file", "loop"])

@@ -111,10 +111,11 @@ def _report_failure(exc: RunFailed, *, keep: str | None, as_json: bool) -> None:
                                "stderr_tail": exc.stderr_tail}))  # fmt: skip
         return
     click.echo(f"twinrun: error: {exc.one_line()}", err=True)
-    if exc.stderr_tail:
-        click.echo("  last lines of its output:", err=True)
-        for line in exc.stderr_tail:
-            click.echo(f"  | {line}", err=True)
+    if not exc.stderr_tail:  # the line says it all (the run's own error, a full disk)
+        return
+    click.echo("  last lines of its output:", err=True)
+    for line in exc.stderr_tail:
+        click.echo(f"  | {line}", err=True)
     if keep is None:
         click.echo("  (rerun with --keep DIR to inspect the run directories)", err=True)
 

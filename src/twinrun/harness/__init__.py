@@ -177,6 +177,38 @@ def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
     return [redact_string(line) for line in lines]  # the CLI prints them
 
 
+FULL_DISK = "No space left on device"
+LOW_SPACE = 1 << 20  # a run that could not write a line of its log, with less free: a full disk
+OWN_ERROR = "twinrun: error: "
+
+
+def failure(run: PlannedRun, status: int, tail: list[str], log_dir: Path) -> RunFailed:
+    """Why a run exited non-zero, in one line where one says it: a full disk under the run
+    directories (its output says so, or it could not write a line of its log and under 1 MiB is
+    free), the run's own one-line twinrun error, else the status with the last lines of its
+    output."""
+    import shutil
+
+    said = f"{run.label} (seed {run.seed})"
+    try:
+        low = shutil.disk_usage(log_dir).free < LOW_SPACE
+    except OSError:
+        low = False
+    if any(FULL_DISK in line for line in tail) or (low and not tail):
+        return RunFailed(
+            f"{said} stopped: no space left on the disk that holds {log_dir.parent} (the run "
+            "cannot write its output or its log)",
+            "free some space, or give --keep a directory on another disk",
+        )
+    if tail and tail[-1].startswith(OWN_ERROR):  # the run said what is wrong in one line
+        return RunFailed(f"{said} exited with status {status}: {tail[-1][len(OWN_ERROR) :]}")
+    return RunFailed(
+        f"{said} exited with status {status}",
+        "run the command on its own to see the whole output",
+        tail,
+    )
+
+
 def execute(run: PlannedRun, log_dir: Path, timeout: float | None = None) -> RunResult:
     """Run one planned command (shell=False), its stdout and stderr written to
     `log_dir/<label>.stdout.log` and `.stderr.log`. RunFailed when it cannot start, times out
@@ -205,11 +237,7 @@ def execute(run: PlannedRun, log_dir: Path, timeout: float | None = None) -> Run
         ) from exc
     wall = time.perf_counter() - start
     if proc.returncode != 0:
-        raise RunFailed(
-            f"{run.label} (seed {run.seed}) exited with status {proc.returncode}",
-            "run the command on its own to see the whole output",
-            _tail(se) or _tail(so),
-        )
+        raise failure(run, proc.returncode, _tail(se) or _tail(so), log_dir)
     return RunResult(run, proc.returncode, wall, so, se)
 
 
