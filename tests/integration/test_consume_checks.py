@@ -217,3 +217,44 @@ def test_grpo_rewards_past_the_bound_stop_the_step_in_one_line(
     assert "twinrun_huge_env" in text and f"{float(value)!r}" in text, text
     assert len(text.splitlines()) == 1, text
     assert not (out / ADAPTER).exists()
+
+
+@pytest.fixture(scope="module")
+def reward_runs(tmp_path_factory: pytest.TempPathFactory, toy_model_dir: Path) -> dict[str, Path]:
+    """Two one-epoch reward runs of the toy (seeds 0 and 1): their heads have the same shape."""
+    from dataclasses import replace
+
+    from twinrun.golden.suite import common, run_settings, write_inputs
+    from twinrun.train.recipes import train
+
+    root = tmp_path_factory.mktemp("reward")
+    settings = run_settings(write_inputs(root), "cpu")["reward"]
+    runs = {}
+    for name, seed in (("a", 0), ("b", 1)):
+        train(replace(common(toy_model_dir, root / name, "reward", **settings), seed=seed))
+        runs[name] = root / name
+    return runs
+
+
+HEAD = "reward_head.safetensors"
+
+
+def test_the_sidecar_pins_the_reward_head(reward_runs: dict[str, Path]) -> None:
+    side = json.loads((reward_runs["a"] / "twinrun.json").read_text())
+    assert side["reward_head"]["sha256"] == sha256_of(reward_runs["a"] / HEAD)
+
+
+@pytest.mark.parametrize("command", ["reproduce", "export"])
+def test_a_swapped_reward_head_is_refused(
+    reward_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    def swap(run: Path) -> None:
+        shutil.copyfile(reward_runs["b"] / HEAD, run / HEAD)
+
+    run = copy_run(reward_runs["a"], tmp_path / "run", swap)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    rc = run_cli([command, str(run), "--output", str(out)])
+    text = one_line(capsys)
+    assert rc == 2 and HEAD in text and "Expected sha256" in text, text
+    assert len(text.splitlines()) == 1 and not out.exists()

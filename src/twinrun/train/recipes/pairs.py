@@ -180,8 +180,11 @@ class PairRecipe(Recipe):
             return None
         from twinrun.model.reward_head import HEAD_FILE, HEAD_KEY, save_reward_head
 
+        from twinrun.core.digest import sha256_file
+
         save_reward_head(self.head, session.out)
-        return {"reward_head": {"file": HEAD_FILE, "key": HEAD_KEY}}
+        sha = sha256_file(session.out / HEAD_FILE)  # reproduce and export check the file by it
+        return {"reward_head": {"file": HEAD_FILE, "key": HEAD_KEY, "sha256": sha}}
 
     def prepare(self, step: int) -> PairBatch:
         plan = self.plans[step]
