@@ -13,6 +13,14 @@ from tests.distributed.launch import torchrun
 from tests.integration.toy_runs import run_args, write_examples
 
 PER_RANK = Path(__file__).with_name("per_rank.py")
+
+
+def torch_has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 TIMEOUT_S = 60  # TWINRUN_DIST_TIMEOUT_S of the jobs (tests/distributed/launch.py)
 
 
@@ -71,3 +79,24 @@ def test_a_rank_with_other_settings_stops_every_process(data: Path, toy_model_di
     assert "internal error" not in job.stderr
     written = sorted(p.name for p in out.iterdir()) if out.exists() else []
     assert written == []
+
+
+@pytest.mark.skipif(torch_has_cuda(), reason="this machine has CUDA: --device cuda would run")
+def test_device_cuda_without_cuda_is_one_line_on_every_rank(
+    data: Path, toy_model_dir: Path
+) -> None:
+    """Under torchrun each process is given cuda:LOCAL_RANK; where there is no CUDA, each says so
+    in the one line a single process says, before any process group or file exists."""
+    out = data / "cuda-out"
+    args = run_args("sft", toy_model_dir, data / "sft8.jsonl", out, "--device", "cuda")
+    job = torchrun(2, ["-m", "twinrun", *args])
+    assert job.returncode != 0
+    ours = [line for line in job.stderr.splitlines() if line.startswith("twinrun: ")]
+    assert len(ours) == 2, job.stderr[-2000:]
+    for rank, line in enumerate(sorted(ours)):
+        assert line == (
+            f"twinrun: error: --device cuda:{rank} asked for but no CUDA device is available — "
+            "use --device cpu"
+        )
+    assert "internal error" not in job.stderr and "_cuda_setDevice" not in job.stderr
+    assert not out.exists()

@@ -118,6 +118,16 @@ def _check_attention(attention: str) -> None:
         )
 
 
+def check_cuda_device(device: str) -> None:
+    """ConfigError in one line unless `device` ("cuda:N") is a CUDA device this process sees:
+    asked before anything uses CUDA (a process group's backend included)."""
+    import torch
+
+    index = parse_device(device)
+    if index is not None:
+        _check_cuda_device(torch, device, index)
+
+
 def _check_cuda_device(torch: ModuleType, device: str, index: int) -> None:
     if not torch.cuda.is_available():
         raise ConfigError(

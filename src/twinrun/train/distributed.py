@@ -135,6 +135,9 @@ def setup(device: str) -> str:
     if backend == "nccl":
         import torch
 
+        from twinrun.core.determinism import check_cuda_device
+
+        check_cuda_device(device)  # one line where there is no CUDA, before any process group
         torch.cuda.set_device(device)
     timeout = timedelta(seconds=timeout_s())
     try:

@@ -178,9 +178,8 @@ class PairRecipe(Recipe):
     def finish(self, session: Session) -> dict[str, Any] | None:
         if self.head is None or not is_root():
             return None
-        from twinrun.model.reward_head import HEAD_FILE, HEAD_KEY, save_reward_head
-
         from twinrun.core.digest import sha256_file
+        from twinrun.model.reward_head import HEAD_FILE, HEAD_KEY, save_reward_head
 
         save_reward_head(self.head, session.out)
         sha = sha256_file(session.out / HEAD_FILE)  # reproduce and export check the file by it
