@@ -170,7 +170,7 @@ def test_sigint_to_torchrun_stops_every_process_after_one_step_with_its_checkpoi
     done = int(newest.removeprefix("step-"))
     assert 3 <= done < 80
     assert ours[0] == (
-        f"twinrun: error: interrupted (SIGINT) after step {done - 1} of 80: checkpoint "
+        f"twinrun: error: interrupted (SIGINT) with {done} of 80 steps done: checkpoint "
         f"step-{done:06d} written — rerun the same command with --resume to continue from it"
     )
     assert not (out / "adapter_model.safetensors").exists()

@@ -57,7 +57,7 @@ def test_sigint_stops_after_the_step_with_its_checkpoint(tmp_path: Path) -> None
     assert recipe.steps == [0, 1]  # step 1 finished, step 2 never started
     assert raised.value.exit_code == 130
     assert raised.value.one_line() == (
-        "interrupted (SIGINT) after step 1 of 4: checkpoint step-000002 written — rerun the "
+        "interrupted (SIGINT) with 2 of 4 steps done: checkpoint step-000002 written — rerun the "
         "same command with --resume to continue from it"
     )
     ckpt = newest_checkpoint(tmp_path)
@@ -68,9 +68,10 @@ def test_sigint_stops_after_the_step_with_its_checkpoint(tmp_path: Path) -> None
 def test_without_checkpoints_it_says_nothing_was_kept(tmp_path: Path) -> None:
     hook = InterruptHook(None)
     loop, param = loop_with(hook)
-    with pytest.raises(Interrupted, match="after step 0 of 4: no checkpoint written"), \
-            stop_signals(hook):  # fmt: skip
+    said = "with 1 of 4 steps done: no checkpoint written"
+    with pytest.raises(Interrupted, match=said) as raised, stop_signals(hook):
         loop.run(SignalsAt(param, at=0), 0)
+    assert raised.value.one_line().endswith("— rerun the command with --overwrite to start again")
     assert not (tmp_path / "checkpoints").exists()
 
 

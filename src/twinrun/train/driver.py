@@ -162,7 +162,9 @@ def drive(
             objective.set(ckpt.state.get("objective", {}))
         start = ckpt.steps_done
         if loop.progress is not None:
-            loop.progress.note(f"resuming {s.out} after step {start - 1} ({ckpt.path.name})")
+            loop.progress.note(
+                f"resuming {s.out} with {start} of {loop.total_steps} steps done ({ckpt.path.name})"
+            )
     # a sharded base's forwards and backwards are collectives (FSDP's all-gathers): a peer that
     # died fails them, which is one line like any other collective's, not an internal error
     sharded = distributed.collective("a step of the sharded base") if s.model.sharded else None

@@ -56,15 +56,15 @@ class InterruptHook(Hook):
         if not self.agreed(device) or done >= view.total_steps:
             return  # the last step: the run's outputs follow, as without a signal
         kept = "no checkpoint written (--checkpoint-every is off)"
-        hint = "rerun the command to start again"
+        hint = "rerun the command with --overwrite to start again"
         if self.checkpointer is not None:
             if not self.checkpointer.exists(done):
                 self.checkpointer.write(view, done)
             kept = f"checkpoint step-{done:06d} written"
             hint = "rerun the same command with --resume to continue from it"
         raise Interrupted(
-            f"interrupted ({self.asked or 'another process was'}) after step {view.step} of "
-            f"{view.total_steps}: {kept}",
+            f"interrupted ({self.asked or 'another process was'}) with {done} of "
+            f"{view.total_steps} steps done: {kept}",
             hint,
         )
 
