@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from twinrun.cli.trl_names import twinrun_name
+
 SHOWN_NAME = 40  # an unknown flag longer than this is not shown: it is not a mistyped flag
 
 
@@ -80,6 +82,11 @@ def usage_line(exc: click.UsageError) -> str:
         name = exc.option_name
         if len(name) > SHOWN_NAME:
             return f"no such option (an unknown flag of {len(name)} characters)"
+        theirs = twinrun_name(name)  # TRL's spelling: twinrun's name, not the nearest one
+        if theirs is None:
+            return f"No such option '{name}' (TRL's; twinrun has no such setting)."
+        if theirs:
+            return f"No such option '{name}'. twinrun's name for TRL's {name}: {theirs}."
         return exc.format_message()  # the name and the closest real flags
     command_name = getattr(exc, "command_name", None)
     if command_name is not None or exc.message.startswith("No such command"):
