@@ -51,8 +51,26 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
+def print_versions(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """`--version`: twinrun's, then the Python, libraries and platform its runs record (read
+    from package metadata: nothing is imported)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from twinrun.core.determinism import runtime_versions
+
+    versions = runtime_versions()
+    click.echo(f"twinrun {versions.pop('twinrun', None) or 'unknown'}")
+    platform_name = versions.pop("platform", None)
+    click.echo(", ".join(f"{name} {v or 'not installed'}" for name, v in versions.items()))
+    click.echo(f"platform {platform_name}")
+    ctx.exit()
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="twinrun")
+@click.option(
+    "--version", is_flag=True, expose_value=False, is_eager=True, callback=print_versions,
+    help="Show twinrun's version and the library versions its runs record, and exit.",
+)  # fmt: skip
 def cli() -> None:
     """twinrun: reproducible LLM post-training.
 

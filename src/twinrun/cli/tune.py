@@ -18,14 +18,21 @@ def tune() -> None:
     """Train a LoRA adapter (sft, ...) or evaluate one."""
 
 
-def print_run_summary(record: dict[str, Any], quiet: bool) -> None:
+def print_run_summary(record: dict[str, Any], quiet: bool, output: str | None = None) -> None:
+    """The finished run in one line: objective, steps, wall time, final loss (and GRPO's final
+    mean reward), the adapter's SHA256 and where the run was written."""
     if quiet or not record:  # no record: a data-parallel process other than rank 0
         return
     m = record["metrics"]
-    click.echo(
-        f"{record['train']['objective']}: {m['steps']} steps, final loss {m['final_loss']:.6f}, "
-        f"adapter sha256 {record['adapter']['sha256']}"
-    )
+    reward = m.get("final_reward_mean")
+    said = [
+        f"{record['train']['objective']}: {m['steps']} steps in {m.get('wall_s', 0.0):.1f} s",
+        f"final loss {m['final_loss']:.6f}",
+        *([f"final mean reward {reward:.4f}"] if reward is not None else []),
+        f"adapter sha256 {record['adapter']['sha256']}",
+        *([f"written to {output}"] if output else []),
+    ]
+    click.echo(", ".join(said))
 
 
 def training_command(objective: Objective) -> click.Command:
@@ -38,7 +45,7 @@ def training_command(objective: Objective) -> click.Command:
         valid = validate(cfg)  # every missing or bad value in one line, before torch is imported
         from twinrun.train.recipes import train
 
-        print_run_summary(train(valid), cfg.quiet)
+        print_run_summary(train(valid), cfg.quiet, cfg.output)
 
     return tune.command(objective.name, help=objective.summary)(run_options(objective.name)(run))
 

@@ -390,7 +390,7 @@ class Loop:
         for hook in self.at["after_step"]:
             hook.after_step(view, row)
         if self.progress is not None:
-            self.progress.update(step + 1, f"loss {outcome.loss:.4f} lr {lr:.2e}")
+            self.progress.update(step + 1, progress_text(outcome, lr))
         return row
 
     def boundary(self, state: StepState, view: StepView) -> float:
@@ -461,6 +461,16 @@ class Loop:
         self.compute(state, view, recipe, batch)
         second = Attempt(view.outcome.loss, state.grads, torch.get_rng_state())
         view.metrics["spike"] = self.spike.judge(state.step, median, first, second)
+
+
+def progress_text(outcome: StepOutcome, lr: float) -> str:
+    """The progress line's figures of a step: its loss and learning rate, and a sampling run's
+    reward mean and spread (a GRPO loss is near 0 whether or not the model learns)."""
+    m = outcome.metrics
+    reward = ""
+    if "reward_mean" in m and "reward_std" in m:
+        reward = f"reward {m['reward_mean']:.3f} ± {m['reward_std']:.3f} "
+    return f"{reward}loss {outcome.loss:.4f} lr {lr:.2e}"
 
 
 class Attempt(NamedTuple):
