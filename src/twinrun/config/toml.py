@@ -146,6 +146,9 @@ def _shown(key: str) -> str:
     return key if len(key) <= NEAREST_MAX_CHARS else key[:NEAREST_MAX_CHARS] + "..."
 
 
+OTHER_FORMATS = {".yaml": "YAML", ".yml": "YAML", ".json": "JSON"}
+
+
 def _read_flat(p: Path) -> dict[str, Any]:
     """The config file's keys, dotted, and their values, in the file's order; ConfigError, naming
     the file, when it is too large, not text, not valid TOML or nested too deeply."""
@@ -153,6 +156,12 @@ def _read_flat(p: Path) -> dict[str, Any]:
     try:
         doc = tomllib.loads(text.removeprefix("\ufeff"))  # TOML allows a UTF-8 BOM
     except tomllib.TOMLDecodeError as exc:
+        kind = OTHER_FORMATS.get(p.suffix.lower())
+        if kind is not None:  # a YAML or JSON config, as other trainers take
+            raise ConfigError(
+                f"{p}: a {kind} file; `twinrun run` reads TOML configs",
+                "write the config in TOML (examples/*.toml show every trainer's)",
+            ) from exc
         raise ConfigError(f"{p}: not valid TOML ({exc})", "fix the syntax") from exc
     except RecursionError:  # arrays nested thousands deep
         raise ConfigError(f"{p}: values nested too deeply", "fix the config") from None

@@ -22,12 +22,25 @@ from typing import Any
 from twinrun.core.errors import ModelError
 
 
+def check_model_dir(root: Path) -> None:
+    """ModelError unless `root` is a directory: one that is missing, or a file (a config or a
+    weights file given for its checkpoint directory), each said as what it is."""
+    hint = "point --model at a local Hugging Face checkpoint (or run `twinrun toy-model`)"
+    if root.is_dir():
+        return
+    if root.exists():
+        raise ModelError(
+            f"--model {root} is a file, not a checkpoint directory",
+            "give the directory that holds config.json and the weights",
+        )
+    raise ModelError(f"model directory {root} does not exist", hint)
+
+
 def read_model_config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """config.json of a checkpoint directory; ModelError when missing or unreadable."""
     root = Path(model_dir)
+    check_model_dir(root)
     hint = "point --model at a local Hugging Face checkpoint (or run `twinrun toy-model`)"
-    if not root.is_dir():
-        raise ModelError(f"model directory {root} does not exist", hint)
     cfg_path = root / "config.json"
     if not cfg_path.is_file():
         raise ModelError(f"no config.json in {root}", hint)
@@ -143,9 +156,5 @@ def model_sha256(model_dir: str | os.PathLike[str]) -> str:
     from twinrun.core.digest import sha256_files
 
     root = Path(model_dir)
-    if not root.is_dir():
-        raise ModelError(
-            f"model directory {root} does not exist",
-            "point --model at a local Hugging Face checkpoint (or run `twinrun toy-model`)",
-        )
+    check_model_dir(root)
     return sha256_files(model_files(root), root)

@@ -281,14 +281,25 @@ def check_run_schedule(run: ValidRun, encoded: Sequence[object]) -> None:
     """The learning-rate schedule fits the run's steps (checked before anything is written):
     `--steps`, or the epochs over the encoded examples (pairs for dpo/reward)."""
     from twinrun.config.schedule import check_schedule
+    from twinrun.core.errors import ConfigError
     from twinrun.data.batching import steps_per_epoch
 
     if run.has(StepCount):
         total = run.record(StepCount).steps
-    else:
-        plan = run.record(EpochPlan)
-        total = plan.epochs * steps_per_epoch(len(encoded), run.batch_size, plan.accumulation)
-    check_schedule(run.warmup_steps, total, run.lr_schedule, run.config.decay_steps)
+        check_schedule(run.warmup_steps, total, run.lr_schedule, run.config.decay_steps)
+        return
+    plan = run.record(EpochPlan)
+    per_epoch = steps_per_epoch(len(encoded), run.batch_size, plan.accumulation)
+    try:
+        check_schedule(run.warmup_steps, plan.epochs * per_epoch, run.lr_schedule,
+                       run.config.decay_steps)  # fmt: skip
+    except ConfigError as exc:  # say where the step count came from: the data and the batch
+        raise ConfigError(
+            f"{exc.message} ({len(encoded)} examples at --batch-size {run.batch_size} x "
+            f"--accumulation {plan.accumulation} make {per_epoch} step(s) an epoch, "
+            f"{plan.epochs} epoch(s))",
+            exc.hint,
+        ) from exc
 
 
 def check_adapter_shape(model: CausalLM, run: ValidRun) -> None:
