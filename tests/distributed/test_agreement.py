@@ -82,21 +82,24 @@ def test_a_rank_with_other_settings_stops_every_process(data: Path, toy_model_di
 
 
 @pytest.mark.skipif(torch_has_cuda(), reason="this machine has CUDA: --device cuda would run")
-def test_device_cuda_without_cuda_is_one_line_on_every_rank(
+def test_device_cuda_without_cuda_is_one_line_under_torchrun(
     data: Path, toy_model_dir: Path
 ) -> None:
     """Under torchrun each process is given cuda:LOCAL_RANK; where there is no CUDA, each says so
-    in the one line a single process says, before any process group or file exists."""
+    in the one line a single process says (a rank torchrun ends first prints nothing), before any
+    process group or file exists."""
     out = data / "cuda-out"
     args = run_args("sft", toy_model_dir, data / "sft8.jsonl", out, "--device", "cuda")
     job = torchrun(2, ["-m", "twinrun", *args])
     assert job.returncode != 0
     ours = [line for line in job.stderr.splitlines() if line.startswith("twinrun: ")]
-    assert len(ours) == 2, job.stderr[-2000:]
-    for rank, line in enumerate(sorted(ours)):
-        assert line == (
-            f"twinrun: error: --device cuda:{rank} asked for but no CUDA device is available — "
-            "use --device cpu"
-        )
+    # each rank that printed before torchrun ended the others (the first to fail ends them)
+    assert 1 <= len(ours) <= 2, job.stderr[-2000:]
+    expected = {
+        f"twinrun: error: --device cuda:{rank} asked for but no CUDA device is available — "
+        "use --device cpu"
+        for rank in (0, 1)
+    }
+    assert set(ours) <= expected, ours
     assert "internal error" not in job.stderr and "_cuda_setDevice" not in job.stderr
     assert not out.exists()
