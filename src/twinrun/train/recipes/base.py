@@ -53,7 +53,7 @@ class RecipeData:
 
 class Recipe(StepRecipe):
     """An objective's run (see the module docstring). Subclasses set `name` and implement
-    `data`, `open`, `from_batch`, `prepare`, `forwards` and `summary`."""
+    `data`, `open`, `replay_forwards`, `prepare`, `forwards` and `summary`."""
 
     name: ClassVar[str]
     plans: Sequence[Any]  # what each step trains on, planned when the run opens: one per step
