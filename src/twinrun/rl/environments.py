@@ -70,6 +70,7 @@ import numbers
 import re
 import sys
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -235,7 +236,7 @@ class OneTurnEpisode:
         pass
 
 
-class OneTurnEnvironment:
+class OneTurnEnvironment(ABC):
     """A `SingleTurn` environment as the `Environment` protocol: one-turn episodes, each over a
     fresh instance (`renew`: GRPO makes one per prompt group, so an environment that keeps
     state between calls cannot carry it from one group — or one process — to another)."""
@@ -243,11 +244,13 @@ class OneTurnEnvironment:
     name = ""
     one_turn = True
 
+    @abstractmethod
     def prompt(self, row: dict[str, Any], rng: Stream) -> str:
-        raise NotImplementedError
+        """The observation of `row`, drawing from `rng` only."""
 
+    @abstractmethod
     def reward(self, row: dict[str, Any], completion: str) -> float:
-        raise NotImplementedError
+        """The completion's reward (a finite number)."""
 
     def renew(self) -> OneTurnEnvironment:
         """An instance with no state from earlier calls (built-ins keep none: themselves)."""

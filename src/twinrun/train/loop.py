@@ -54,6 +54,7 @@ from __future__ import annotations
 import enum
 import math
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -106,15 +107,17 @@ class StepOutcome:
 StepForwards = Generator[Forward, None, StepOutcome]
 
 
-class StepRecipe(Generic[B]):
+class StepRecipe(ABC, Generic[B]):
     """What the loop asks of a recipe each step (the module docstring says what each does);
     `after_update` keeps nothing unless a recipe says otherwise."""
 
+    @abstractmethod
     def prepare(self, step: int) -> B:
-        raise NotImplementedError
+        """The step's batch (pure data)."""
 
+    @abstractmethod
     def forwards(self, step: int, batch: B) -> StepForwards:
-        raise NotImplementedError
+        """Yield one `Forward` per forward; return the step's `StepOutcome`."""
 
     def after_update(self, step: int, outcome: StepOutcome) -> None:
         """The step's update is applied: keep what later steps use (GRPO's replay buffer)."""

@@ -19,6 +19,7 @@ record of objectives/registry.py) and says:
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -65,12 +66,14 @@ class Recipe(StepRecipe):
         return len(self.plans)
 
     @classmethod
+    @abstractmethod
     def data(cls, given: ValidRun) -> RecipeData:
-        raise NotImplementedError
+        """How the run's data is read and encoded (before anything is written)."""
 
     @classmethod
+    @abstractmethod
     def open(cls, session: Session, encoded: list[Any], context: Any) -> Recipe:
-        raise NotImplementedError
+        """The recipe of a training run over its encoded data."""
 
     @classmethod
     def from_batch(
@@ -80,15 +83,15 @@ class Recipe(StepRecipe):
         return Replayed(batch, lambda step, b: cls.replay_forwards(session, b, step, head))
 
     @classmethod
+    @abstractmethod
     def replay_forwards(
         cls, s: ModelSession, batch: OptimizerBatch, step: int, head: torch.nn.Linear | None
     ) -> StepForwards:
         """The objective's forwards over a captured batch (what training ran on it)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def summary(self, metrics: Rows, spikes: Rows) -> dict[str, Any]:
         """The sidecar's metrics of the finished run (`spikes`: the spike reruns)."""
-        raise NotImplementedError
 
     def extra_params(self) -> Params:
         """Trainable parameters of the recipe's own, beyond the adapter's (the reward head)."""
