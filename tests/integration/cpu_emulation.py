@@ -1,7 +1,8 @@
 """One process of the CPU-emulation test: `python -m tests.integration.cpu_emulation OUT.json`.
 
-Run under an emulated other CPU (an MKL branch, an instruction limit, MKL's AMD code path forced
-by a preloaded library, another thread count — set by the caller in the environment), it writes
+Run under an emulated other CPU (an MKL branch, an instruction limit, MKL's AMD or Intel code
+path forced by a preloaded library, another thread count — set by the caller in the
+environment), it writes
 
 - `native`: digests of MKL-computed results (a float32 product, `exp`, `sqrt`) with torch's own
   kernels — these are expected to move between emulations, which shows the emulation is real;
