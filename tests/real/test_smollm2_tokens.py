@@ -220,3 +220,25 @@ def test_completion_loss_reference_scores_the_greedy_answer(
     assert got == pytest.approx(want, rel=1e-4) and got < 0.5
     wrong, m = tok.prompt_completion_ids(FRANCE, "The capital of France is Lyon.", True)
     assert completion_loss_reference(smollm2_dir, wrong, [0] * m + [1] * (len(wrong) - m)) > got
+
+
+def test_every_assistant_turn_of_a_multi_turn_row_is_a_target(tok: CheckpointTokenizer) -> None:
+    """TRL's `assistant_only_loss` on a two-turn conversation: each answer's tokens and its end
+    of turn are targets ("4.<|im_end|>\\n" = 36 30 2 198, "6.<|im_end|>\\n" = 38 30 2 198),
+    nothing else; the ids are the template's rendering of the whole conversation."""
+    conversation = [
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4."},
+        {"role": "user", "content": "And 3+3?"},
+        {"role": "assistant", "content": "6."},
+    ]
+    (enc,) = encode_sft_rows(tok, [SourcedRow({"messages": conversation}, "x:1")], True, 8192)
+    ids = list(enc.input_ids)
+    assert ids == tok.hf.apply_chat_template(conversation, tokenize=True, return_dict=False)
+    first = tok.hf.apply_chat_template(
+        conversation[:1], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert len(first) == 37 and ids[:37] == list(first)
+    targets = [i for i, bit in enumerate(enc.loss_mask) if bit]
+    assert targets == [37, 38, 39, 40, 56, 57, 58, 59] and len(ids) == 60
+    assert [ids[i] for i in targets] == [36, 30, 2, 198, 38, 30, 2, 198]

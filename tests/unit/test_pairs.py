@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from twinrun.core.errors import DataError
-from twinrun.data.examples import encode_prompt_completion, load_rows
+from twinrun.data.examples import SourcedRow, encode_prompt_completion, load_rows
 from twinrun.data.pairs import EncodedPair, encode_pairs, pair_parts
 from twinrun.model.tokens import CheckpointTokenizer
 from twinrun.model.toy import EOS_ID, toy_tokenizer
@@ -35,7 +35,7 @@ USER = {"role": "user", "content": "hi"}
     [
         ({"prompt": "a", "chosen": "b"}, "missing 'rejected'"),
         ({"prompt": "a"}, "missing 'chosen', 'rejected'"),
-        ({"chosen": "b", "rejected": "c"}, "needs 'prompt' \\(or 'messages'\\)"),
+        ({"chosen": "b", "rejected": "c"}, "share no prompt text"),  # an implicit prompt
         ({"prompt": "a", "messages": [USER], "chosen": "b", "rejected": "c"}, "both"),
         ({"prompt": 1, "chosen": "b", "rejected": "c"}, "'prompt' must be a string \\(int\\)"),
         ({"prompt": " ", "chosen": "b", "rejected": "c"}, "'prompt' is empty"),
@@ -129,3 +129,39 @@ def test_shipped_pairs_are_valid() -> None:
     pairs = encode_pairs(FakeTok(), rows, chat_template=True, max_length=128)
     assert len(pairs) == 32
     assert any("messages" in r.data for r in rows) and any("prompt" in r.data for r in rows)
+
+
+def test_implicit_prompt_rows_split_as_trl_splits_them() -> None:
+    text = SourcedRow({"chosen": "The sky is blue.", "rejected": "The sky is green."}, "p:1")
+    assert pair_parts(text) == ([{"role": "user", "content": "The sky is"}], " blue.", " green.")
+    user = {"role": "user", "content": "What color is the sky?"}
+    conv = SourcedRow(
+        {
+            "chosen": [user, {"role": "assistant", "content": "Blue."}],
+            "rejected": [user, {"role": "assistant", "content": "Green."}],
+        },
+        "p:2",
+    )
+    assert pair_parts(conv) == ([user], "Blue.", "Green.")
+
+
+@pytest.mark.parametrize(
+    ("chosen", "rejected", "message"),
+    [
+        ("Blue.", "Green.", "share no prompt text"),
+        ("The sky", "The sky is blue.", "do not differ after a shared prompt"),
+        ("The sky is blue.", [{"role": "assistant", "content": "x"}], "both strings or both"),
+        ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+         [{"role": "user", "content": "other"}, {"role": "assistant", "content": "b"}],
+         "must share the prompt's messages"),
+        ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+          {"role": "user", "content": "more"}],
+         [{"role": "user", "content": "q"}, {"role": "assistant", "content": "b"}],
+         "one final assistant message each"),
+    ],
+)  # fmt: skip
+def test_implicit_prompt_rows_that_cannot_split_say_why(
+    chosen: object, rejected: object, message: str
+) -> None:
+    with pytest.raises(DataError, match=message):
+        pair_parts(SourcedRow({"chosen": chosen, "rejected": rejected}, "p:9"))

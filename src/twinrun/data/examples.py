@@ -1,11 +1,13 @@
 """Example files: JSONL (one object per line), a JSON array, CSV, or through the `datasets` extra a
 Parquet file or a `save_to_disk` directory; validated row by row with errors that name the file
-and line (or row). Also the encoding of SFT rows into token ids plus a loss mask: the
-tokenizer's `prompt_completion_ids` (TRL's rules, `twinrun.model.tokens`) gives the ids and where
-the completion starts; the loss covers the completion."""
+and line (or row). Also the encoding of SFT rows into token ids plus a loss mask, by TRL's rules
+(`twinrun.model.tokens`): through the chat template the loss covers every assistant turn of the
+conversation (`conversation_ids`; a row's `tools` rendered by the template); plain rows
+(`--no-chat-template`) train their last answer (`prompt_completion_ids`)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -28,6 +30,10 @@ class Tokenizer(Protocol):
     def prompt_completion_ids(
         self, messages: list[dict[str, str]], completion: str, chat_template: bool
     ) -> tuple[list[int], int]: ...
+
+    def conversation_ids(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> tuple[list[int], list[int]]: ...
 
 
 @dataclass(frozen=True)
@@ -185,6 +191,12 @@ def sft_parts(row: SourcedRow) -> tuple[list[dict[str, str]], str]:
             )
         return [dict(m) for m in msgs[:-1]], msgs[-1]["content"]
     if "prompt" not in row.data or "completion" not in row.data:
+        if "text" in row.data:  # TRL's standard language-modelling row
+            raise DataError(
+                f"{row.where}: a {{text}} row is plain language modelling, not an SFT example",
+                "train plain text with `twinrun tune text --corpus FILE` (the text in a UTF-8 "
+                "file); an SFT row is {prompt, completion} or {messages}",
+            )
         raise DataError(
             f"{row.where}: a row needs 'prompt' and 'completion', or 'messages'",
             f"found fields: {', '.join(sorted(row.data)) or 'none'}",
@@ -238,13 +250,66 @@ def encode_prompt_completion(
     return EncodedRow(tuple(ids), tuple([0] * n_prompt + [1] * (len(ids) - n_prompt)))
 
 
+def row_tools(row: SourcedRow) -> list[dict[str, Any]] | None:
+    """The row's `tools` (TRL's tool-calling SFT column): JSON schemas as a list of objects, or
+    that list as a JSON string; None when the row has none."""
+    value = row.data.get("tools")
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{row.where}: 'tools' is a string but not JSON ({exc.msg})") from None
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise DataError(
+            f"{row.where}: 'tools' must be a list of tool schemas (JSON objects)",
+            "give each tool's JSON schema, as the chat template expects",
+        )
+    return value
+
+
+def sft_conversation(row: SourcedRow) -> list[dict[str, Any]]:
+    """The whole conversation of an SFT row, its last message the assistant's: {messages} as
+    given (tool messages and `tool_calls` kept for the template), a prompt-completion row as
+    its prompt plus the answer."""
+    if "messages" not in row.data:
+        messages, completion = sft_parts(row)
+        return [*messages, {"role": "assistant", "content": completion}]
+    sft_parts(row)  # the checks: a list of messages, the last the assistant's
+    msgs = [dict(m) for m in row.data["messages"]]
+    if msgs[0]["role"] == "assistant":
+        raise DataError(
+            f"{row.where}: the conversation starts with the assistant",
+            "an assistant turn is trained on what comes before it: start with a system or "
+            "user message",
+        )
+    return msgs
+
+
+def encode_sft_row(tok: Tokenizer, row: SourcedRow, chat_template: bool) -> EncodedRow:
+    """An SFT row's ids and loss mask. Through the chat template every assistant turn is a
+    target (TRL's `assistant_only_loss`) and the row's `tools` are rendered; without it the
+    row is plain text (the contents one per line) and the last answer is the target."""
+    tools = row_tools(row)
+    if not chat_template:
+        if tools is not None:
+            raise DataError(
+                f"{row.where}: a row with 'tools' needs the chat template to render them",
+                "drop --no-chat-template, or drop the row's 'tools'",
+            )
+        messages, completion = sft_parts(row)
+        return encode_prompt_completion(tok, messages, completion, chat_template)
+    ids, mask = tok.conversation_ids(sft_conversation(row), tools)
+    return EncodedRow(tuple(ids), tuple(mask))
+
+
 def encode_sft_rows(
     tok: Tokenizer, rows: list[SourcedRow], chat_template: bool, max_length: int
 ) -> list[EncodedRow]:
     out = []
     for row in rows:
-        messages, completion = sft_parts(row)
-        enc = encode_prompt_completion(tok, messages, completion, chat_template)
+        enc = encode_sft_row(tok, row, chat_template)
         check_length(enc, row.where, max_length)
         out.append(enc)
     return out

@@ -6,6 +6,8 @@ A pair row is one of
     {"messages": [{"role": str, "content": str}, ...], "chosen": str, "rejected": str}
     {"prompt": [messages], "chosen": [one assistant message], "rejected": [one ...]}  (TRL's
     conversational preference rows)
+    {"chosen": str, "rejected": str} or {"chosen": [messages], "rejected": [messages]}  (TRL's
+    implicit prompt: what the two share is the prompt, `implicit_prompt`)
 
 where `messages` is the prompt conversation only (its last message must not be the assistant's:
 the two answers are `chosen` and `rejected`). Each side is encoded exactly like an SFT row
@@ -87,8 +89,13 @@ def pair_parts(row: SourcedRow) -> tuple[list[dict[str, str]], str, str]:
             f"missing {', '.join(repr(k) for k in missing)}",
             f"found fields: {', '.join(sorted(row.data)) or 'none'}",
         )
-    messages = _prompt_messages(row)
-    chosen, rejected = answer_text(row, "chosen"), answer_text(row, "rejected")
+    if "prompt" not in row.data and "messages" not in row.data:
+        messages, chosen, rejected = implicit_prompt(row)
+        if not (chosen.strip() and rejected.strip()):
+            raise DataError(f"{row.where}: an answer is empty after the shared prompt")
+    else:
+        messages = _prompt_messages(row)
+        chosen, rejected = answer_text(row, "chosen"), answer_text(row, "rejected")
     if chosen == rejected:
         raise DataError(
             f"{row.where}: 'chosen' and 'rejected' are the same text, so the pair teaches nothing",
@@ -126,3 +133,56 @@ def answer_text(row: SourcedRow, key: str) -> str:
             f"{row.where}: '{key}' must be a string or one non-empty message with role 'assistant'"
         )
     return msgs[0]["content"]
+
+
+def implicit_prompt(row: SourcedRow) -> tuple[list[dict[str, str]], str, str]:
+    """TRL's implicit-prompt pair: `chosen` and `rejected` each the whole exchange, the prompt
+    what they share. Two conversations: their common leading messages are the prompt and each
+    must end in one assistant message after it. Two strings: the prompt is their common
+    leading text, less a space that ends it (TRL's `extract_prompt`), the answers the rest."""
+    chosen, rejected = row.data["chosen"], row.data["rejected"]
+    if isinstance(chosen, list) and isinstance(rejected, list):
+        return _implicit_conversation(row)
+    if not (isinstance(chosen, str) and isinstance(rejected, str)):
+        raise DataError(
+            f"{row.where}: a pair row without 'prompt' needs 'chosen' and 'rejected' both "
+            "strings or both conversations (the prompt is what they share)"
+        )
+    idx = common_text_prefix(chosen, rejected)
+    if idx is None:
+        raise DataError(
+            f"{row.where}: 'chosen' and 'rejected' do not differ after a shared prompt",
+            "one is the start of the other (or they are equal): give the prompt in 'prompt'",
+        )
+    if not chosen[:idx].strip():
+        raise DataError(
+            f"{row.where}: 'chosen' and 'rejected' share no prompt text",
+            "give the prompt in 'prompt', the two answers in 'chosen' and 'rejected'",
+        )
+    return [{"role": "user", "content": chosen[:idx]}], chosen[idx:], rejected[idx:]
+
+
+def common_text_prefix(a: str, b: str) -> int | None:
+    """Where a and b part, one back when the character before is a space (TRL's rule for
+    implicit prompts); None when neither has a character the other lacks there."""
+    for idx in range(min(len(a), len(b))):
+        if a[idx] != b[idx]:
+            return idx - 1 if idx and a[idx - 1] == " " else idx
+    return None
+
+
+def _implicit_conversation(row: SourcedRow) -> tuple[list[dict[str, str]], str, str]:
+    chosen, rejected = message_list(row, "chosen"), message_list(row, "rejected")
+    shared = 0
+    while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
+        shared += 1
+    answers = (chosen[shared:], rejected[shared:])
+    if not shared or any(len(a) != 1 or a[0]["role"] != "assistant" for a in answers):
+        raise DataError(
+            f"{row.where}: 'chosen' and 'rejected' must share the prompt's messages and differ "
+            "in one final assistant message each",
+            "or give the prompt in 'prompt' and one assistant message in each answer",
+        )
+    if chosen[shared - 1]["role"] == "assistant":
+        raise DataError(f"{row.where}: the shared prompt's last message has role 'assistant'")
+    return chosen[:shared], answers[0][0]["content"], answers[1][0]["content"]

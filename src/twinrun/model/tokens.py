@@ -130,10 +130,16 @@ class CheckpointTokenizer:
         """The text of a special token as a chat template writes it (e.g. `<|im_end|>`)."""
         return str(self.hf.convert_ids_to_tokens(int(token)))
 
-    def _chat_ids(self, messages: Messages, add_generation_prompt: bool) -> list[int]:
-        self._check_template(messages, add_generation_prompt)
+    def _chat_ids(
+        self, messages: Messages, add_generation_prompt: bool, tools: Tools = None
+    ) -> list[int]:
+        self._check_template(messages, add_generation_prompt, tools)
         ids = self.hf.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=True,
+            return_dict=False,
+            tools=tools,
         )
         return [int(i) for i in ids]
 
@@ -165,6 +171,11 @@ class CheckpointTokenizer:
             if not completion.endswith(eos_text):
                 completion = completion + eos_text
             full = self._plain_ids(self.plain_prompt(messages) + completion)
+        return full, self._answer_start(prompt, full)
+
+    def _answer_start(self, prompt: list[int], full: list[int]) -> int:
+        """Where an answer starts in `full`: after the tokens it shares with `prompt` (warned
+        once when `prompt` is not wholly a prefix of `full`)."""
         n = common_prefix_length(prompt, full)
         if n != len(prompt) and not self._warned_prefix:
             self._warned_prefix = True
@@ -173,9 +184,29 @@ class CheckpointTokenizer:
                 "tokenizer or chat template renders the prompt differently when an answer "
                 f"follows); the completion starts after the {n} tokens they share",
                 PromptPrefixWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
-        return full, n
+        return n
+
+    def conversation_ids(
+        self, messages: Messages, tools: Tools = None
+    ) -> tuple[list[int], list[int]]:
+        """(ids, loss mask) of a whole conversation through the chat template, every assistant
+        turn a target (TRL's `assistant_only_loss`): turn i's tokens are those the conversation
+        up to and including it adds to the conversation before it with the generation prompt
+        (its content and end of turn). `tools` go to the template. A conversation with one
+        assistant turn, at its end, gets `prompt_completion_ids`'s ids and mask."""
+        full = self._chat_ids(messages, add_generation_prompt=False, tools=tools)
+        mask = [0] * len(full)
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before = self._chat_ids(messages[:i], True, tools) if i else []
+            start = self._answer_start(before, full)
+            upto = self._chat_ids(messages[: i + 1], add_generation_prompt=False, tools=tools)
+            end = common_prefix_length(upto, full) if i + 1 < len(messages) else len(full)
+            mask[start:end] = [1] * (end - start)
+        return full, mask
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
