@@ -162,6 +162,11 @@ def test_a_trainer_run_lines_up_with_a_twinrun_run(
     assert run_cli(["diff", "--common-leaves", str(ours), str(clipped)]) == 1
     first = capsys.readouterr().out.splitlines()[1]
     assert first.startswith("FIRST_DIVERGENCE: step=0 leaf=grads.lora "), first
-    # without --common-leaves the runs' different leaf sets are what diff names
+    # without --common-leaves the runs' different leaf sets are what diff names, and the line
+    # under it says that a Trainer run never records that leaf and which flag compares the rest
     assert run_cli(["diff", str(ours), str(same)]) == 1
-    assert "leaf=batch.sample_indices" in capsys.readouterr().out
+    out = capsys.readouterr().out.splitlines()
+    assert "leaf=batch.sample_indices" in out[0]
+    assert out[1] == "  run B has no leaf batch.sample_indices at this step"
+    assert out[2].startswith("  a Trainer run's DiagCallback never records batch.sample_indices")
+    assert out[2].endswith("--common-leaves compares the leaves both runs record")

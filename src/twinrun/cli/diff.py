@@ -42,6 +42,7 @@ from twinrun.diag.recorded import (
     recorded_between,
     sidecars_differ_in,
 )
+from twinrun.diag.recorder import STANDARD_LEAVES, TRAINER_ROW_LEAVES
 from twinrun.diag.trace import TraceDivergence
 
 TOLERANCE = FiniteFloat(low=0)  # finite and >= 0: nan would make every comparison pass
@@ -126,7 +127,15 @@ def _kind_lines(f: Divergence) -> list[str]:
     if f.kind == "missing_row":
         return [f"  run {f.missing_in} has no row for phase={f.phase} step={f.step}"]
     if f.kind == "missing_leaf":
-        return [f"  run {f.missing_in} has no leaf {f.leaf} at this step"]
+        line = f"  run {f.missing_in} has no leaf {f.leaf} at this step"
+        if f.leaf in STANDARD_LEAVES and f.leaf not in TRAINER_ROW_LEAVES:
+            return [
+                line,
+                f"  a Trainer run's DiagCallback never records {f.leaf}: if run "
+                f"{f.missing_in} is one, it records fewer leaves, not other values — "
+                "--common-leaves compares the leaves both runs record",
+            ]
+        return [line]
     if f.kind == "digest":
         return ["  digests differ (the bytes differ; checksums may agree)"]
     return []

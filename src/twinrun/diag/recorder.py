@@ -65,6 +65,8 @@ __all__ = [
     "DIAG_FORMAT",
     "DIAG_FILENAME",
     "STANDARD_LEAVES",
+    "HF_LEAVES",
+    "TRAINER_ROW_LEAVES",
     "DiagRecorder",
     "DiagRow",
     "decode_float",
@@ -100,6 +102,21 @@ STANDARD_LEAVES: tuple[str, ...] = (
     "lr",
     "rng.state",
 )
+
+#: The leaves `twinrun.integrations.hf.DiagCallback` (a Trainer run) can record, in dataflow
+#: order; a LoRA run's `.trainable` leaves are written under `.lora` (`TRAINER_ROW_LEAVES`).
+HF_LEAVES: tuple[str, ...] = (
+    "batch.tokens",
+    "forward.logits",
+    "loss",
+    "grads.trainable",
+    "adam.exp_avg",
+    "adam.exp_avg_sq",
+    "params.trainable",
+    "lr",
+    "rng.state",
+)
+TRAINER_ROW_LEAVES = frozenset(HF_LEAVES) | {"grads.lora", "params.lora"}
 
 
 @dataclass(frozen=True)

@@ -52,22 +52,9 @@ import torch
 from transformers import TrainerCallback
 
 from twinrun.diag.checksum import SumSq, digest
-from twinrun.diag.recorder import DiagRecorder, LeafValue, leaf_value
+from twinrun.diag.recorder import HF_LEAVES, DiagRecorder, LeafValue, leaf_value
 
 __all__ = ["DiagCallback", "HF_LEAVES"]
-
-#: The leaves DiagCallback can record, in dataflow order.
-HF_LEAVES: tuple[str, ...] = (
-    "batch.tokens",
-    "forward.logits",
-    "loss",
-    "grads.trainable",
-    "adam.exp_avg",
-    "adam.exp_avg_sq",
-    "params.trainable",
-    "lr",
-    "rng.state",
-)
 
 
 class _Parts:
