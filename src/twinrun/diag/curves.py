@@ -2,7 +2,8 @@
 
 One panel per metric that any run's `metrics.jsonl` has — `loss`, `lr`, `grad_norm`,
 `reward_mean` (GRPO), `eval_loss` (with `--eval-examples`), in that order — against the optimizer
-step, one line per run labelled by its directory name (a `$` in it stays a `$`). Rows of other
+step, one line per run labelled by its directory name (a `$` in it stays a `$`), a run in one
+colour and line style in every panel, one legend under them all. Rows of other
 phases, non-finite values and magnitudes above 1e300 (which no axis can span) are left out (a NaN
 loss shows as a gap). matplotlib's Agg backend draws it without a display; the file is written
 atomically, and says inside that `twinrun plot` wrote it (what a later `--overwrite` checks).
@@ -44,15 +45,46 @@ def label(run: Path) -> str:
     return run.name.replace("$", r"\$")
 
 
+LINE_STYLES = ("-", "--", ":", "-.")  # run i: colour i, style i: identical runs stay visible
+
+
+def draw_curves(table: dict[Path, list[dict[str, Any]]], keys: list[str]) -> Any:
+    """The figure: one panel per key, run i drawn in the same colour and line style in every
+    panel (colour i of matplotlib's cycle, style i mod 4, a thinner line for each later run so
+    identical runs stay visible one over the other), and one legend for all the panels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    fig = Figure(figsize=(5.5 * len(keys), 3.9), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(keys), squeeze=False)[0]
+    colours = [f"C{i % 10}" for i in range(len(table))]
+    looks: list[dict[str, Any]] = [
+        {"color": colours[i], "linestyle": LINE_STYLES[i % 4], "linewidth": max(0.8, 2.4 - 0.4 * i)}
+        for i in range(len(table))
+    ]
+    for ax, key in zip(axes, keys, strict=True):
+        for look, (run, rows) in zip(looks, table.items(), strict=True):
+            steps, values = series(rows, key)
+            if steps:
+                marker = "." if len(steps) < 50 else None
+                ax.plot(steps, values, marker=marker, label=label(run), **look)
+        ax.set_title(key)
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    handles = [Line2D([], [], **look) for look in looks]
+    fig.legend(handles, [label(run) for run in table], loc="outside right upper",
+               fontsize="small")  # fmt: skip
+    return fig
+
+
 def write_curves(
     runs: list[Path], out: str | os.PathLike[str], overwrite: bool = False
 ) -> list[str]:
     """Draw the curves of `runs` into the PNG `out`; returns the metrics drawn. An existing
     `out` is replaced only with `overwrite` and only when `twinrun plot` wrote it; `out` is
     never one of the runs' files."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     from twinrun.core.owned import claim_file, png_signed
     from twinrun.diag.metrics_file import read_metrics
 
@@ -69,18 +101,7 @@ def write_curves(
             f"no run of {', '.join(map(str, runs))} has a {' / '.join(CURVES)} value to plot",
             "name run directories a training command wrote",
         )
-    fig = Figure(figsize=(5.5 * len(keys), 3.6), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, len(keys), squeeze=False)[0]
-    for ax, key in zip(axes, keys, strict=True):
-        for run, rows in table.items():
-            steps, values = series(rows, key)
-            if steps:
-                ax.plot(steps, values, marker="." if len(steps) < 50 else None, label=label(run))
-        ax.set_title(key)
-        ax.set_xlabel("optimizer step")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize="small")
+    fig = draw_curves(table, keys)
     atomic_write_with(
         out, lambda tmp: fig.savefig(tmp, format="png", dpi=100, metadata={"Software": SOFTWARE})
     )
