@@ -109,3 +109,19 @@ def test_plot_draws_the_curves_of_runs(
     (empty / "metrics.jsonl").write_text('{"step": 0}\n')
     assert run_cli(["plot", str(empty), "--output", str(tmp_path / "x.png")]) == 2
     assert "no run of" in capsys.readouterr().err and not (tmp_path / "x.png").exists()
+
+
+def test_a_directory_that_is_not_a_run_is_refused_before_torch_loads(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "notes.txt").write_text("not a run")
+    code = (
+        "import sys; from twinrun.cli.main import run_cli; "
+        f"rc = run_cli(['export', {str(tmp_path)!r}, '--output', {str(tmp_path / 'out')!r}]); "
+        "print(rc, 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["2", "False"], done.stderr
+    assert "is not a finished twinrun run" in done.stderr  # not "--output lies inside the run"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

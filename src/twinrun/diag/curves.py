@@ -40,6 +40,11 @@ SOFTWARE = "twinrun plot"  # the PNG's Software text: what --overwrite checks be
 DRAWABLE = 1e300  # larger magnitudes overflow the axis arithmetic (a range of 2e308 is inf)
 
 
+def run_name(i: int, n: int) -> str:
+    """How an error names run i of n: "run", or "run 2" among several."""
+    return "run" if n == 1 else f"run {i + 1}"
+
+
 def label(run: Path) -> str:
     """The legend text of `run`: its name, with `$` escaped (no mathtext from a file name)."""
     return run.name.replace("$", r"\$")
@@ -90,7 +95,8 @@ def write_curves(
 
     claim_file(  # a link, a directory, an unwritable place, an input, another's file: refused
         out, overwrite, SOFTWARE, png_signed(SOFTWARE),
-        inputs={f"run {r}": r for r in runs}, allowed_names=(CURVES_PICTURE,),
+        inputs={run_name(i, len(runs)): r for i, r in enumerate(runs)},
+        allowed_names=(CURVES_PICTURE,),
     )  # fmt: skip
 
     hint = "name run directories a training command wrote"

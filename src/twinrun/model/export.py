@@ -100,26 +100,27 @@ def export_merged(run: str | os.PathLike[str], output: str | os.PathLike[str],
     """Merge RUN's adapter into its base and write the checkpoint to `output`; returns the
     export record. `loading(base)` is called once every input is checked, before the model
     loads (a progress line)."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from twinrun.core.determinism import runtime_versions
-    from twinrun.core.digest import sha256_file, sha256_files
     from twinrun.core.paths import output_path
     from twinrun.model.adapter_check import check_run_adapter
-    from twinrun.model.loading import model_files
 
     run_dir = Path(run)
+    record = run_record(run_dir)  # a directory that is not a finished run: said first
     out = output_path(output)  # a link, a path under a file or an unwritable place: refused
     refuse_input_overlap(out, {"run": run_dir, "base model": model})
     earlier = earlier_export(out, overwrite)  # nothing foreign goes, and nothing changed
-    record = run_record(run_dir)
     check_run_adapter(run_dir, record)  # the recorded, finite bytes its config describes
     base = base_of(run_dir, record, model)
     refuse_input_overlap(out, {"base model": base})
     if loading is not None:
         loading(base)
+    import torch  # only once every input is checked: a refusal costs no torch import
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from twinrun.core.determinism import runtime_versions
+    from twinrun.core.digest import sha256_file, sha256_files
+    from twinrun.model.loading import model_files
+
     merged = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(
             base, dtype=torch.float32, attn_implementation="eager"
