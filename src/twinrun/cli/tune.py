@@ -43,6 +43,9 @@ def training_command(objective: Objective) -> click.Command:
 
         cfg = config_from_options(objective.name, opts)
         valid = validate(cfg)  # every missing or bad value in one line, before torch is imported
+        from twinrun.train.preflight import preflight
+
+        preflight(valid)  # a path that cannot be used: one line, before torch is imported
         from twinrun.train.recipes import train
 
         print_run_summary(train(valid), cfg.quiet, cfg.output)

@@ -281,7 +281,6 @@ def reproduce(
     """Re-run `run_dir` into `output` and judge the result (see the module docstring)."""
     from twinrun.model.adapter_check import check_run_adapter
     from twinrun.train.outputs import check_output_dir, config_inputs
-    from twinrun.train.recipes import train
 
     run_dir, output = Path(run_dir), Path(output)
     try:
@@ -296,6 +295,8 @@ def reproduce(
         problem = _missing_input(cfg) or _moved_input(cfg, sidecar)
         if problem:
             return Reproduction(COULD_NOT_RUN, f"reproduce: could not run — {problem}")
+        from twinrun.train.recipes import train  # torch: only once the run can be re-run
+
         rerun = train(cfg)
     except TwinrunError as exc:
         return Reproduction(COULD_NOT_RUN, f"reproduce: could not run — {exc.one_line()}")

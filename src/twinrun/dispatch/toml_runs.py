@@ -21,7 +21,6 @@ from twinrun.capture.source import FINAL, FINAL_FILES, RESOLVED, source_problems
 from twinrun.config.toml import load_toml, resolved_tree
 from twinrun.core.errors import ConfigError
 from twinrun.core.fileio import atomic_write_bytes, atomic_write_json
-from twinrun.train.recipes import train
 
 
 def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -> dict[str, Any]:
@@ -37,14 +36,15 @@ def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -
                 "run it as `twinrun run CONFIG.toml` (a capture from any process count replays)",
             )
         return replay(run)
-    if not run.cfg.resume:  # before the examples are read
-        from twinrun.train.outputs import check_output_dir
+    from twinrun.train.preflight import preflight
 
-        check_output_dir(run.training().output, run.cfg.overwrite)
+    preflight(run.training())  # the output, the model and the data files, before torch loads
     problems = source_problems(run)
     if problems:
         hint = "see docs/capture.md (capture a source step)"
         raise ConfigError(f"{path}: " + "; ".join(problems), hint)
+    from twinrun.train.recipes import train
+
     record = train(run.training())  # validated once, when the config was loaded
     if not record:  # a process of a data-parallel run other than rank 0: it writes nothing
         return record

@@ -174,6 +174,10 @@ def read_golden(path: Path) -> dict[str, Any]:
 
 def check_golden(folder: str | Path, device: str = "cpu") -> GoldenResult:
     """Compute the suite and compare it with this platform's golden file in `folder`."""
+    if not Path(folder).is_dir():  # said before torch loads (the fingerprint names torch)
+        raise GoldenMissing(
+            f"golden folder {folder} does not exist", "give the folder that holds the golden files"
+        )
     fp = fingerprint(device)
     path = golden_path(Path(folder), fp)
     if not path.is_file():

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.capture.manifest import REQUIRED_STATE, STATE_FILES
-from twinrun.capture.state import STATE_FORMAT, TRAINER_STATE
 from twinrun.core.errors import ConfigError
 from twinrun.core.fileio import atomic_write_json
 from twinrun.core.owned import Layout
@@ -32,9 +31,8 @@ def init_adapter(
     targets: str | tuple[str, ...] | None = None,
 ) -> Path:
     """Write the initial adapter and trainer_state.json into the new directory `out` (`targets`:
-    None for the architecture's default LoRA targets, "all-linear", or module names)."""
-    from twinrun.model.build import FreshLora, build_model
-
+    None for the architecture's default LoRA targets, "all-linear", or module names). Every
+    argument is checked before torch loads."""
     problems = []
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         problems.append(f"--seed must be in [0, 2**63), got {seed!r}")
@@ -50,6 +48,11 @@ def init_adapter(
     output_path(path, "init-adapter directory")  # a link, under a file, unwritable: refused
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ConfigError(f"{path} exists and is not empty", "choose a new directory")
+    from twinrun.model.loading import read_model_config
+
+    read_model_config(model)  # a missing or incomplete checkpoint: one line, no torch yet
+    from twinrun.model.build import FreshLora, build_model
+
     base = build_model(
         model, precision="f32", device="cpu", lora=FreshLora(rank, alpha, seed, targets)
     )
@@ -64,6 +67,7 @@ def init_adapter(
 
 
 def _write(path: Path, base: Any, model: str, seed: int, rank: int, alpha: float) -> None:
+    from twinrun.capture.state import STATE_FORMAT, TRAINER_STATE
     from twinrun.core.digest import sha256_file
     from twinrun.model.loading import model_sha256
     from twinrun.model.lora import save_adapter
