@@ -62,13 +62,10 @@ SETUPS: dict[str, dict[str, Any]] = {
     "smollm2": {"batch": 1, "accumulation": 2, "rows": 8, "extra": ["--max-length", "64"]},
 }
 # run name -> processes, sharded
-RUNS = {"1": (1, False), "2": (2, False), "2-shard": (2, True), "3-shard": (3, True),
-        "2-shard-mmap": (2, True)}  # fmt: skip
-# a fixed glibc mmap threshold: freed large buffers go back to the system at once (the default
-# threshold grows with the buffers freed, and later ones of that size stay in the heap)
-RUN_ENV = {"2-shard-mmap": {"MALLOC_MMAP_THRESHOLD_": "1048576"}}
+RUNS = {"1": (1, False), "2": (2, False), "2-shard": (2, True), "3-shard": (3, True)}
+RUN_ENV: dict[str, dict[str, str]] = {}  # per run, extra environment (none now)
 TOY_RUNS = ("1", "2", "2-shard", "3-shard")
-SMOL_RUNS = ("1", "2-shard", "3-shard", "2-shard-mmap")
+SMOL_RUNS = ("1", "2-shard", "3-shard")
 COUNTED = ("2-shard", "3-shard")
 
 
@@ -190,6 +187,16 @@ def child(report_dir: str, args: list[str]) -> int:
         return shard(model, params, device)
 
     sharding.shard_base = shard_recorded
+    import twinrun.model.build as build
+
+    load = build.load_causal_lm  # build_model looks it up at call time
+
+    def load_recorded(*a: Any, **k: Any) -> Any:
+        gc.collect()
+        report["rss_before_load_kib"] = status_kib("VmRSS")
+        return load(*a, **k)
+
+    build.load_causal_lm = load_recorded
     init = session.Session.__init__
 
     def init_recorded(self: Any, *a: Any, **k: Any) -> None:
@@ -368,6 +375,8 @@ def measure(model_dir: Path, work: Path, key: str, names: tuple[str, ...], repea
             "rss_end_mib": kib_spread(rs, "rss_end_kib"),
             "ru_maxrss_mib": kib_spread(rs, "ru_maxrss_kib"),
             "rss_before_shard_mib": (kib_spread(rs, "rss_before_shard_kib") if sharded else None),
+            "rss_before_load_mib": kib_spread(rs, "rss_before_load_kib"),
+            "units": rs[0]["ranks"][0].get("units"),
             "per_rank_ru_maxrss_mib": [
                 [round(k["ru_maxrss_kib"] / 1024, 1) for k in x["ranks"]] for x in rs
             ],
@@ -377,6 +386,7 @@ def measure(model_dir: Path, work: Path, key: str, names: tuple[str, ...], repea
     t1 = statistics.median(rows["1"]["step_s"]["all"])
     for row in rows.values():
         row["speedup"] = t1 / statistics.median(row["step_s"]["all"])
+    bound_rows(rows, base)
     bytes_ = {
         n: per_step(run, RUNS[n][0], -(-acc // RUNS[n][0])) | {"command": run["command"]}
         for n, run in counted.items()
@@ -391,6 +401,149 @@ def measure(model_dir: Path, work: Path, key: str, names: tuple[str, ...], repea
         "runs": rows,
         "bytes": bytes_,
     }
+
+
+def bound_rows(rows: dict[str, Any], base: int) -> None:
+    """Each run's peak RSS per process, loading included (the larger of the load's and the
+    training's peaks), against the unsharded one's and against the bound
+
+        peak(W) <= before(W) + base/W + rest(1) + 2 * (root + layer)
+
+    before(W): the RSS before the base is built (imports, tokenizer, data); rest(1) = peak(1) -
+    before(1) - base: what the 1-process run holds beside the weights (activations, the
+    optimizer, the adapter), which no process count divides; root: the root unit (embeddings,
+    final norm, head), all-gathered from its forward through its backward; layer: one decoder
+    layer's unit; each unit is gathered into one buffer and copied out of it into its weights
+    (2x while it is gathered). Sizes in MiB, FSDP2's padded rows."""
+    mib = 2**20
+
+    def peak(r: dict[str, Any]) -> float:
+        return max(r["peak_load_mib"]["median"], r["peak_train_mib"]["median"])
+
+    one = rows["1"]
+    rest = max(peak(one) - one["rss_before_load_mib"]["median"] - base / mib, 0.0)
+    for r in rows.values():
+        r["peak_mib"] = peak(r)
+        r["peak_of_unsharded"] = peak(r) / peak(one)
+        units = r.get("units")
+        if not r["sharded"] or not units:
+            r["bound_mib"] = None
+            continue
+        world = r["processes"]
+        layer = units["layers_padded"] / max(units["layers_n"], 1)
+        overhead = 2 * (units["root_padded"] + layer) / mib
+        r["bound_mib"] = r["rss_before_load_mib"]["median"] + base / world / mib + rest + overhead
+        r["bound_terms_mib"] = {"rest_of_1": rest, "twice_root_and_layer": overhead}
+        r["within_bound"] = r["peak_mib"] <= r["bound_mib"]
+
+
+# ------------------------------------------------------------ a base that does not fit a process
+
+
+def cap_demo(work: Path) -> dict[str, Any]:
+    """A Llama checkpoint from transformers' own classes (16 layers, hidden 768: 453 MB of f32
+    weights) and a per-process cap, RLIMIT_DATA, of what a process maps once it has imported
+    twinrun plus the weights and 32 MiB (thread stacks 1 MiB: RLIMIT_STACK): 1 process under
+    the cap is refused up front, 2 sharded processes under it train, and write the adapter of
+    the uncapped 1-process run."""
+    import resource
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    toy = work / "toy-model"
+    model = work / "big-model"
+    toy_config = json.loads((toy / "config.json").read_text())
+    config = LlamaConfig(
+        vocab_size=toy_config["vocab_size"], hidden_size=768, intermediate_size=2048,
+        num_hidden_layers=16, num_attention_heads=12, num_key_value_heads=12,
+        max_position_embeddings=256, bos_token_id=toy_config.get("bos_token_id"),
+        eos_token_id=toy_config.get("eos_token_id"), tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(config).to(torch.float32)
+    hf.save_pretrained(model)
+    weights = sum(p.numel() * 4 for p in hf.parameters())
+    del hf
+    for f in toy.iterdir():
+        if f.name not in ("config.json", "model.safetensors") and f.is_file():
+            (model / f.name).write_bytes(f.read_bytes())
+
+    def stacks() -> None:  # 1 MiB thread stacks: glibc reserves RLIMIT_STACK each, counted whole
+        resource.setrlimit(resource.RLIMIT_STACK, (2**20, 2**20))
+
+    examples = work / "short.jsonl"
+    rows = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a, b in ((1, 2), (3, 4), (5, 6))]
+    examples.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch, transformers, twinrun.cli.main, "
+         "twinrun.train.session\nprint(next(l.split()[1] for l in open('/proc/self/status') "
+         "if l.startswith('VmData')))"],
+        env=env(False), capture_output=True, text=True, check=True, preexec_fn=stacks,
+    )  # fmt: skip
+    limit = int(probe.stdout) * 1024 + weights + 32 * 2**20
+    setup: dict[str, Any] = {"batch": 1, "accumulation": 2, "extra": []}
+
+    def go(name: str, nproc: int, sharded: bool, capped: bool) -> dict[str, Any]:
+        out = work / f"cap-{name}"
+        reports = work / f"cap-{name}.ranks"
+        reports.mkdir()
+        args = sft_args(model, examples, out, setup) + (["--shard-base"] if sharded else [])
+        args[args.index("--chat-template") + 1] = "off"  # short rows: small activations
+        cmd = [*launcher(nproc), "--child", str(reports), *args]
+
+        def cap() -> None:
+            stacks()
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+        t0 = time.perf_counter()
+        job = subprocess.run(cmd, env=env(False), capture_output=True, text=True,
+                             preexec_fn=cap if capped else stacks)  # fmt: skip
+        wall = time.perf_counter() - t0
+        errors = [ln for ln in job.stderr.splitlines() if ln.startswith("twinrun: error")]
+        adapter = out / "adapter_model.safetensors"
+        ranks = [json.loads(f.read_text()) for f in sorted(reports.glob("rank-*.json"))]
+        return {
+            "processes": nproc, "sharded": sharded, "capped": capped, "code": job.returncode,
+            "wall_s": wall, "error": errors[0] if errors else None,
+            "adapter": adapter.read_bytes() if adapter.exists() else None,
+            "peak_mib": [round(r["ru_maxrss_kib"] / 1024, 1) for r in ranks],
+        }  # fmt: skip
+
+    runs = {"1 uncapped": go("one", 1, False, False), "1 capped": go("one-capped", 1, False, True),
+            "2 sharded capped": go("two-capped", 2, True, True)}  # fmt: skip
+    one = runs["1 uncapped"]["adapter"]
+    for r in runs.values():
+        r["same_adapter"] = r["adapter"] is not None and r["adapter"] == one
+        del r["adapter"]
+    return {"weights_bytes": weights, "rlimit_data_bytes": limit, "probe_vmdata_bytes":
+            int(probe.stdout) * 1024, "runs": runs}  # fmt: skip
+
+
+def render_cap(c: dict[str, Any]) -> list[str]:
+    lines = [
+        "### A base larger than a process's cap",
+        "",
+        f"A Llama checkpoint built from transformers' `LlamaConfig` (16 layers, hidden 768): "
+        f"{c['weights_bytes'] / 1e9:.3f} GB of f32 weights. Cap: RLIMIT_DATA = "
+        f"{c['rlimit_data_bytes'] / 2**20:.0f} MiB per process (what a process maps once it "
+        f"imported twinrun, {c['probe_vmdata_bytes'] / 2**20:.0f} MiB, plus the weights and "
+        "32 MiB; thread stacks 1 MiB, RLIMIT_STACK, since glibc reserves one whole for each "
+        "thread and RLIMIT_DATA counts it), set on the launcher and inherited by torchrun's "
+        "processes. 3 short rows, "
+        "batch 1, accumulation 2, `--chat-template off`.",
+        "",
+        "| run | exit | seconds | peak RSS per process (MiB) | adapter | one line |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in c["runs"].items():
+        same = "–" if name == "1 uncapped" else (
+            "identical to 1 process uncapped" if r["same_adapter"] else "none" if r["code"] else
+            "DIFFERENT")  # fmt: skip
+        line = f"`{r['error']}`" if r["error"] else "–"
+        peaks = ", ".join(map(str, r["peak_mib"])) or "–"
+        lines.append(f"| {name} | {r['code']} | {r['wall_s']:.1f} | {peaks} | {same} | {line} |")
+    return lines
 
 
 # ----------------------------------------------------------------------------- the report
@@ -429,18 +582,32 @@ def render_model(title: str, m: dict[str, Any]) -> list[str]:
         "Memory per process (MiB; the largest over a run's processes; base bytes: rank 0, "
         "from the sidecar's `base_bytes_here`):",
         "",
-        "| processes | base bytes held | of the whole | peak RSS to the session built "
-        "(load + sharding) | RSS then, after gc | peak RSS in training | "
-        "RSS before sharding, after gc |",
-        "|---|---|---|---|---|---|---|",
+        "| processes | base bytes held | of the whole | RSS before the base is built | "
+        "peak RSS to the session built (load + sharding) | peak RSS in training | "
+        "peak RSS, loading included | of the unsharded peak | bound (see below) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for n, r in runs.items():
-        before = fmt(r["rss_before_shard_mib"], 1) if r["rss_before_shard_mib"] else "–"
+        bound = (
+            f"{r['bound_mib']:.1f} ({'within' if r['within_bound'] else 'ABOVE'})"
+            if r.get("bound_mib")
+            else "–"
+        )
         lines.append(
             f"| {label(n)} | {r['base_bytes_here']} ({mb(r['base_bytes_here'])}) | "
-            f"{r['base_bytes_here'] / base:.3f} | {fmt(r['peak_load_mib'], 1)} | "
-            f"{fmt(r['rss_session_mib'], 1)} | {fmt(r['peak_train_mib'], 1)} | {before} |"
+            f"{r['base_bytes_here'] / base:.3f} | {fmt(r['rss_before_load_mib'], 1)} | "
+            f"{fmt(r['peak_load_mib'], 1)} | {fmt(r['peak_train_mib'], 1)} | "
+            f"{r['peak_mib']:.1f} | {r['peak_of_unsharded']:.2f} | {bound} |"
         )
+    lines += [
+        "",
+        "Bound on a sharded process's peak RSS: before(W) + base/W + rest(1) + 2·(root + layer) "
+        "(MiB): before(W) the RSS before the base is built; rest(1) what the 1-process run "
+        "holds beside the weights (activations, optimizer, adapter: no process count divides "
+        "it); root the root unit (embeddings, final norm, head), gathered from its forward "
+        "through its backward; layer one decoder layer's unit; a unit is gathered into one "
+        "buffer and copied out of it (2x while gathered).",
+    ]
     lines += [
         "",
         "Step time (per-step `wall_s`, step 0 left out) and the adapter:",
@@ -500,13 +667,13 @@ def render(r: dict[str, Any]) -> str:
         "alone or as torchrun's target, gloo on loopback). RSS: `ru_maxrss` when the session is "
         "built (after the load, and the sharding) is the peak up to then; the peak counter is "
         "then reset (/proc/self/clear_refs) and read again at the end: the training's peak. "
-        "Every process loads the whole checkpoint before sharding it, so the peak up to the "
-        "sharding is not divided by the processes (a known limit of `--shard-base`). An "
-        "unsharded RSS after the load can be below the weights' bytes: pages of the weights "
-        "count once they are first read. The `MALLOC_MMAP_THRESHOLD_` row is the same sharded "
-        "run with glibc's mmap threshold fixed at 1 MiB (by default it grows to the size of "
-        "the largest buffer freed, so FSDP2's gathered buffers, freed after each unit, stay in "
-        "the heap and count in the RSS). Bytes: "
+        "A sharded process builds the base on the meta device and reads only its own rows "
+        "of each weight, so the peak while loading is divided too; and `--shard-base` fixes "
+        "glibc's mmap threshold at 1 MiB (recorded in the sidecar's runtime as "
+        "`malloc_mmap_threshold`: by default it grows to the largest buffer freed, and FSDP2's "
+        "gathered buffers, freed after each unit, stayed in the heap). An unsharded RSS after "
+        "the load can be below the weights' bytes: pages of the weights count once they are "
+        "first read. Bytes: "
         "`torch.distributed.all_gather_single` (what FSDP2 calls, looked up on the module at "
         "call time) and the other collectives wrapped in the child; gathers count what arrives "
         "from the other processes, reductions the tensor's bytes, `all_gather_object` the "
@@ -521,6 +688,42 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"SmolLM2-135M-Instruct: not measured ({r['smollm2_note']}).")
     else:
         lines += render_model("SmolLM2-135M-Instruct", r["smollm2"])
+    if r.get("cap"):
+        lines.append("")
+        lines += render_cap(r["cap"])
+    return "\n".join(lines)
+
+
+def render_figures(r: dict[str, Any]) -> str:
+    """The figures docs/distributed.md quotes: SmolLM2's runs (else the toy's) and the cap."""
+    key = "smollm2" if r["smollm2"] is not None else "toy"
+    m = r[key]
+    title = "SmolLM2-135M-Instruct" if key == "smollm2" else "the toy model"
+    lines = [
+        f"{title}, measured {r['when']} on {r['cpus']} CPUs, load average {r['load'][0]:.2f} at "
+        f"start and {r['load'][1]:.2f} at end (shared machine: wall times wait for a core):",
+        "",
+        "| processes | base bytes held (rank 0) | peak RSS per process, loading included (MiB) "
+        "| of the unsharded peak | bound (MiB) | FSDP2 bytes received per step | step wall s "
+        "| adapter |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n, row in m["runs"].items():
+        got = m["bytes"].get(n, {}).get("fsdp_gather_received_per_step")
+        bound = (
+            f"{row['bound_mib']:.0f} ({'within' if row['within_bound'] else 'ABOVE'})"
+            if row.get("bound_mib")
+            else "–"
+        )
+        same = "–" if n == "1" else ("the 1-process bytes" if row["same_adapter"] else "DIFFERENT")
+        lines.append(
+            f"| {label(n)} | {mb(row['base_bytes_here'])} | {row['peak_mib']:.0f} | "
+            f"{row['peak_of_unsharded']:.2f} | {bound} | "
+            f"{mb(got) if got is not None else '–'} | {row['step_s']['median']:.2f} | {same} |"
+        )
+    if r.get("cap"):
+        lines.append("")
+        lines += render_cap(r["cap"])[2:]
     return "\n".join(lines)
 
 
@@ -565,6 +768,7 @@ def main() -> None:
             if smol is not None
             else None
         )
+        cap_r = cap_demo(work)
     argv = ["python", "bench/shard_base.py"]
     if a.repeats != 3:
         argv += ["--repeats", str(a.repeats)]
@@ -579,7 +783,7 @@ def main() -> None:
         "command": shlex.join(argv), "script_wall_s": time.perf_counter() - t0,
         "src": "HEAD (git archive)" if a.src_from_head else "working tree",
         "src_uncommitted_edits": dirty,
-        "toy": toy_r, "smollm2": smol_r, "smollm2_note": smol_note,
+        "toy": toy_r, "smollm2": smol_r, "smollm2_note": smol_note, "cap": cap_r,
     }  # fmt: skip
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "shard_base.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -593,6 +797,9 @@ def main() -> None:
         "model and SmolLM2-135M-Instruct. Generated by `python bench/shard_base.py` (also in "
         "`bench/results/shard_base.md`); do not edit between the markers.",
         body,
+    )
+    update_docs_section(
+        "shard_base_figures", "", "", render_figures(result), docs=ROOT / "docs" / "distributed.md"
     )
     print(body)
 

@@ -2,7 +2,9 @@
 loopback) writes the bytes of 1 unsharded process — adapter, reward head, metrics (wall times
 aside) and diag.jsonl — for every objective, GRPO blocks, a stateful environment and a
 multi-turn tool environment, also when the accumulation is not a multiple of the process count;
-on 3 processes for sft, GRPO blocks (a rank that samples nothing) and evaluation in training.
+on 3 processes for sft, dpo, grpo, GRPO blocks (a rank that samples nothing) and evaluation in
+training. Each sharded process loads only its own rows of the base (tests/distributed/
+test_sharded_loading.py checks the reads).
 A checkpoint written sharded resumes unsharded on 1 process and the reverse; a capture made
 sharded replays on 1 process. A rank killed mid-step ends every process; SIGINT to the torchrun
 parent stops every process after the same step, with its checkpoint; two torchrun launchers
@@ -34,8 +36,9 @@ from twinrun.cli.main import run_cli
 
 FILES = ("adapter_model.safetensors", "diag.jsonl")
 # on 3 processes: rank 2 pads sft's last step, samples no block of grpo-blocks, and sft-eval
-# evaluates after each step (every objective runs sharded on 2 processes)
-THREE = ("sft", "grpo-blocks", "sft-eval")
+# evaluates after each step; dpo and grpo as on 2 (every objective runs sharded on 2 processes).
+# Every sharded run loads its base sharded: each process reads only its rows of the weights
+THREE = ("sft", "dpo", "grpo", "grpo-blocks", "sft-eval")
 
 
 @dataclass

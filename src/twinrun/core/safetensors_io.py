@@ -16,6 +16,11 @@ recorded before it is written (a capture's payload and state). Both serialize th
 `core.safetensors_bytes`: the library's bytes with the metadata keys sorted, the tensors in the
 library's order, so identical tensors and metadata give identical bytes on every call.
 
+Reading part of a file: `tensor_spans(path, ...)` gives each tensor's dtype, shape and absolute
+byte span from the header alone, and `read_span(path, offset, out)` reads exactly those bytes of
+the file into `out` (a writable buffer): what a process of a sharded base reads of its rows
+(`model/shards.py`), and the one place such reads happen (tests wrap it to see every range).
+
 Not here: a capture payload is decoded by `capture.tensorfile` (zero-copy views on the verified
 bytes), and a Hugging Face checkpoint is written by transformers' `save_pretrained`.
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import struct
 from collections.abc import Mapping
@@ -106,6 +112,73 @@ def read_tensors(
 ) -> dict[str, Any]:
     """Every tensor of `source` (on the CPU), as `read_safetensors` reads it."""
     return read_safetensors(source, what, hint, error, where=where).tensors
+
+
+class TensorSpan(NamedTuple):
+    dtype: str  # the header's dtype ("F32", "BF16", ...)
+    shape: tuple[int, ...]
+    offset: int  # the first byte of the tensor's data in the file
+    length: int  # its bytes
+
+
+ITEMSIZE = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
+    "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
+}  # fmt: skip
+MAX_HEADER = 100 * 2**20
+
+
+def tensor_spans(
+    path: str | os.PathLike[str], what: str, hint: str, error: type[TwinrunError] = DataError
+) -> dict[str, TensorSpan]:
+    """Each tensor's dtype, shape and absolute byte span in `path`, from its header alone — no
+    memory map (the library maps the whole file, which a capped process may not be allowed to),
+    nothing past the header read. `error(...)` as `read_tensors` raises it for a header that is
+    cut short, not JSON, or names a span that does not fit its shape or the file; a `.weight` or
+    `.bias` tensor must be floating point (as `check_header`)."""
+    try:
+        with open(path, "rb") as raw:
+            size = os.fstat(raw.fileno()).st_size
+            prefix = raw.read(8)
+            if len(prefix) < 8:
+                raise ValueError("shorter than a safetensors header")
+            (n,) = struct.unpack("<Q", prefix)
+            if n > min(size - 8, MAX_HEADER):
+                raise ValueError("header length runs past the end of the file")
+            header = json.loads(raw.read(n))
+        if not isinstance(header, dict):
+            raise ValueError("header is not a JSON object")
+        header.pop("__metadata__", None)
+        start = 8 + n
+        spans = {}
+        for name, info in header.items():
+            itemsize = ITEMSIZE[info["dtype"]]
+            shape = tuple(int(d) for d in info["shape"])
+            begin, end = (int(x) for x in info["data_offsets"])
+            if min(shape, default=0) < 0 or not 0 <= begin <= end <= size - start:
+                raise ValueError(f"tensor {name!r}: bad shape or byte span")
+            if end - begin != math.prod(shape) * itemsize:
+                raise ValueError(f"tensor {name!r}: shape {list(shape)} does not fill its span")
+            spans[name] = TensorSpan(str(info["dtype"]), shape, start + begin, end - begin)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _bad(str(path), what, exc, hint, error) from exc
+    for name, span in sorted(spans.items()):
+        if name.endswith(WEIGHT_SUFFIXES) and span.dtype not in FLOAT_DTYPES:
+            raise error(f"{path}: {what} {name} is {span.dtype}, not floating point", hint)
+    return spans
+
+
+def read_span(path: str | os.PathLike[str], offset: int, out: memoryview) -> None:
+    """Read exactly `len(out)` bytes of `path` from `offset` into `out` (OSError when the file
+    ends first)."""
+    view = out.cast("B") if out.format != "B" or out.ndim != 1 else out
+    done = 0
+    with open(path, "rb", buffering=0) as fh:
+        while done < len(view):
+            got = os.preadv(fh.fileno(), [view[done:]], offset + done)
+            if got <= 0:
+                raise OSError(errno.EIO, f"{path} ends before byte {offset + len(view)}")
+            done += got
 
 
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"})

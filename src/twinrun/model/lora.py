@@ -51,6 +51,8 @@ class LoRALinear(nn.Module):
         self.alpha = alpha
         self.scaling = alpha / math.sqrt(rank) if use_rslora else alpha / rank
         device = base_layer.weight.device
+        if device.type == "meta":  # a base built on the meta device (sharded loading): real factors
+            device = torch.device("cpu")
         # Built on the meta device so that no torch generator is drawn from, then zeroed.
         a = nn.Linear(base_layer.in_features, rank, bias=False, device="meta", dtype=torch.float32)
         b = nn.Linear(rank, base_layer.out_features, bias=False, device="meta", dtype=torch.float32)

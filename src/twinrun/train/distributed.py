@@ -18,6 +18,10 @@ input SHA256s and compares them with rank 0's; a process started with another se
 rate, examples file or model stops every process with one line naming the rank and the setting
 (one torchrun command per node makes such a mix a real mistake).
 
+A sharded base (`--shard-base`) is hashed once: rank 0 computes the model's SHA256 over every
+byte of its files, as one process does, and broadcasts it (`from_root`); the other processes
+read only their own rows of the weights (train/sharding.py).
+
 Faults: every collective runs under the process group's timeout (`TWINRUN_DIST_TIMEOUT_S`,
 default 300 s); a peer that died or stopped answering turns into a `DistributedError` (one
 line), and torchrun ends the other processes as soon as one exits non-zero.
@@ -26,7 +30,7 @@ line), and torchrun ends the other processes as soon as one exits non-zero.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -222,6 +226,18 @@ def disagreement(records: Sequence[Mapping[str, Any]]) -> str | None:
                 f"rank 0: {shown}{more}"
             )
     return None
+
+
+def from_root(compute: Callable[[], T], what: str) -> T:
+    """`compute()` on rank 0 only, its (picklable) result broadcast to every process; without a
+    process group, `compute()`. A failure on rank 0 raises there, and the others stop at the
+    broadcast with a DistributedError."""
+    if not active():
+        return compute()
+    box: list[Any] = [compute() if is_root() else None]
+    with collective(what):
+        _dist().broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def mine(n: int) -> range:

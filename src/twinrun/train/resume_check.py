@@ -19,6 +19,7 @@ from twinrun.config.run import shaping_numbers
 from twinrun.core.digest import sha256_dir, sha256_files
 from twinrun.core.errors import ConfigError, DataError
 from twinrun.model.loading import model_sha256, tokenizer_files
+from twinrun.train import distributed
 from twinrun.train.outputs import INPUTS, INPUTS_FORMAT
 from twinrun.train.outputs import SIDECAR as FINISHED
 
@@ -40,7 +41,10 @@ def run_inputs(
     return {
         "format": INPUTS_FORMAT,
         "train": shaping_numbers(cfg),
-        "model_sha256": model_sha256(model),
+        # a sharded base is hashed once, by rank 0 (its other processes read only their rows)
+        "model_sha256": distributed.from_root(lambda: model_sha256(model), "hashing the model")
+        if cfg.shard_base
+        else model_sha256(model),
         "tokenizer_sha256": sha256_files(tok_files, model) if tok_files else None,
         "data_sha256": data_sha256,
         "eval_sha256": eval_sha256,

@@ -166,6 +166,9 @@ def _open_locked(
     )  # fmt: skip
     run, data = _read_data(run, p, encode, read)
     cfg = run.config  # a resume that starts again is a fresh run
+    from twinrun.train.sharding import bound_allocator
+
+    allocator = bound_allocator() if cfg.shard_base else {}  # before the base is built
     model, params = _build_model(run, p)
     from twinrun.train.agreement import agreement_record
 
@@ -187,7 +190,7 @@ def _open_locked(
         model=model,
         params=params,
         provenance=p.provenance,
-        runtime=runtime_versions() | distributed.runtime_record() | sharding,
+        runtime=runtime_versions() | distributed.runtime_record() | sharding | allocator,
         model_sha256=data.inputs["model_sha256"],
         data_sha256=data.data_sha256,
         faults=faults,
@@ -250,6 +253,7 @@ def _build_model(run: ValidRun, p: Prelude) -> tuple[CausalLM, Params]:
         precision=run.precision, seed=run.seed, attention=cfg.attention,
         lora=None if cfg.init_adapter is not None else fresh,
         batch_invariant=cfg.batch_invariant, gradient_checkpointing=cfg.gradient_checkpointing,
+        shard_over=distributed.world().size if cfg.shard_base else None,
     )  # fmt: skip
     if cfg.init_adapter is not None:
         check_adapter_shape(model, run)

@@ -17,6 +17,15 @@ Lockstep, in two forms:
   all-reduce of 1), and a process that has finished answers each announcement with a one-token
   forward of its own (`drain`), until no process announces one.
 
+Loading: under `--shard-base` the base is built on the meta device (`model.build`, nothing of
+the weights read), LoRA applied to it, then `shard_base` shards it and `materialise` gives each
+process memory for its own shards only and reads its rows of every weight from the safetensors
+files (`model/shards.py`): no process ever holds, or reads, the whole base. The model's SHA256 is
+computed once, by rank 0 over every byte of the files (the 1-process digest), and broadcast
+(`train/resume_check.py`, `distributed.from_root`). `bound_allocator` fixes glibc's mmap
+threshold before the base is built, so the all-gather buffers FSDP frees go back to the system
+(recorded in the sidecar's runtime).
+
 Evaluation inside training runs every evaluation batch on every process, so it is in lockstep
 as it is. Gathering frozen weights copies them exactly: a sharded forward computes what an
 unsharded one does, bit for bit, and the run writes the bytes of a one-process run.
@@ -57,6 +66,33 @@ def check_shard_base(cfg: RunConfig) -> None:
         )
 
 
+MMAP_THRESHOLD = 1 << 20  # bytes: glibc serves every allocation this large by its own mmap
+MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+
+
+def bound_allocator() -> dict[str, int]:
+    """Return freed all-gather buffers to the system at once: glibc's mmap threshold fixed at
+    1 MiB (`mallopt`, before the base is built). By default glibc raises the threshold to the
+    size of each large buffer freed, so the unit-sized buffers FSDP gathers into every forward
+    and backward come from the heap afterwards and the freed ones stay in it: a sharded
+    process's peak RSS rose above an unsharded one's. A threshold already set in the
+    environment (`MALLOC_MMAP_THRESHOLD_`) is left as it is. Returns what the sidecar's runtime
+    records: the threshold in force (nothing where the C library is not glibc)."""
+    import ctypes
+    import os
+
+    given = os.environ.get(MMAP_ENV, "")
+    if given.isdigit():
+        return {"malloc_mmap_threshold": int(given)}
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        done = libc.mallopt(ctypes.c_int(M_MMAP_THRESHOLD), ctypes.c_int(MMAP_THRESHOLD))
+    except (OSError, AttributeError):  # not glibc: its allocator has no such threshold
+        return {}
+    return {"malloc_mmap_threshold": MMAP_THRESHOLD} if done == 1 else {}
+
+
 def forward_slots(n: int, model: CausalLM) -> list[tuple[int, bool]]:
     """The forwards (of a step's n) this process runs, as (global index, padding): forward i on
     rank i % world; with a sharded base each process is padded to ceil(n / world) forwards
@@ -76,16 +112,41 @@ def shard_base(model: CausalLM, params: Params, device: str) -> dict[str, int]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    size = distributed.world().size
+    me = distributed.world()
     whole = base_bytes(model)
     with distributed.collective("sharding the base"):
-        mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (size,))
+        mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (me.size,))
         ignored = {p for _, p in params}
         for layer in model.decoder_layers():
             fully_shard(layer, mesh=mesh, ignored_params=ignored)
         fully_shard(model.hf, mesh=mesh, ignored_params=ignored)
+    if model.on_meta is not None:
+        materialise(model, params, me.rank, me.size, torch.device(device))
     model.sharded = True
-    return {"shard_base_processes": size, "base_bytes": whole, "base_bytes_here": base_bytes(model)}
+    return {"shard_base_processes": me.size, "base_bytes": whole,
+            "base_bytes_here": base_bytes(model)}  # fmt: skip
+
+
+def materialise(
+    model: CausalLM, params: Params, rank: int, size: int, device: torch.device
+) -> None:
+    """Give a base built on the meta device its memory — only this process's shards, FSDP's
+    padded chunks — and read its rows of every weight from the checkpoint (`model/shards.py`);
+    the LoRA factors (real already) move to `device`."""
+    from twinrun.model.shards import fill_shards
+
+    root = model.on_meta
+    assert root is not None
+
+    def give_memory(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(t, device=device) if t.is_meta else t
+
+    model.hf._apply(give_memory)  # FSDP's `_apply` re-pads its shards after (`reset_sharded_param`)
+    fill_shards(model.hf, root, rank, size)
+    for _, p in params:
+        if p.device != device:
+            p.data = p.data.to(device)
+    model.on_meta = None
 
 
 def base_bytes(model: CausalLM) -> int:
