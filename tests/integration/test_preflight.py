@@ -82,14 +82,23 @@ def test_other_commands_refuse_a_wrong_path_before_torch_loads(tmp_path: Path) -
             "--lora-rank", "4", "--lora-alpha", "8",
         ],
     }  # fmt: skip
-    argvs = list(cases.values())
+    missing_model = [  # generate and extract: the same line for a missing model
+        ["generate", "--model", "/nonexist", "--prompt", "p", "--max-new-tokens", "1",
+         "--temperature", "1", "--seed", "1", "--chat-template", "on", "--precision", "f32",
+         "--threads", "1"],
+        ["extract", "--model", "/nonexist", "--examples", "e", "--layer", "1", "--pool", "last",
+         "--chat-template", "on", "--precision", "f32", "--batch-size", "1", "--output",
+         str(tmp_path / "o.safetensors"), "--threads", "1"],
+    ]  # fmt: skip
+    argvs = [*cases.values(), *missing_model]
     code = (
         "import json, sys; from twinrun.cli.main import run_cli; "
         f"print(json.dumps([[run_cli(a), 'torch' in sys.modules] for a in {argvs!r}]))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert json.loads(done.stdout.splitlines()[-1]) == [[2, False]] * len(cases), done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == [[2, False]] * len(argvs), done.stderr
     printed = done.stdout + done.stderr
     for expected in cases:
         assert expected in printed, (expected, printed)
+    assert printed.count("model directory /nonexist does not exist") == 3
     assert list(tmp_path.iterdir()) == []

@@ -11,12 +11,12 @@ from twinrun.model.prelude import open_for_inference
 
 def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
     cfg.check()  # before torch is imported
+    p = open_for_inference(cfg)  # the checkpoint's config is read first: a wrong path, no torch
     import torch
 
     from twinrun.core.rng import stream
     from twinrun.model.decoding import generate as generate_tokens
 
-    p = open_for_inference(cfg)
     messages = [{"role": "user", "content": str(cfg.prompt)}]
     prompt_ids = p.tok.prompt_ids(messages, p.templated)
     positions = p.max_length()

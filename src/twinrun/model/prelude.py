@@ -59,9 +59,11 @@ class Prelude:
         attention: str = "eager",
         batch_invariant: bool = False,
         gradient_checkpointing: bool = False,
+        shard_over: int | None = None,
     ) -> CausalLM:
         """The model at `precision` on the prelude's device, with the prelude's adapter or a
-        fresh `lora` (not both); torch's generators seeded from `seed` first when it is given."""
+        fresh `lora` (not both); torch's generators seeded from `seed` first when it is given.
+        `shard_over`: `--shard-base`'s processes (the base on the meta device, `build_model`)."""
         from twinrun.model.build import build_model
 
         if seed is not None:
@@ -77,6 +79,7 @@ class Prelude:
             lora=lora,
             batch_invariant=batch_invariant,
             gradient_checkpointing=gradient_checkpointing,
+            shard_over=shard_over,
         )
 
     def model_sha256(self) -> str:
@@ -111,10 +114,10 @@ def open_model(
     from twinrun.model.loading import read_model_config
     from twinrun.model.tokens import load_tokenizer
 
-    # first: the CPU kernels are pinned before torch runs any (tokenization may)
-    provenance = establish(strict=strict, threads=threads, device=device, cpu_kernels=cpu_kernels)
     path = Path(model_dir)
-    config = read_model_config(path)  # ModelError when missing / not a checkpoint
+    config = read_model_config(path)  # ModelError when missing / not a checkpoint: no torch yet
+    # then: the CPU kernels are pinned before torch runs any (tokenization may)
+    provenance = establish(strict=strict, threads=threads, device=device, cpu_kernels=cpu_kernels)
     if adapter is not None:
         from twinrun.model.lora import read_adapter_config
 
