@@ -26,7 +26,13 @@ generated rows of exactly T tokens (`utilisation.exact_rows`):
    and manifest (`optimizer_batch_step_000000.{safetensors,manifest.json}`), and with the state
    before and the adapter after the step (`.state/`, `.final/`).
 
+6. Long rows (`--long-rows`, measured on its own and kept under `long_rows` in the JSON): batch 1,
+   eager attention at 1,024 and 2,048 tokens against `--attention blockwise` (memory linear in
+   T; its SFT loss in token chunks) at 2,048 without checkpointing and at 2,048 and 8,192 with
+   `gradient_checkpointing = true`: per-step time and peak RSS (a fresh process each).
+
     python bench/scaling.py [--steps 3] [--cpu-kernels native|portable] [--quick] [--render]
+                            [--long-rows]
 
 Writes bench/results/scaling.json and .md and the `scaling` section of docs/benchmarks.md
 (`--quick`: 16 and 32 tokens, batches 1 and 2, 2 steps; prints only; `--render` measures
@@ -76,6 +82,8 @@ BATCHES = (1, 4, 16)
 BATCH_SEQ = 64
 TOLERANCE = (0.8, 1.25)  # measured / expected outside this: flagged
 BIG = 1024  # tokens per step from which a configuration runs 2 steps (1 timed)
+LONG_EAGER = (1024, 2048)  # --long-rows: eager attention at batch 1
+LONG_BLOCKWISE = (2048, 8192)  # --long-rows: --attention blockwise (+ gradient checkpointing)
 
 
 def free_port() -> int:
@@ -85,7 +93,15 @@ def free_port() -> int:
 
 
 def toml_config(
-    model: Path, data: Path, out: Path, batch: int, seq: int, kernels: str, diag: bool
+    model: Path,
+    data: Path,
+    out: Path,
+    batch: int,
+    seq: int,
+    kernels: str,
+    diag: bool,
+    attention: str = "eager",
+    checkpointing: bool = False,
 ) -> str:
     return f"""[training]
 trainer = "sft"
@@ -102,6 +118,7 @@ max_length = {seq}
 [model]
 path = "{model}"
 chat_template = "off"
+attention = "{attention}"
 lora_rank = {RANK}
 lora_alpha = {ALPHA}
 
@@ -113,6 +130,7 @@ devices = "cpu"
 [backend.options]
 threads = 1
 cpu_kernels = "{kernels}"
+gradient_checkpointing = {"true" if checkpointing else "false"}
 
 [logging]
 dir = "{out}"
@@ -141,6 +159,7 @@ class Runner:
     def __init__(self, work: Path, model: Path, args: argparse.Namespace) -> None:
         self.work, self.model, self.args = work, model, args
         self.n = 0
+        self.extra_env: dict[str, str] = {}
 
     def steps_for(self, tokens: int) -> int:
         return 2 if tokens >= BIG and not self.args.quick else self.args.steps
@@ -149,15 +168,23 @@ class Runner:
         path = self.work / f"rows-{batch}x{seq}x{steps}.jsonl"
         return path if path.exists() else exact_rows(self.model, path, batch * steps, seq)
 
-    def toml_run(self, batch: int, seq: int, diag: bool) -> dict[str, Any]:
+    def toml_run(
+        self,
+        batch: int,
+        seq: int,
+        diag: bool,
+        attention: str = "eager",
+        checkpointing: bool = False,
+    ) -> dict[str, Any]:
         self.n += 1
         steps = self.steps_for(batch * seq)
         out = self.work / f"run{self.n}"
         cfg = self.work / f"run{self.n}.toml"
         data = self.rows(batch, seq, steps)
-        cfg.write_text(toml_config(self.model, data, out, batch, seq, self.args.cpu_kernels, diag))
+        cfg.write_text(toml_config(self.model, data, out, batch, seq, self.args.cpu_kernels, diag,
+                                   attention, checkpointing))  # fmt: skip
         cmd = [sys.executable, "-m", "twinrun", "run", str(cfg), "--quiet"]
-        wall, cpu, rss = run_child(cmd, child_env(1))
+        wall, cpu, rss = run_child(cmd, child_env(1) | self.extra_env)
         walls = step_walls(out)
         res = {
             "batch": batch, "seq": seq, "tokens": batch * seq, "steps": steps, "diag": diag,
@@ -166,7 +193,8 @@ class Runner:
         }  # fmt: skip
         if diag:
             res["diag_bytes_per_step"] = (out / "diag.jsonl").stat().st_size / steps
-        tag = "diag" if diag else "plain"
+        res |= {"attention": attention, "gradient_checkpointing": checkpointing}
+        tag = ("diag" if diag else "plain") + f", {attention}" + (" + gc" if checkpointing else "")
         print(f"  {batch} x {seq} ({tag}): {res['step_s']['median']:.3f} s/step, "
               f"{res['max_rss_mib']:.0f} MiB, process {wall:.1f} s", file=sys.stderr)  # fmt: skip
         return res
@@ -256,6 +284,71 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     }
 
 
+def measure_long(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    """Long rows at batch 1: eager at LONG_EAGER tokens, blockwise attention with gradient
+    checkpointing at LONG_BLOCKWISE tokens (and without checkpointing at the shortest)."""
+    model = smollm2_dir()
+    cfg = model_config(model)
+    run = Runner(work, model, args)
+    eager, blockwise = ((16, 32), (32, 64)) if args.quick else (LONG_EAGER, LONG_BLOCKWISE)
+    plans = [(t, "eager", False) for t in eager] + [(blockwise[0], "blockwise", False)]
+    plans += [(t, "blockwise", True) for t in blockwise]
+    if args.mmap_threshold:  # the allocator rows: blockwise + checkpointing only
+        run.extra_env = {"MALLOC_MMAP_THRESHOLD_": str(args.mmap_threshold)}
+        plans = [(t, "blockwise", True) for t in blockwise]
+    rows = []
+    for t, attention, gc in plans:
+        r = run.toml_run(1, t, False, attention, gc)
+        rows.append({
+            "seq": t, "attention": attention, "gradient_checkpointing": gc, "steps": r["steps"],
+            "step_s": r["step_s"], "max_rss_mib": r["max_rss_mib"], "process_s": r["process_s"],
+            "malloc_mmap_threshold": args.mmap_threshold,
+            "logits_mib": t * cfg["vocab_size"] * 4 / 2**20,
+            "t2_copy_mib": cfg["num_hidden_layers"] * cfg["num_attention_heads"] * t * t * 4
+            / 2**20,
+        })  # fmt: skip
+    return rows
+
+
+def long_table(long: dict[str, Any], extra: dict[str, Any] | None = None) -> list[str]:
+    m = long["machine"]
+    la0, la1 = m["load_1min_start_end"]
+    lines = [
+        f"**Long rows** (batch 1; measured {long['date']}, commit {m['commit']}, "
+        f"`--cpu-kernels {long['settings']['cpu_kernels']}`, load average {la0:.2f} at start, "
+        f"{la1:.2f} at end; {long['settings']['steps_note']}): eager attention against "
+        "`--attention blockwise` (memory linear in T) with and without "
+        "`--gradient-checkpointing`. One f32 copy of the logits is T × vocabulary × 4 bytes.",
+        "",
+        "| T | attention | checkpointing | glibc mmap threshold | s/step | peak RSS MiB "
+        "| one T² f32 copy MiB | one logits copy MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    allocator = (extra or {}).get("rows", [])
+    for r in long["rows"] + allocator:
+        threshold = r.get("malloc_mmap_threshold")
+        lines.append(
+            f"| {r['seq']} | {r['attention']} | {'yes' if r['gradient_checkpointing'] else 'no'} "
+            f"| {f'{threshold >> 20} MiB' if threshold else 'glibc default'} "
+            f"| {sp(r['step_s'])} | **{r['max_rss_mib']:.0f}** | {r['t2_copy_mib']:.0f} "
+            f"| {r['logits_mib']:.0f} |"
+        )
+    if allocator:
+        assert extra is not None
+        e = extra["machine"]
+        lines += [
+            "",
+            f"The rows with a fixed mmap threshold (`MALLOC_MMAP_THRESHOLD_` in the process's "
+            f"environment; measured {extra['date']}, load average "
+            f"{e['load_1min_start_end'][0]:.2f} → {e['load_1min_start_end'][1]:.2f}): by "
+            "default glibc raises its threshold to the size of each large block freed, so the "
+            "blockwise loop's freed block temporaries stay in the heap between the live "
+            "tensors — the process keeps freed memory it no longer uses. The allocator changes "
+            "no byte of the run.",
+        ]
+    return [*lines, ""]
+
+
 def sp(s: dict[str, Any], fmt: str = "{:.3f}") -> str:
     return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}–{fmt.format(s['max'])})"
 
@@ -325,6 +418,8 @@ def markdown(res: dict[str, Any]) -> str:
         "backward, so memory grows with T², not with the tokens, at long sequences.",
         "",
     ]
+    if res.get("long_rows"):
+        lines += long_table(res["long_rows"], res.get("long_rows_allocator"))
     p = res["processes"]
     lines += [
         f"**Process count** (`tune sft`, batch {p[0]['batch']} × accumulation "
@@ -382,9 +477,20 @@ def main() -> None:
     ap.add_argument("--cpu-kernels", choices=["native", "portable"], default="native")
     ap.add_argument("--quick", action="store_true", help="tiny shapes, 2 steps; no files")
     ap.add_argument("--render", action="store_true", help="regenerate .md/docs from the JSON")
+    ap.add_argument("--long-rows", action="store_true",
+                    help="measure only the long-row table; merge it into the JSON")  # fmt: skip
+    ap.add_argument(
+        "--mmap-threshold",
+        type=int,
+        default=0,
+        help="--long-rows: blockwise + checkpointing at MALLOC_MMAP_THRESHOLD_=N",
+    )
     args = ap.parse_args()
     if args.render:
         write_outputs(json.loads((RESULTS / "scaling.json").read_text(encoding="utf-8")))
+        return
+    if args.long_rows:
+        long_rows(args)
         return
     if args.quick:
         args.steps = 2
@@ -414,6 +520,33 @@ def main() -> None:
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "scaling.json").write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
         write_outputs(res)
+
+
+def long_rows(args: argparse.Namespace) -> None:
+    """`--long-rows`: the long-row table alone, kept under `long_rows` in scaling.json (the
+    other tables' figures are left as they were measured)."""
+    if args.quick:
+        args.steps = 2
+    load = [os.getloadavg()[0]]
+    with tempfile.TemporaryDirectory(prefix="twinrun-bench-long-") as tmp:
+        rows = measure_long(args, Path(tmp))
+    load.append(os.getloadavg()[0])
+    long = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "settings": {"cpu_kernels": args.cpu_kernels, "threads": 1, "lora_rank": RANK,
+                     "steps_note": f"{BIG}+ tokens per step: 2 steps, step 0 left out"},
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "load_1min_start_end": load,
+                    "commit": git("rev-parse", "--short", "HEAD"),
+                    "versions": package_versions("torch", "transformers")},
+        "rows": rows,
+    }  # fmt: skip
+    print("\n".join(long_table(long)))
+    if args.quick:
+        return
+    res = json.loads((RESULTS / "scaling.json").read_text(encoding="utf-8"))
+    res["long_rows_allocator" if args.mmap_threshold else "long_rows"] = long
+    (RESULTS / "scaling.json").write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+    write_outputs(res)
 
 
 def write_outputs(res: dict[str, Any]) -> None:

@@ -173,7 +173,7 @@ def test_toml_bad_numbers_name_the_key(
         (["--lora-targets", "all-linear,q_proj"], "--lora-targets: all-linear stands alone"),
         (["--lora-targets", "q_proj;rm -rf"], "--lora-targets must be module names"),
         (["--lora-targets", "q_proj,q_proj"], "--lora-targets names a module twice"),
-        (["--attention", "flash"], "--attention must be eager or sdpa"),
+        (["--attention", "flash"], "--attention must be one of eager, sdpa, blockwise"),
         (["--max-length", "0"], "--max-length must be >= 1, got 0"),
         (["--precision", "https://u:SECRET@h/"], "--precision must be f32 or bf16"),
     ],

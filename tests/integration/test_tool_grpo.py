@@ -275,3 +275,37 @@ def test_an_environment_that_fails_stops_the_run_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and "twinrun_test_broken_env" in err[0], err
     assert not (out / "adapter_model.safetensors").exists()  # no adapter of a run that failed
+
+
+def test_log_completions_writes_readable_byte_stable_transcripts(
+    tmp_path: Path, toy_model_dir: Path, arith: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = {name: tmp_path / name for name in ("plain", "logged", "again")}
+    for name, out in runs.items():
+        args = tool_args(toy_model_dir, arith, out, "calculator")
+        args[args.index("--steps") + 1] = "2"
+        if name != "plain":
+            args += ["--log-completions", "3"]
+        assert run_cli(args) == 0
+    capsys.readouterr()
+    plain, logged, again = runs.values()
+    assert not (plain / "completions.jsonl").exists()
+    text = (logged / "completions.jsonl").read_bytes()
+    assert text == (again / "completions.jsonl").read_bytes()  # byte-stable
+    # writing transcripts changes nothing the run trains
+    assert sha256_of(plain / "adapter_model.safetensors") == sha256_of(
+        logged / "adapter_model.safetensors"
+    )
+    lines = [json.loads(x) for x in text.decode().splitlines()]
+    assert [(x["step"], x["example"] >= 0, x["k"]) for x in lines] == [
+        (s, True, k) for s in range(2) for k in (0, 1, 0)
+    ]  # the first 3 rollouts of each step: group 0's two samples, then group 1's first
+    for x in lines:
+        assert x["prompt"].startswith("<|bos|>") and "+" in x["prompt"]
+        assert x["reward"] == 0.0 and x["advantage"] == 0.0
+        assert len(x["turns"]) == 2  # the calculator nudges the toy to the turn limit
+        assert set(x["turns"][0]) == {"said"}
+        assert set(x["turns"][1]) == {"observation", "said"}
+        (reply,) = x["turns"][1]["observation"]
+        assert reply["role"] and reply["content"]
+        assert x["completion"].startswith(x["turns"][0]["said"])

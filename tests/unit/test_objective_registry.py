@@ -39,6 +39,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("rl/tool_base.py", "reward"): "the word: a tool environment's reward method or attribute",
     ("rl/tool_plugins.py", "reward"): "the word: OpenEnv's step-result field and reward method",
     ("rl/tool_plugins.py", "text"): "the word: an observation's or MCP content's text field",
+    ("data/examples.py", "text"): "the word: TRL's {text} language-modelling column",
+    ("train/recipes/transcripts.py", "reward"): "the word: a transcript line's reward field",
 }
 
 

@@ -28,13 +28,13 @@ COMMON = {
     "--init-adapter", "--overwrite", "--quiet", "--report-to",
     "--lora-targets", "--attention", "--max-length", "--shard-base", "--lr-schedule",
     "--decay-steps", "--eval-examples", "--eval-every", "--eval-limit", "--stop-after",
-    "--cpu-kernels", "--max-grad-norm",
+    "--cpu-kernels", "--max-grad-norm", "--gradient-checkpointing",
 }  # fmt: skip
 GRPO = {
     "--steps", "--prompts-per-step", "--group-size", "--max-new-tokens", "--temperature",
     "--clip-eps", "--advantage-clip", "--token-cap", "--env", "--env-arg", "--replay",
     "--replay-capacity", "--replay-alpha", "--replay-beta", "--replay-fraction",
-    "--rollout-block", "--max-turns", "--tool-timeout",
+    "--rollout-block", "--max-turns", "--tool-timeout", "--kl-beta", "--log-completions",
 }  # fmt: skip
 EXPECTED_FLAGS = {
     "sft": COMMON | {"--epochs", "--accumulation"},
@@ -131,7 +131,7 @@ def test_sidecar_keys_are_unchanged_plus_the_new_settings(objective: str) -> Non
     if objective == "dpo":
         before = [*before[:11], "beta", *before[11:]]
     keys = set(shaping_numbers(RunConfig(objective=objective)))
-    grpo_only = {"rollout_block"} if objective == "grpo" else set()
+    grpo_only = {"rollout_block", "log_completions"} if objective == "grpo" else set()
     assert keys == set(before) | NEW_KEYS | grpo_only
 
 

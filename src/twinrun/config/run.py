@@ -24,14 +24,13 @@ from twinrun.config.setting import (
     settings_of,
 )
 from twinrun.config.values import targets_problems
-from twinrun.core.determinism import threads_problem
+from twinrun.core.determinism import ATTENTION_IMPLEMENTATIONS, threads_problem
 from twinrun.core.errors import ConfigError
 from twinrun.core.portable import MODES, default_mode
 from twinrun.core.redact import redact, redact_env_args
 from twinrun.objectives.registry import BY_NAME, names
 
 PRECISIONS = ("f32", "bf16")
-ATTENTIONS = ("eager", "sdpa")
 EPOCHS = names(counts="epochs")  # objectives that count passes over the examples
 GRPO = names(samples=True)  # objectives that sample from an environment
 TEXT = names(data="corpus")  # objectives that read a plain-text corpus
@@ -132,6 +131,12 @@ class RunConfig:
         required=True, objectives=names(has_reference=True), low=0, low_open=True,
         contract=True,
     )  # fmt: skip
+    kl_beta: float | None = _s(
+        "float", "--kl-beta", "grpo.kl_beta",
+        "GRPO: weight of the KL term against the reference, the base with the adapter off "
+        "(TRL's beta; off when left out).",
+        objectives=GRPO, low=0, low_open=True, contract=True,
+    )  # fmt: skip
     # grpo (replaces epochs/accumulation)
     steps: int | None = _s(
         "int", "--steps", "training.max_steps", "Optimizer steps.",
@@ -206,6 +211,12 @@ class RunConfig:
         "Tool environments: model turns per episode, at most (required for them).",
         objectives=GRPO, low=1,
     )  # fmt: skip
+    log_completions: int | None = _s(
+        "int", "--log-completions", "logging.log_completions",
+        "Write each step's first N rollouts (prompt, turns, tool replies, reward) to "
+        "completions.jsonl.",
+        objectives=GRPO, low=1, metavar="N",
+    )  # fmt: skip
     tool_timeout: float | None = _s(
         "float", "--tool-timeout", "environment.tool_timeout",
         "Tool environments: seconds any one call into the environment may take (required, "
@@ -242,7 +253,7 @@ class RunConfig:
     )  # fmt: skip
     attention: str = _s(
         "str", "--attention", "model.attention", "Attention implementation (recorded).",
-        default="eager", choices=ATTENTIONS,
+        default="eager", choices=ATTENTION_IMPLEMENTATIONS,
         contract=True,
     )  # fmt: skip
     max_length: int | None = _s(
@@ -334,9 +345,9 @@ class RunConfig:
     )  # fmt: skip
     gradient_checkpointing: bool = _s(
         "bool",
-        "",
+        "--gradient-checkpointing",
         "backend.options.gradient_checkpointing",
-        "Recompute activations in backward.",
+        "Recompute each decoder layer's activations in backward (same bytes, less memory).",
         default=False,
         contract=True,
     )
@@ -493,7 +504,7 @@ def _joint_problems(cfg: RunConfig, source: Source) -> list[str]:
 
 # settings added after runs were first recorded: absent from the sidecar (and the optimizer
 # contract) when left out, so a run or capture recorded before they existed still compares equal
-RECORDED_WHEN_GIVEN = ("max_turns", "max_grad_norm")
+RECORDED_WHEN_GIVEN = ("max_turns", "max_grad_norm", "kl_beta")
 
 
 def shaping_numbers(cfg: RunConfig, resolved: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -38,8 +38,9 @@ CUBLAS_ALLOWED = (":4096:8", ":16:8")
 CUBLAS_DEFAULT = ":4096:8"
 
 # "eager": twinrun's own explicit attention (matmul + mask + softmax); "sdpa": torch's
-# scaled_dot_product_attention, whose kernel choice torch's deterministic mode governs.
-ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
+# scaled_dot_product_attention, whose kernel choice torch's deterministic mode governs;
+# "blockwise": twinrun's causal attention in memory linear in T (`twinrun.model.blockwise`).
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "blockwise")
 
 RUNTIME_PACKAGES = (
     "torch",

@@ -41,12 +41,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from twinrun.core.determinism import ATTENTION_IMPLEMENTATIONS
 from twinrun.core.errors import ModelError
 from twinrun.model.loading import read_model_config, shard_files
 from twinrun.model.output import ModelOutput
 
 PRECISIONS = {"f32": torch.float32, "bf16": torch.bfloat16}
-ATTENTIONS = ("eager", "sdpa")
 
 
 class CausalLM:
@@ -63,6 +63,8 @@ class CausalLM:
         # (train/sharding.py: processes without work of their own match it with a forward)
         self.sharded = False
         self.pace: Callable[[], None] | None = None
+        # built on the meta device from this checkpoint, its weights not read yet (sharded loading)
+        self.on_meta: Path | None = None
 
     # -- what the checkpoint is ---------------------------------------------------------------
     @property
@@ -141,6 +143,14 @@ class CausalLM:
     def eval(self) -> CausalLM:
         self.hf.eval()
         return self
+
+    @property
+    def chunked_head(self) -> bool:
+        """Whether a training forward makes no [B, T, V] logits: the long-row mode
+        (`--attention blockwise`) computes the output layer and the SFT loss in token chunks
+        (`objectives.sft.chunked_completion_nll`); not under batch-invariant mode or a sharded
+        base, whose forwards make the logits."""
+        return self.attention == "blockwise" and not self.batch_invariant and not self.sharded
 
     @property
     def gradient_checkpointing(self) -> bool:
@@ -342,22 +352,47 @@ def load_causal_lm(
     precision: str = "f32",
     device: str = "cpu",
     attention: str = "eager",
+    *,
+    on_meta: bool = False,
+    processes: int = 1,
 ) -> CausalLM:
-    """A frozen (requires_grad=False), eval-mode causal LM from a local checkpoint directory."""
+    """A frozen (requires_grad=False), eval-mode causal LM from a local checkpoint directory.
+    `on_meta`: built on the meta device, nothing of the weights read — `--shard-base` fills
+    each of its `processes`' shards after sharding (`model/shards.py`, `train/sharding.py`).
+    Before any weight is read, a base that cannot fit in what this process may allocate is
+    refused in one line (`model.shards.check_fits`)."""
     if precision not in PRECISIONS:
         raise ModelError(f"unknown precision {precision!r}", "use f32 or bf16")
-    if attention not in ATTENTIONS:
-        raise ModelError(f"unknown attention {attention!r}", "use eager or sdpa")
+    if attention not in ATTENTION_IMPLEMENTATIONS:
+        known = ", ".join(ATTENTION_IMPLEMENTATIONS)
+        raise ModelError(f"unknown attention {attention!r}", f"use one of: {known}")
+    if attention == "blockwise":  # twinrun's own: registered with transformers before loading
+        from twinrun.model.blockwise import register
+
+        register()
     root = Path(model_dir)
     config = read_model_config(root)
     from twinrun.core.safetensors_io import check_header
+    from twinrun.model import shards
 
-    for shard in shard_files(root):  # refuses pickle-only, weightless, out-of-directory shards
+    # the headers alone (refuses pickle-only, weightless, out-of-directory, damaged shards), and
+    # a base larger than this process may allocate, before the library maps a file
+    shards.check_fits(root, PRECISIONS[precision], processes if on_meta else 1)
+    causal_lm_class(config, str(root / "config.json"))
+    if on_meta:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        with quiet_transformers():
+            hf = shards.skeleton(root, PRECISIONS[precision], attention)
+        hf.requires_grad_(False)
+        hf.eval()
+        model = CausalLM(hf, precision, attention)
+        model.on_meta = root
+        return model
+    for shard in shard_files(root):
         if shard.suffix == ".safetensors":  # a truncated or damaged file: one line naming it
             check_header(
                 shard, "model weights", "re-download or re-save the checkpoint", ModelError
             )
-    causal_lm_class(config, str(root / "config.json"))
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
@@ -415,15 +450,21 @@ def build_model(
     lora: FreshLora | None = None,
     batch_invariant: bool = False,
     gradient_checkpointing: bool = False,
+    shard_over: int | None = None,
 ) -> CausalLM:
     """The model every command runs: transformers' model at `precision`, plus an adapter loaded
     from `adapter` or a fresh one (`lora`), or none. With gradient checkpointing the model is left
-    in training mode (transformers checkpoints only then); otherwise in eval mode."""
+    in training mode (transformers checkpoints only then); otherwise in eval mode. `shard_over`
+    (`--shard-base`, the processes): the base is built on the meta device, its weights read
+    after sharding (`train/sharding.py`); the adapter is real."""
     from twinrun.model.lora import apply_lora, load_adapter, resolve_targets
 
     if adapter is not None and lora is not None:
         raise ValueError("build_model: give an adapter to load or a fresh LoRA, not both")
-    model = load_causal_lm(model_dir, precision=precision, device=device, attention=attention)
+    model = load_causal_lm(
+        model_dir, precision=precision, device=device, attention=attention,
+        on_meta=shard_over is not None, processes=shard_over or 1,
+    )  # fmt: skip
     if adapter is not None:
         load_adapter(model, adapter)
     elif lora is not None:

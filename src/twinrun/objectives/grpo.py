@@ -63,14 +63,20 @@ def grpo_loss(
     denominator: int,
     clip_eps: float,
     row_weights: torch.Tensor | None = None,
+    kl: tuple[float, torch.Tensor] | None = None,
 ) -> GRPOLossOut:
     """PPO-clip surrogate summed over active tokens and divided by `denominator`.
 
     logprobs [N, T] (float32 or float64, current policy, requires grad), old_logprobs [N, T]
     float64, advantages [N] float64, mask [N, T] bool (token-capped), denominator >= 1 (kept tokens
-    in the whole optimizer batch), clip_eps > 0, row_weights [N] float64 or None.
+    in the whole optimizer batch), clip_eps > 0, row_weights [N] float64 or None. `kl`: (beta,
+    the reference's logprobs [N, T] float64): each active token's loss gains
+    `beta * (exp(ref - logp) - (ref - logp) - 1)`, the k3 estimate of KL(policy || reference)
+    TRL's GRPO adds (before the row weight).
     """
     _check_inputs(logprobs, old_logprobs, advantages, mask, denominator, clip_eps, row_weights)
+    if kl is not None and kl[1].shape != logprobs.shape:
+        raise ValueError(f"ref_logprobs {tuple(kl[1].shape)} must have the [N, T] shape")
 
     f64 = torch.float64
     active = mask.bool()
@@ -81,6 +87,10 @@ def grpo_loss(
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv
     per_token = -torch.minimum(unclipped, clipped)
+    if kl is not None:
+        beta, ref = kl
+        gap = torch.where(active, ref.to(f64) - logprobs.to(f64), zero)
+        per_token = per_token + beta * (torch.exp(gap) - gap - 1.0)
     if row_weights is not None:
         per_token = per_token * row_weights.to(f64).unsqueeze(1)
     per_token = torch.where(active, per_token, zero)

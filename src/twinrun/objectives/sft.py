@@ -21,10 +21,15 @@ attribute `BATCH_INVARIANT_TAG`.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
 BATCH_INVARIANT_TAG = "twinrun_batch_invariant"
+HEAD_CHUNK = 512  # target positions per chunk of `chunked_completion_nll`
 
 
 def wants_invariant(logits: torch.Tensor, batch_invariant: bool | None) -> bool:
@@ -60,3 +65,40 @@ def completion_nll(
     nll = F.cross_entropy(shift_logits, targets, reduction="none").view(b, t - 1)
     nll = torch.where(mask, nll, torch.zeros((), dtype=nll.dtype))
     return row_sums(nll, mask, wants_invariant(logits, batch_invariant)), mask.sum(dim=1)
+
+
+def chunked_completion_nll(
+    hidden: torch.Tensor,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    batch_invariant: bool,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`completion_nll(head(hidden), ...)` without the [B, T, V] logits: the output layer and
+    the token NLLs run on `HEAD_CHUNK` positions at a time, each chunk under non-reentrant
+    checkpointing (its logits are recomputed in the backward, never kept), so the loss costs
+    memory for one chunk's logits, not T x vocabulary. Used by the long-row mode
+    (`--attention blockwise`) only. Each position's logits and NLL are computed as the whole
+    forward computes them (an output-layer product per token row, a log-softmax per row): in
+    portable mode the exact products give a row the same bits in a chunk as in the whole, so
+    the sums are those `completion_nll` gives on the same hidden states."""
+    from torch.utils.checkpoint import checkpoint
+
+    b, t, _ = hidden.shape
+    targets = input_ids[:, 1:]
+    mask = loss_mask[:, 1:].bool()
+
+    def chunk_nll(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with autocast():
+            logits = head(h)
+        v = logits.shape[-1]
+        return F.cross_entropy(logits.float().reshape(-1, v), y.reshape(-1), reduction="none")
+
+    parts = []
+    for s in range(0, t - 1, HEAD_CHUNK):
+        h, y = hidden[:, s : min(s + HEAD_CHUNK, t - 1)], targets[:, s : s + HEAD_CHUNK]
+        parts.append(checkpoint(chunk_nll, h, y, use_reentrant=False).view(b, -1))
+    nll = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    nll = torch.where(mask, nll, torch.zeros((), dtype=nll.dtype))
+    return row_sums(nll, mask, batch_invariant), mask.sum(dim=1)

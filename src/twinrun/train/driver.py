@@ -38,10 +38,11 @@ from twinrun.train.loop import (
     WholeForward,
     make_optimizer,
 )
+from twinrun.train.outputs import COMPLETIONS, DIAG, TRACE
 from twinrun.train.policies import ReductionFault, RowParts, SpikeRerun, StrayDraw
 from twinrun.train.session import Session
 
-LOGS = ("diag.jsonl", "trace.jsonl")
+LOGS = (DIAG, TRACE, COMPLETIONS)  # cut back to the checkpoint at a resume
 
 __all__ = [
     "ObjectiveState", "build_loop", "drive", "make_loop", "spikes_of", "training_hooks",

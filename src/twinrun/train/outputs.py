@@ -28,6 +28,7 @@ INPUTS = "twinrun.inputs.json"  # the marker; train.resume_check compares it on 
 INPUTS_FORMAT = "twinrun.inputs.v1"  # a training run's inputs record
 REPLAY_INPUTS_FORMAT = "twinrun.replay-inputs.v1"  # a replay's: what it verified
 METRICS, DIAG, TRACE = "metrics.jsonl", "diag.jsonl", "trace.jsonl"
+COMPLETIONS = "completions.jsonl"  # --log-completions (train/recipes/transcripts.py)
 TRACKER_DIRS = ("tensorboard", "wandb", "mlruns")  # --report-to (train/hooks/report.py)
 
 
@@ -49,7 +50,8 @@ def run_layout() -> Layout:
     step = r"\d{6,}"
     capture = re.escape(mf.stem(0).removesuffix("000000")) + step  # optimizer_batch_step_K
     return {
-        **_files(SIDECAR, INPUTS, METRICS, DIAG, TRACE, RESOLVED, DIFF_PICTURE, CURVES_PICTURE),
+        **_files(SIDECAR, INPUTS, METRICS, DIAG, TRACE, COMPLETIONS, RESOLVED, DIFF_PICTURE),
+        **_files(CURVES_PICTURE),
         **adapter,
         re.escape(CHECKPOINTS): {  # checkpoint.write_checkpoint: step-K, or a killed .tmp-step-K-
             rf"step-{step}": checkpoint,

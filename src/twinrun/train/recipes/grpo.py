@@ -42,6 +42,7 @@ from twinrun.config.resolved import (
 from twinrun.core.rng import stream
 from twinrun.data.batching import epoch_order
 from twinrun.data.examples import SourcedRow
+from twinrun.model.lora import lora_disabled
 from twinrun.objectives.grpo import grpo_loss
 from twinrun.rl.advantages import apply_token_cap, compute_advantages
 from twinrun.rl.environments import (
@@ -53,7 +54,7 @@ from twinrun.rl.environments import (
 )
 from twinrun.rl.prioritized import PrioritizedReplay
 from twinrun.rl.tool_settings import check_tool_rows
-from twinrun.train.distributed import in_global_order, mine
+from twinrun.train.distributed import in_global_order, is_root, mine
 from twinrun.train.faults import unseeded_plans
 from twinrun.train.hooks.checkpoint import ObjectiveState
 from twinrun.train.loop import Forward, StepForwards, StepOutcome
@@ -63,6 +64,7 @@ from twinrun.train.recipes.tool_rollouts import (
     episode_block,
     tool_environment,
 )
+from twinrun.train.recipes.transcripts import COMPLETIONS, TranscriptLog
 from twinrun.train.session import ModelSession, Session
 from twinrun.train.sharding import forward_slots, paced
 
@@ -141,6 +143,7 @@ class GrpoRecipe(Recipe):
     plans: list[list[int]]  # the example indices of each step
     warned_no_signal: bool = False
     fresh: list[Rollout] = field(default_factory=list)  # the last forwards' sampled rollouts
+    transcripts: TranscriptLog | None = None  # --log-completions (the first process only)
 
     @classmethod
     def data(cls, given: ValidRun) -> RecipeData:
@@ -174,6 +177,9 @@ class GrpoRecipe(Recipe):
         plans = [[state.example_at(seed, step * p + i) for i in range(p)] for step in range(steps)]
         recipe = cls(session, state, unseeded_plans(session.faults, plans, len(encoded)))
         recipe.objective_state = ObjectiveState(state.replay_state, state.set_replay_state)
+        if session.cfg.log_completions and is_root():
+            path = session.out / COMPLETIONS
+            recipe.transcripts = TranscriptLog(path, session.cfg.log_completions, session.tok)
         return recipe
 
     @classmethod
@@ -251,6 +257,8 @@ class GrpoRecipe(Recipe):
     def after_update(self, step: int, outcome: StepOutcome) -> None:
         if self.state.replay is not None:
             remember(self.state, self.fresh)
+        if self.transcripts is not None:
+            self.transcripts.write(self.fresh)
 
 
 REWARD_LIMIT = 1e9  # |reward| above this is refused: its mean and population std stay finite
@@ -489,8 +497,11 @@ def kept_logprobs(
 
 
 def update_forwards(s: ModelSession, batch: list[Rollout], step: int) -> StepForwards:
-    """The PPO-clip update on `batch`, in forwards of `batch_size` rows (replay runs this)."""
+    """The PPO-clip update on `batch`, in forwards of `batch_size` rows (replay runs this); with
+    `--kl-beta`, each forward's rows run once more through the reference (the base, adapter
+    off, no grad) for the KL term — a replay recomputes it from the same model."""
     policy, device = s.run.record(PolicyUpdate), s.run.config.device
+    kl_beta = s.run.config.kl_beta
     u = update_rows(s, batch)
     n, bs = len(batch), s.run.batch_size
     parts = []  # (loss, clipped, active) of this process's forwards (all without torchrun)
@@ -501,9 +512,14 @@ def update_forwards(s: ModelSession, batch: list[Rollout], step: int) -> StepFor
         logits = s.model(f_ids, f_attn)
         kept = u.kept[sl, : w - 1].to(device)
         logp = kept_logprobs(logits, f_ids, kept, policy.temperature)
+        kl = None
+        if kl_beta:  # --kl-beta: the reference is the base (adapter off), no grad
+            with torch.no_grad(), lora_disabled(s.model):
+                ref = kept_logprobs(s.model(f_ids, f_attn), f_ids, kept, policy.temperature)
+            kl = (kl_beta, ref)
         out = grpo_loss(
             logp, u.old[sl, : w - 1].to(device), u.advantages[sl].to(device),
-            kept, u.denominator, policy.clip_eps, u.weights[sl].to(device),
+            kept, u.denominator, policy.clip_eps, u.weights[sl].to(device), kl,
         )  # fmt: skip
         yield Forward(out.loss, out.row_losses, [f_ids], [logits], padding=padding)
         if padding:

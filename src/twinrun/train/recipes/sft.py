@@ -17,7 +17,7 @@ from twinrun.capture.batch import OptimizerBatch
 from twinrun.config.resolved import ValidRun
 from twinrun.data.batching import StepPlan, pad_rows, padding_fraction
 from twinrun.data.examples import EncodedRow, encode_sft_rows
-from twinrun.objectives.sft import completion_nll
+from twinrun.objectives.sft import chunked_completion_nll, completion_nll
 from twinrun.train.distributed import in_global_order
 from twinrun.train.loop import Forward, StepForwards, StepOutcome
 from twinrun.train.recipes.base import (
@@ -100,9 +100,14 @@ def sft_forwards(
     sums_of: list[torch.Tensor] = []  # this process's forwards (all of them without torchrun)
     for i, padding in forward_slots(len(forwards), s.model):
         ids, attn, mask = (t.to(device) for t in padded[i])
-        logits = s.model(ids, attn)
-        sums, _ = completion_nll(logits, ids, mask, batch_invariant=s.run.config.batch_invariant)
-        yield Forward(sums.sum() / total, sums / total, [ids], [logits], padding=padding)
+        if getattr(s.model, "chunked_head", False):  # the long-row mode: no [B, T, V] logits
+            sums, logits = chunked_forward(s, ids, attn, mask)
+        else:
+            logits = [s.model(ids, attn)]
+            sums, _ = completion_nll(
+                logits[0], ids, mask, batch_invariant=s.run.config.batch_invariant
+            )
+        yield Forward(sums.sum() / total, sums / total, [ids], logits, padding=padding)
         if not padding:
             sums_of.append(sums.detach().double().sum().cpu())
     loss_sum = torch.zeros((), dtype=torch.float64)
@@ -125,6 +130,23 @@ def sft_forwards(
             denominator=total,
         ),
     )
+
+
+def chunked_forward(
+    s: ModelSession, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One forward of the long-row mode: the final hidden states, then the output layer and loss
+    by chunks (`chunked_completion_nll`). The logits are made whole only for `--diag` (without
+    a graph: one [B, T, V] copy)."""
+    model = s.model
+    hidden = model.last_hidden(ids, attn)
+    head = model.hf.get_output_embeddings()
+    invariant = bool(s.run.config.batch_invariant)
+    sums, _ = chunked_completion_nll(hidden, head, ids, mask, invariant, model.autocast)
+    if not s.run.config.diag:
+        return sums, []
+    with torch.no_grad(), model.autocast():
+        return sums, [head(hidden).float()]
 
 
 def rows_from_batch(batch: OptimizerBatch) -> list[list[EncodedRow]]:
