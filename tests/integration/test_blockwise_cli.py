@@ -40,6 +40,10 @@ def _adapter(run: Path) -> str:
 def test_blockwise_trains_and_is_recorded(runs: dict[str, Path]) -> None:
     side = json.loads((runs["blockwise"] / "twinrun.json").read_text())
     assert side["train"]["attention"] == "blockwise"
+    # its block temporaries go back to the system once freed: glibc's threshold, recorded
+    runtime = json.dumps(side)
+    assert '"malloc_mmap_threshold": 1048576' in runtime
+    assert "malloc_mmap_threshold" not in (runs["eager"] / "twinrun.json").read_text()
     assert side["adapter"]["sha256"] == _adapter(runs["blockwise"])
     rows = [json.loads(x) for x in (runs["blockwise"] / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and all(r["loss"] == r["loss"] for r in rows)  # finite, not NaN

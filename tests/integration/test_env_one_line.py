@@ -226,10 +226,14 @@ def test_a_single_turn_plugins_own_interrupt_is_its_failure_and_a_real_one_stops
             os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, during the plugin's call
             return 0.0
 
-    before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
-        checked_reward(CtrlC(), "mypkg:ctrlc", {}, "")  # type: ignore[arg-type]
-    assert signal.getsignal(signal.SIGINT) is before
+    # Python's own Ctrl-C handler, whatever an earlier test in this worker left installed
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            checked_reward(CtrlC(), "mypkg:ctrlc", {}, "")  # type: ignore[arg-type]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_the_lines_are_in_the_catalogue() -> None:

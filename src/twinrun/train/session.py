@@ -168,7 +168,10 @@ def _open_locked(
     cfg = run.config  # a resume that starts again is a fresh run
     from twinrun.train.sharding import bound_allocator
 
-    allocator = bound_allocator() if cfg.shard_base else {}  # before the base is built
+    # before the base is built: a sharded base's gather buffers and blockwise attention's block
+    # temporaries, once freed, go back to the system (the long-row peaks halve; same bytes)
+    bounded = cfg.shard_base or cfg.attention == "blockwise"
+    allocator = bound_allocator() if bounded else {}
     model, params = _build_model(run, p)
     from twinrun.train.agreement import agreement_record
 
