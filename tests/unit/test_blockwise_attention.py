@@ -5,7 +5,6 @@ chunked output layer + loss of the long-row mode is the whole one's bits."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from twinrun.core import portable_ops
 from twinrun.core.errors import ModelError
 from twinrun.model import blockwise
 from twinrun.model.blockwise import BLOCK, BlockwiseMask, blockwise_attention, blockwise_mask
@@ -21,17 +19,6 @@ from twinrun.model.blockwise import BLOCK, BlockwiseMask, blockwise_attention, b
 B, HQ, HK, D = 3, 9, 3, 16  # SmolLM2's grouping: 9 query heads over 3 key/value heads
 LENGTHS = (2 * BLOCK + 44, BLOCK + 5, 37)  # several blocks, a partial one, one short row
 T = max(LENGTHS)
-
-
-@pytest.fixture
-def portable() -> Iterator[None]:
-    was = portable_ops.installed()
-    portable_ops.install()
-    try:
-        yield
-    finally:
-        if not was:
-            portable_ops.uninstall()
 
 
 class _Heads(nn.Module):

@@ -4,8 +4,6 @@ reach torch's kernels unchanged; uninstalling gives torch its kernels back."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -14,22 +12,11 @@ from twinrun.core import portable_math, portable_ops
 from twinrun.core.exact_matmul import exact_matmul, exact_product64
 
 
-@pytest.fixture
-def installed() -> Iterator[None]:
-    was = portable_ops.installed()
-    portable_ops.install()
-    try:
-        yield
-    finally:
-        if not was:
-            portable_ops.uninstall()
-
-
 def rand(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
-def test_linear_matmul_and_their_derivatives_use_the_exact_products(installed: None) -> None:
+def test_linear_matmul_and_their_derivatives_use_the_exact_products(portable: None) -> None:
     x = rand(5, 7, seed=1).requires_grad_()
     w = rand(3, 7, seed=2).requires_grad_()
     bias = rand(3, seed=3)
@@ -47,7 +34,7 @@ def test_linear_matmul_and_their_derivatives_use_the_exact_products(installed: N
     assert torch.equal(torch.dot(v, v), exact_matmul(v.unsqueeze(0), v.unsqueeze(1)).reshape(()))
 
 
-def test_addmm_and_baddbmm_round_once_with_alpha_and_beta(installed: None) -> None:
+def test_addmm_and_baddbmm_round_once_with_alpha_and_beta(portable: None) -> None:
     a, b, c = rand(4, 5, seed=1), rand(5, 3, seed=2), rand(4, 3, seed=3)
     got = torch.addmm(c, a, b, beta=0.5, alpha=2.0)
     want = (exact_product64(a, b) * 2.0 + c.double() * 0.5).float()
@@ -59,7 +46,7 @@ def test_addmm_and_baddbmm_round_once_with_alpha_and_beta(installed: None) -> No
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
-def test_other_dtypes_reach_torchs_own_kernels(installed: None, dtype: torch.dtype) -> None:
+def test_other_dtypes_reach_torchs_own_kernels(portable: None, dtype: torch.dtype) -> None:
     a = torch.arange(12, dtype=dtype).reshape(3, 4)
     b = torch.arange(8, dtype=dtype).reshape(4, 2)
     v = torch.arange(4, dtype=dtype)
@@ -73,7 +60,7 @@ def test_other_dtypes_reach_torchs_own_kernels(installed: None, dtype: torch.dty
     assert torch.equal(torch.dot(v, v), torch.tensor(int(v @ v), dtype=dtype))
 
 
-def test_functions_in_place_and_pow_half(installed: None) -> None:
+def test_functions_in_place_and_pow_half(portable: None) -> None:
     x = rand(1000, seed=9).abs() * 10
     root = torch.from_numpy(np.sqrt(x.numpy()))
     assert torch.equal(torch.sqrt(x), root) and torch.equal(x.pow(0.5), root)
@@ -91,7 +78,7 @@ def test_functions_in_place_and_pow_half(installed: None) -> None:
     assert torch.sqrt(half).dtype == torch.float16
 
 
-def test_softmax_backward_is_the_per_row_formula(installed: None) -> None:
+def test_softmax_backward_is_the_per_row_formula(portable: None) -> None:
     x = rand(3, 4, 50, seed=10).requires_grad_()
     g = rand(3, 4, 50, seed=11)
     out = torch.softmax(x, dim=-1)
