@@ -486,6 +486,16 @@ def build(work: Path, quick: bool) -> tuple[list[Case], dict[str, Any]]:
             cap=TRAIN_CAP,
         )
     )
+    handmade = work / "outs" / "handmade"  # a user's copy of a run's files, made by hand
+    handmade.mkdir()
+    for name in ("twinrun.json", "twinrun.inputs.json", "metrics.jsonl"):
+        (handmade / name).write_bytes((run_a / name).read_bytes())
+    argv = sft_args(model, ex, handmade, 1, "--overwrite")
+    add(Case("train-overwrite-handmade-copy", "data lost", argv, [handmade], cap=TRAIN_CAP))
+    listed = copy(run_a, "userMetrics")  # a real run, plus a user's file bearing a twinrun name
+    (listed / "completions.jsonl").write_text('{"mine": true}\n')
+    add(Case("train-overwrite-user-file-twinrun-name", "data lost",
+             sft_args(model, ex, listed, 1, "--overwrite"), [listed], cap=TRAIN_CAP))  # fmt: skip
 
     # --- code runs ---
     def code(name: str, target: str, *args: str, mark: Path | None = None) -> None:
@@ -742,7 +752,24 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "hostile_round4.json").write_text(json.dumps(doc, indent=2) + "\n")
     (RESULTS / "hostile_round4.md").write_text(markdown(doc))
+    if not doc["quick"]:
+        benchkit.update_docs_section("hostile_round4", "", "", docs_summary(doc))
     print(markdown(doc))
+
+
+def docs_summary(doc: dict[str, Any]) -> str:
+    """The paragraph docs/benchmarks.md quotes, from this run."""
+    total = doc["summary"][-1]
+    biggest = max(doc["cases"], key=lambda r: r["peak_rss_mb"])
+    short = total["fall_short"]
+    return (
+        f"The last run, on {doc['cores']} cores of {doc['cpu']} at {doc['git']}, took "
+        f"**{doc['wall_s']} s**, **{doc['fixtures_s']} s** of it building fixtures. "
+        f"**{total['hold']}** of {total['cases']} cases hold"
+        + (", with none falling short" if not short else f"; **{short}** fall short")
+        + f". The biggest reader, `{biggest['name']}`, peaks at **{biggest['peak_rss_mb']}** MB. "
+        "Every case, with its time and peak RSS, is in `bench/results/hostile_round4.md`."
+    )
 
 
 def markdown(doc: dict[str, Any]) -> str:

@@ -85,7 +85,7 @@ def test_a_failing_rank_ends_every_process(
     else:  # a SIGKILL prints nothing; torchrun reports the signal
         assert cause not in ours and "Signal 9 (SIGKILL)" in job.stderr
     written = sorted(p.name for p in out.iterdir()) if out.exists() else []
-    if shard:  # it failed while training: the run had begun (its marker), nothing more
-        assert written == ["twinrun.inputs.json"]
+    if shard:  # it failed while training: the run had begun (its list, its inputs), no more
+        assert written == ["twinrun.files.jsonl", "twinrun.inputs.json"]
     else:
         assert written == []  # no adapter, metrics, sidecar or diag row: not even half of one

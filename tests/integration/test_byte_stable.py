@@ -40,7 +40,7 @@ WALL_TIMES = ("wall_s", "forward_s", "backward_s", "optimizer_s", "local_train_w
               "rollout_s", "update_s")  # fmt: skip
 MEASURED = (*WALL_TIMES, "peak_memory_bytes")
 ADAPTER = {"adapter_config.json", "adapter_model.safetensors"}
-RUN = {"metrics.jsonl", "twinrun.json", "twinrun.inputs.json"}
+RUN = {"metrics.jsonl", "twinrun.json", "twinrun.inputs.json", "twinrun.files.jsonl"}
 
 
 def _measured_removed(rows: list[dict]) -> list[dict]:
@@ -219,4 +219,4 @@ def test_fresh_processes_with_other_hash_seeds(tmp_path: Path, toy_model_dir: Pa
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
     first = assert_same(written(tmp_path / "first"), written(tmp_path / "second"))
-    assert len(first) == 16, sorted(first)  # 2 + 2 extract, 3 init-adapter, 9 tune
+    assert len(first) == 17, sorted(first)  # 2 + 2 extract, 3 init-adapter, 10 tune

@@ -105,10 +105,27 @@ def test_a_previous_run_is_overwritten_into_a_fresh_one(
     out = tmp_path / "run"
     other = run_args("sft", toy_model_dir, examples, out, *RUN_FLAGS, "--epochs", "2")
     assert run_cli(other) == 0  # another run: more steps, more checkpoints
-    (out / "diff.png").write_bytes(b"\x89PNG a report `twinrun diff --report` put here")
+    assert run_cli(["plot", str(out), "--output", str(out / "curves.png")]) == 0  # beside it
     assert (out / "checkpoints" / "step-000003").is_dir()  # the fresh run has only 1
     assert run_cli(run_args("sft", toy_model_dir, examples, out, *RUN_FLAGS, "--overwrite")) == 0
     same_as_fresh(out, fresh)
+
+
+def test_a_twinrun_name_twinrun_did_not_write_is_kept(
+    tmp_path: Path, toy_model_dir: Path, examples: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file of the user's that bears a name twinrun writes (a diff picture made elsewhere, a
+    metrics file): --overwrite goes by the list of what the run wrote, not by names."""
+    out = tmp_path / "run"
+    assert run_cli(run_args("sft", toy_model_dir, examples, out, *RUN_FLAGS)) == 0
+    (out / "diff.png").write_bytes(b"\x89PNG the user's own picture")
+    before = snapshot(out)
+    capsys.readouterr()
+    rc = run_cli(run_args("sft", toy_model_dir, examples, out, *RUN_FLAGS, "--overwrite"))
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err, err
+    assert "holds diff.png, which twinrun did not write (not in its twinrun.files.jsonl)" in err
+    assert snapshot(out) == before
 
 
 def test_a_symlink_inside_is_never_followed(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 from tests.integration.conftest import sft_args
 from twinrun.cli.main import run_cli
+from twinrun.core.ledger import LEDGER, read_listed
 from twinrun.data.examples import shipped_examples
 
 
@@ -51,8 +53,18 @@ def test_sigkill_after_second_checkpoint_then_resume(
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert not (run / "twinrun.json").exists()  # it really was interrupted
+    legacy = run.parent / "legacy"  # the same killed run, as a twinrun without the list left it
+    shutil.copytree(run, legacy)
+    (legacy / LEDGER).unlink()
     assert run_cli([*args, "--resume"]) == 0
     assert_same_run(ref, run)
+    assert read_listed(run) == read_listed(ref)  # the resume went on listing what it wrote
+    legacy_args = sft_args(toy_model_dir, sft_examples, legacy, 1, *extra)
+    assert run_cli([*legacy_args, "--resume"]) == 0
+    assert_same_run(ref, legacy)
+    assert {"twinrun.inputs.json", "checkpoints", "diag.jsonl"} <= (read_listed(legacy) or set())
+    for done in (run, legacy):  # either is now a run --overwrite may replace
+        assert run_cli([*sft_args(toy_model_dir, sft_examples, done, 1), "--overwrite"]) == 0
 
 
 def test_kill_during_checkpoint_write_is_never_taken(

@@ -186,12 +186,11 @@ def test_existing_output_refused_unless_overwrite(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, toy_model_dir: Path, sft_examples: Path
 ) -> None:
     out = tmp_path / "run"
-    out.mkdir()
-    marker = '{"format": "twinrun.run.v1"}'  # a finished run's sidecar (abridged)
-    (out / "twinrun.json").write_text(marker)
+    assert run_cli(sft_args(toy_model_dir, sft_examples, out, 1)) == 0
+    sidecar = (out / "twinrun.json").read_bytes()
     rc = run_cli(sft_args(toy_model_dir, sft_examples, out, 1))
     assert rc != 0 and "--overwrite" in capsys.readouterr().err
-    assert (out / "twinrun.json").read_text() == marker  # nothing lost
+    assert (out / "twinrun.json").read_bytes() == sidecar  # nothing lost
     assert run_cli(sft_args(toy_model_dir, sft_examples, out, 1, "--overwrite")) == 0
     assert (out / "adapter_model.safetensors").exists()
 

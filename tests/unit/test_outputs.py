@@ -12,12 +12,12 @@ import pytest
 
 from twinrun.capture import manifest as mf
 from twinrun.core.errors import OutputError
+from twinrun.core.ledger import LEDGER, note_written, read_listed, track, untrack
 from twinrun.core.owned import remove, survey
 from twinrun.train.checkpoint import checkpoint_dir
 from twinrun.train.outputs import (
     INPUTS,
     INPUTS_FORMAT,
-    REPLAY_INPUTS_FORMAT,
     SIDECAR,
     SIDECAR_FORMAT,
     begin_output_dir,
@@ -43,27 +43,36 @@ def snapshot(root: Path) -> dict[str, bytes | str]:
     return out
 
 
-def a_run(root: Path, marker: str = INPUTS) -> Path:
-    """A directory laid out as a killed or finished twinrun run (every kind of entry)."""
+def a_run(root: Path, listed: bool = True) -> Path:
+    """A directory laid out as a killed or finished twinrun run (every kind of entry), each
+    entry listed as the writers list it — before it is made (`listed=False`: no list)."""
     root.mkdir(parents=True)
-    record = INPUTS_RECORD if marker == INPUTS else {"format": SIDECAR_FORMAT}
-    (root / marker).write_text(json.dumps(record))
+    if listed:
+        track(root)
+
+    def made(path: Path) -> Path:
+        note_written(path)
+        return path
+
+    made(root / INPUTS).write_text(json.dumps(INPUTS_RECORD))
     for name in ("metrics.jsonl", "diag.jsonl", "trace.jsonl", "adapter_model.safetensors",
-                 "adapter_config.json", "resolved_config.json", "diff.png",
-                 ".metrics.jsonl.k2j4x_9q.tmp"):  # fmt: skip
-        (root / name).write_bytes(b"x")
-    step = root / "checkpoints" / "step-000001"
+                 "adapter_config.json", "resolved_config.json", "diff.png"):  # fmt: skip
+        made(root / name).write_bytes(b"x")
+    (root / ".metrics.jsonl.k2j4x_9q.tmp").write_bytes(b"x")  # a killed rewrite of a listed file
+    step = made(checkpoint_dir(root, 1))
     step.mkdir(parents=True)
     (step / "state.json").write_text("{}")
+    made(checkpoint_dir(root, 2))  # listed, then killed while in its temporary folder
     torn = root / "checkpoints" / ".tmp-step-000002-abcd1234"
     torn.mkdir()
     (torn / "state.safetensors").write_bytes(b"half")
-    (root / "final").mkdir()
+    made(root / "final" / "adapter_model.safetensors").parent.mkdir()
     (root / "final" / "adapter_model.safetensors").write_bytes(b"y")
-    state = root / mf.state_dir_name(3)
+    state = made(root / mf.state_dir_name(3))
     state.mkdir()
     (state / "optimizer.safetensors").write_bytes(b"z")
-    (root / mf.payload_name(3)).write_bytes(b"p")
+    made(root / mf.payload_name(3)).write_bytes(b"p")
+    untrack(root)
     return root
 
 
@@ -95,53 +104,73 @@ def test_a_twinrun_run_is_cleared_exactly(tmp_path: Path) -> None:
         run / "checkpoints" / "step-000001"
     ), "deepest first"
     begin_output_dir(run, True, INPUTS_RECORD)
-    assert [p.name for p in run.iterdir()] == [INPUTS]  # written first, the rest gone
+    assert sorted(p.name for p in run.iterdir()) == [LEDGER, INPUTS]  # the list first, then it
     assert json.loads((run / INPUTS).read_text()) == INPUTS_RECORD
+    assert read_listed(run) == {INPUTS}
 
 
-@pytest.mark.parametrize("marker", [INPUTS, SIDECAR])
-def test_either_marker_makes_it_twinrun_s(tmp_path: Path, marker: str) -> None:
+def test_a_marker_proves_nothing_the_list_decides(tmp_path: Path) -> None:
+    """A directory holding only names twinrun writes, and even twinrun's own sidecar, is not
+    cleared without the list of what twinrun wrote there (a user's copy of a run's files)."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("{}\n")
-    record = {"format": INPUTS_FORMAT if marker == INPUTS else SIDECAR_FORMAT}
-    (run / marker).write_text(json.dumps(record))
+    (run / SIDECAR).write_text(json.dumps({"format": SIDECAR_FORMAT}))
+    (run / INPUTS).write_text(json.dumps(INPUTS_RECORD))
+    before = snapshot(run)
+    with pytest.raises(OutputError, match=f"has no {LEDGER} of twinrun's"):
+        check_output_dir(run, overwrite=True)
+    assert snapshot(run) == before
+    track(run, adopt=["metrics.jsonl", SIDECAR, INPUTS])  # what a resume of such a run does
+    untrack(run)
     clear_run_dir(run)
     assert list(run.iterdir()) == []
 
 
-def test_a_replay_s_marker_counts(tmp_path: Path) -> None:
-    run = tmp_path / "replay"
-    run.mkdir()
-    (run / INPUTS).write_text(json.dumps({"format": REPLAY_INPUTS_FORMAT}))
-    (run / "final").mkdir()
-    clear_run_dir(run)
-    assert list(run.iterdir()) == []
-
-
-def test_only_a_killed_write_of_the_marker_counts(tmp_path: Path) -> None:
+def test_a_run_killed_while_it_began_its_list_is_cleared(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
-    (run / f".{INPUTS}.ab12cd34.tmp").write_bytes(b'{"form')
+    (run / LEDGER).write_bytes(b'{"form')  # its first line cut short
     clear_run_dir(run)
     assert list(run.iterdir()) == []
 
 
 @pytest.mark.parametrize(
-    "marker_text", [None, "{}", '{"format": "someone.else.v1"}', "not json", "[1]"]
-)
-def test_twinrun_names_without_the_marker_are_refused(tmp_path: Path, marker_text: str) -> None:
+    "ledger_text", [None, "", '{"format": "someone.else.v1"}\n', "not json\n", "[1]\n",
+                    '{"format": "twinrun.files.v1"}\n{"path": "../up"}\n'],
+)  # fmt: skip
+def test_twinrun_names_without_the_list_are_refused(
+    tmp_path: Path, ledger_text: str | None
+) -> None:
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("{}\n")
     (run / "checkpoints").mkdir()
-    if marker_text is not None:
-        (run / SIDECAR).write_text(marker_text)
+    if ledger_text is not None:
+        (run / LEDGER).write_text(ledger_text)
     before = snapshot(run)
-    with pytest.raises(OutputError, match="does not look like a twinrun run directory"):
+    refused = f"(has no {LEDGER} of twinrun's|holds checkpoints, .*not in its {LEDGER})"
+    with pytest.raises(OutputError, match=refused):
         check_output_dir(run, overwrite=True)
-    with pytest.raises(OutputError, match="does not look like a twinrun run directory"):
+    with pytest.raises(OutputError, match=refused):
         begin_output_dir(run, True, INPUTS_RECORD)
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize(
+    "name", ["trace.jsonl.bak", "completions.jsonl", "checkpoints/step-000007", "curves.png"]
+)
+def test_a_twinrun_name_the_list_does_not_hold_is_refused(tmp_path: Path, name: str) -> None:
+    run = a_run(tmp_path / "run")
+    if name.startswith("checkpoints"):
+        (run / name).mkdir()
+    else:
+        (run / name).write_text("the user's")
+    before = snapshot(run)
+    with pytest.raises(OutputError, match="which twinrun did not write") as err:
+        check_output_dir(run, overwrite=True)
+    if name != "trace.jsonl.bak":  # a name twinrun never writes is refused for its name
+        assert f"holds {name}, which twinrun did not write (not in its {LEDGER})" in str(err.value)
     assert snapshot(run) == before
 
 
@@ -224,7 +253,7 @@ def test_without_overwrite_a_non_empty_directory_is_refused(tmp_path: Path) -> N
     (tmp_path / "empty").mkdir()
     check_output_dir(tmp_path / "empty", overwrite=False)
     begin_output_dir(tmp_path / "fresh" / "run", False, INPUTS_RECORD)
-    assert [p.name for p in (tmp_path / "fresh" / "run").iterdir()] == [INPUTS]
+    assert sorted(p.name for p in (tmp_path / "fresh" / "run").iterdir()) == [LEDGER, INPUTS]
 
 
 def test_an_entry_that_appears_after_the_survey_stays(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from twinrun.core.errors import OutputError
 from twinrun.core.fileio import fsync_dir
+from twinrun.core.ledger import note_written
 
 
 def _refuse(path: Path) -> OutputError:
@@ -26,6 +27,7 @@ def write_new_with(path: Path, write: Callable[[str], None]) -> None:
     if path.exists():
         raise _refuse(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    note_written(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -51,6 +53,7 @@ def write_new(path: Path, data: bytes) -> None:
 
 def new_dir(path: Path) -> Path:
     """Create a directory that must not exist yet."""
+    note_written(path)
     try:
         path.mkdir(parents=True, exist_ok=False)
     except FileExistsError:

@@ -197,9 +197,10 @@ class RunConfig:
     env: str | None = _s(
         "str", "--env", "environment.name",
         "arithmetic | clock | math-verify | reasoning_gym:TASK (single-turn) | calculator | "
-        "lookup | http://127.0.0.1:PORT (tool environments) | module.path:factory — a plugin is "
-        "code of your own module, run with your rights (not the standard library; explain "
-        "never imports it).",
+        "lookup | http://127.0.0.1:PORT (tool environments) | module.path:factory — a plugin "
+        "runs with your rights: your own module on the Python path, or a module an installed "
+        "distribution declares under the twinrun.environments entry-point group; the standard "
+        "library and other installed packages are refused (explain never imports it).",
         required=True, objectives=GRPO,
     )  # fmt: skip
     env_args: dict[str, Any] | None = _s(

@@ -7,6 +7,9 @@ working (the PEFT habit).
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class TwinrunError(Exception):
     """Base class. `hint` says what to do about it."""
@@ -50,3 +53,15 @@ class IntegrityError(TwinrunError, ValueError):
         self.expected = expected
         self.got = got
         self.path = path
+
+
+def write_failed(path: str | os.PathLike[str], exc: BaseException) -> OutputError:
+    """The one line for an OS error met while writing `path`."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    reason = getattr(exc, "strerror", None) or first
+    if getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc):
+        hint = "free some space (or choose an output on another disk) and rerun"
+    else:
+        hint = "check that the location exists, is a directory and is writable"
+    return OutputError(f"cannot write {path}: {reason}", hint)

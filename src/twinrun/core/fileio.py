@@ -5,7 +5,6 @@ temporary file is removed."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import tempfile
@@ -13,7 +12,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from twinrun.core.errors import OutputError
+from twinrun.core.errors import OutputError, write_failed
+from twinrun.core.ledger import note_written
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -22,18 +22,6 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def write_failed(path: str | os.PathLike[str], exc: BaseException) -> OutputError:
-    """The one line for an OS error met while writing `path`."""
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else type(exc).__name__
-    reason = getattr(exc, "strerror", None) or first
-    if getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc):
-        hint = "free some space (or choose an output on another disk) and rerun"
-    else:
-        hint = "check that the location exists, is a directory and is writable"
-    return OutputError(f"cannot write {path}: {reason}", hint)
 
 
 def _is_write_error(exc: BaseException) -> bool:
@@ -46,6 +34,7 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[str], None]
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        note_written(path)  # listed first when it lies in a run directory
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
         write(tmp)

@@ -45,6 +45,11 @@ def _kind(layout: Layout, name: str) -> tuple[bool, Layout | None]:
     return False, None
 
 
+def declared(layout: Layout, name: str) -> bool:
+    """Whether twinrun writes an entry called `name` where `layout` applies."""
+    return _kind(layout, name)[0]
+
+
 def survey(root: Path, layout: Layout) -> Survey:
     """Walk `root` (a real directory, not a link) against `layout`; stops at the first entry in
     sorted order that twinrun does not write there."""

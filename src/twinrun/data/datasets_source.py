@@ -1,7 +1,10 @@
 """Examples in the formats the `datasets` library writes: a Parquet file, or a `save_to_disk`
 directory of one split. Read through `datasets` (an optional extra, imported only here and only
 when such a source is given: its import takes about two seconds), with no cache written;
-rows in the file's order, bounded as a JSONL file is; a null value is a field the row does not have
+rows in the file's order, bounded as a JSONL file is — and before any row is decoded into Python:
+a Parquet file's rows and bytes from its footer (`parquet_bounds`), a `save_to_disk` directory's
+from its Arrow files' record batches (`saved_bounds`; never from state.json or
+dataset_info.json, which may say anything); a null value is a field the row does not have
 (Arrow stores every column in every row). Their digest is of the bytes read: the
 Parquet file's SHA256, or one SHA256 over the directory's state, info and Arrow files."""
 
@@ -143,9 +146,6 @@ def parquet_bounds(p: Path, limits: Limits) -> None:
 def _decoded_bounds(p: Path, table: Any, limits: Limits) -> None:
     """The decoded Arrow table within the limits (a footer can lie about its sizes): its
     buffers under `max_file_bytes`, no string or binary value over `max_bytes`."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     if limits.max_rows is not None and table.num_rows > limits.max_rows:
         raise DataError(f"{p}: {table.num_rows} rows, over the limit of {limits.max_rows}")
     if table.nbytes > limits.max_file_bytes:
@@ -153,6 +153,14 @@ def _decoded_bounds(p: Path, table: Any, limits: Limits) -> None:
             f"{p}: {table.nbytes} bytes decoded, over the limit of {limits.max_file_bytes}",
             "split the data",
         )
+    _longest_values(p, table, limits)
+
+
+def _longest_values(p: Path, table: Any, limits: Limits) -> None:
+    """No string or binary value of `table` (a Table or a RecordBatch) over `max_bytes`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     for name, column in zip(table.column_names, table.columns, strict=True):
         kind = column.type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
@@ -165,6 +173,43 @@ def _decoded_bounds(p: Path, table: Any, limits: Limits) -> None:
                 f"{limits.max_bytes} for a row",
                 "shorten the rows",
             )
+
+
+def saved_bounds(p: Path, arrow_files: list[Path], limits: Limits) -> None:
+    """Refuse a `save_to_disk` directory whose Arrow files (each an Arrow IPC stream) hold more
+    rows than `max_rows`, more bytes than `max_file_bytes` once read, or a string or binary value
+    over `max_bytes`: counted from the files' own record batches (memory-mapped, so an
+    uncompressed batch is not copied), never from state.json or dataset_info.json, and before
+    `datasets` loads a row. A file that is not an Arrow stream is one line naming it."""
+    import pyarrow as pa
+
+    rows = decoded = 0
+    for f in arrow_files:
+        try:
+            with pa.memory_map(str(f)) as source:
+                for batch in pa.ipc.open_stream(source):
+                    rows += batch.num_rows
+                    decoded += batch.nbytes
+                    if decoded > limits.max_file_bytes:
+                        raise DataError(
+                            f"{p}: {decoded} bytes decoded by {f.name}, over the limit of "
+                            f"{limits.max_file_bytes}",
+                            "split the data",
+                        )
+                    _longest_values(p, batch, limits)
+        except DataError:
+            raise
+        except Exception as exc:  # any reader failure is the file's: one line naming it
+            reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            raise DataError(
+                f"{f}: not readable as an Arrow stream ({reason})",
+                "write the directory again with save_to_disk",
+            ) from None
+    if limits.max_rows is not None and rows > limits.max_rows:
+        raise DataError(
+            f"{p}: {rows} rows, over the limit of {limits.max_rows}",
+            "split the data, or give a subset",
+        )
 
 
 def read_source(p: Path, kind: Kind, limits: Limits) -> list[tuple[dict[str, Any], str]]:
@@ -186,6 +231,8 @@ def read_source(p: Path, kind: Kind, limits: Limits) -> list[tuple[dict[str, Any
     datasets = _datasets(p, kind)
     if kind == "parquet":
         parquet_bounds(p, limits)  # from the footer, before a row is decoded
+    else:
+        saved_bounds(p, files[len(SAVED_MARKERS) :], limits)  # from the Arrow files' batches
     try:
         if kind == "parquet":
             import pyarrow.parquet as pq

@@ -17,6 +17,7 @@ from typing import Any
 
 from twinrun.core.errors import DataError
 from twinrun.core.fileio import atomic_write_with
+from twinrun.core.ledger import note_written
 
 CURVES = ("loss", "lr", "grad_norm", "reward_mean", "eval_loss")
 
@@ -108,6 +109,7 @@ def write_curves(
             "name run directories a training command wrote",
         )
     fig = draw_curves(table, keys)
+    note_written(out, root=Path(out).parent)  # beside a run's files: in its list
     atomic_write_with(
         out, lambda tmp: fig.savefig(tmp, format="png", dpi=100, metadata={"Software": SOFTWARE})
     )

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.core.fileio import write_failed
+from twinrun.core.ledger import note_written
 from twinrun.diag.checksum import checksum_digest, checksum_digest_many
 from twinrun.diag.flat import FlatLeaf
 from twinrun.diag.rows import (
@@ -218,6 +219,7 @@ class DiagRecorder:
             fh = None
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
+                note_written(self.path)
                 fh = open(self.path, "ab", buffering=0)  # noqa: SIM115
                 if not self._append:
                     fh.truncate(0)  # a fresh log: once (opened again, it is continued)

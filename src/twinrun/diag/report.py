@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from twinrun.core.fileio import atomic_write_with
+from twinrun.core.ledger import note_written
 
 if TYPE_CHECKING:
     import numpy as np
@@ -76,6 +77,7 @@ def write_report(
 
     out = Path(path)
     meta = {"Software": SOFTWARE}  # what a later --overwrite checks before replacing
+    note_written(out, root=Path(out).parent)  # beside a run's files: in its list
     atomic_write_with(out, lambda tmp: fig.savefig(tmp, format="png", dpi=110, metadata=meta))
     return out
 

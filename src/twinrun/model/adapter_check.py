@@ -6,6 +6,11 @@ readable safetensors, float32 (the dtype twinrun writes), finite, and consistent
 `adapter_config.json` (each `lora_A` has `r` rows and each `lora_B` `r` columns; `r` and
 `lora_alpha` equal the sidecar's `train.lora_rank` / `train.lora_alpha` when recorded). Any other
 state is one line naming the file (exit 2), before anything is re-run or merged.
+
+`check_adapter_dir(directory, what, ...)` is that check without the sidecar: a training run's
+`--init-adapter` goes through it too (`train.init_adapter.check_init_adapter`), and
+`check_adapter_header` is its torch-free first part (the file, its header, float32), which the
+training preflight runs before torch loads.
 """
 
 from __future__ import annotations
@@ -13,27 +18,78 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from twinrun.core.errors import DataError, IntegrityError
+from twinrun.core.errors import DataError, IntegrityError, TwinrunError
+from twinrun.core.safetensors_io import TensorSpan
 
 ADAPTER_FILE = "adapter_model.safetensors"
 HEAD_FILE = "reward_head.safetensors"
 HINT = "the run directory's adapter is damaged or was replaced: use the directory a run wrote"
 
 
-def _tensors(path: Path, what: str) -> dict[str, Any]:
+# the safetensors header's dtype names, as torch spells them (the rest as the header does)
+DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def check_adapter_header(
+    path: str | Path, what: str, hint: str = HINT, error: type[TwinrunError] = DataError
+) -> dict[str, TensorSpan]:
+    """The tensors of the adapter file `path`, from its header alone (no torch): `error(...)`
+    naming the file unless it is a regular, readable safetensors file of float32 tensors."""
+    from twinrun.core import reading
+    from twinrun.core.safetensors_io import tensor_spans
+
+    reading.open_regular(path, what, error).close()
+    spans = tensor_spans(path, what, hint, error)
+    for name, span in spans.items():
+        if span.dtype != "F32":
+            stored = DTYPE_NAMES.get(span.dtype, span.dtype)
+            raise error(f"{path}: {name} is stored as {stored}, twinrun writes float32", hint)
+    return spans
+
+
+def _finite(path: Path, what: str, hint: str, error: type[TwinrunError]) -> None:
     import torch
 
-    from twinrun.core import reading
     from twinrun.core.safetensors_io import read_tensors
 
-    reading.open_regular(path, what, DataError).close()
-    tensors = read_tensors(path, what, HINT, DataError)
-    for name, t in tensors.items():
-        if t.dtype != torch.float32:
-            raise DataError(f"{path}: {name} is stored as {t.dtype}, the run wrote float32", HINT)
+    for name, t in read_tensors(path, what, hint, error).items():
         if not bool(torch.isfinite(t).all()):
-            raise DataError(f"{path}: {name} holds a value that is not finite (NaN or Inf)", HINT)
-    return tensors
+            raise error(f"{path}: {name} holds a value that is not finite (NaN or Inf)", hint)
+
+
+def check_adapter_dir(
+    directory: str | Path,
+    what: str,
+    hint: str = HINT,
+    error: type[TwinrunError] = DataError,
+    recorded: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The adapter config of `directory` once its `adapter_model.safetensors` is a regular,
+    readable safetensors file of finite float32 tensors and its adapter_config.json parses
+    (ModelError otherwise) and has the tensors' rank (`lora_A` `r` rows, `lora_B` `r` columns);
+    `error(...)` naming the file otherwise. `recorded`: a sidecar's `train` section, whose
+    `lora_rank` / `lora_alpha` the config must equal where given."""
+    from twinrun.model.lora import read_adapter_config
+
+    run = Path(directory)
+    adapter = run / ADAPTER_FILE
+    spans = check_adapter_header(adapter, what, hint, error)
+    _finite(adapter, what, hint, error)
+    cfg = read_adapter_config(run)
+    config = run / "adapter_config.json"
+    for key, field in (("r", "lora_rank"), ("lora_alpha", "lora_alpha")):
+        want = (recorded or {}).get(field)
+        if isinstance(want, int | float) and not isinstance(want, bool) and cfg[key] != want:
+            raise error(f"{config}: {key} is {cfg[key]}, the run recorded {field} {want}", hint)
+    r = cfg["r"]
+    for name, span in spans.items():
+        rows = span.shape[0] if len(span.shape) == 2 else None
+        cols = span.shape[1] if len(span.shape) == 2 else None
+        if ("lora_A" in name and rows != r) or ("lora_B" in name and cols != r):
+            raise error(
+                f"{config}: r is {r} but {adapter.name} holds {name} of shape {span.shape}", hint
+            )
+    return cfg
 
 
 def _pinned(path: Path, want: Any) -> None:
@@ -49,8 +105,6 @@ def _pinned(path: Path, want: Any) -> None:
 def check_run_adapter(run_dir: str | Path, sidecar: dict[str, Any]) -> None:
     """DataError / IntegrityError / ModelError naming the file unless `run_dir`'s adapter (and
     reward head) are the recorded, finite, float32 bytes its adapter_config.json describes."""
-    from twinrun.model.lora import read_adapter_config
-
     run = Path(run_dir)
     adapter = run / ADAPTER_FILE
     _pinned(adapter, (sidecar.get("adapter") or {}).get("sha256"))
@@ -58,22 +112,9 @@ def check_run_adapter(run_dir: str | Path, sidecar: dict[str, Any]) -> None:
     if isinstance(head, dict) and (head.get("sha256") or (run / HEAD_FILE).exists()):
         head_path = run / HEAD_FILE
         _pinned(head_path, head.get("sha256"))
-        _tensors(head_path, "reward head")
-    tensors = _tensors(adapter, "adapter weights")
-    cfg = read_adapter_config(run)
-    config = run / "adapter_config.json"
+        check_adapter_header(head_path, "reward head")
+        _finite(head_path, "reward head", HINT, DataError)
     recorded = sidecar.get("train")
-    train: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
-    for key, field in (("r", "lora_rank"), ("lora_alpha", "lora_alpha")):
-        want = train.get(field)
-        if isinstance(want, int | float) and not isinstance(want, bool) and cfg[key] != want:
-            raise DataError(f"{config}: {key} is {cfg[key]}, the run recorded {field} {want}", HINT)
-    r = cfg["r"]
-    for name, t in tensors.items():
-        rows = t.shape[0] if t.dim() == 2 else None
-        cols = t.shape[1] if t.dim() == 2 else None
-        if ("lora_A" in name and rows != r) or ("lora_B" in name and cols != r):
-            raise DataError(
-                f"{config}: r is {r} but {adapter.name} holds {name} of shape {tuple(t.shape)}",
-                HINT,
-            )
+    check_adapter_dir(
+        run, "adapter weights", recorded=recorded if isinstance(recorded, dict) else None
+    )

@@ -31,6 +31,7 @@ import torch
 from twinrun.core.determinism import runtime_versions
 from twinrun.core.errors import ConfigError
 from twinrun.core.fileio import fsync_dir
+from twinrun.core.ledger import note_written
 from twinrun.core.safetensors_io import write_tensors
 from twinrun.train.adamw import AdamW
 from twinrun.train.checkpoint_check import (
@@ -77,6 +78,7 @@ def write_checkpoint(
         return final
     root = out / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
+    note_written(final)  # listed before its temporary folder exists
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
     try:
         tensors = {f"param.{name}": p.detach().cpu().contiguous() for name, p in params}

@@ -4,6 +4,12 @@ It writes the LoRA adapter a fresh run at this seed would start with (`apply_lor
 `stream(seed, "lora_A", module)`, B zero) in PEFT's format, and `trainer_state.json` with
 `"step": -1` — no optimizer step has run. A v1 capture accepts only such a state: the trainer
 then runs logical step 0 exactly once.
+
+A run that starts from such a directory (`--init-adapter`) checks it first, as `reproduce` and
+`export` check a run's adapter (`model.adapter_check`): `check_init_adapter` before the model is
+built (a regular, readable safetensors file of finite float32 tensors; an adapter_config.json
+that parses and has their rank), `check_init_header` in the preflight (the file and its header
+only, no torch). Each refusal is one line naming the file, before anything is written.
 """
 
 from __future__ import annotations
@@ -14,9 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.capture.manifest import REQUIRED_STATE, STATE_FILES
-from twinrun.core.errors import ConfigError
+from twinrun.core.errors import ConfigError, ModelError
 from twinrun.core.fileio import atomic_write_json
 from twinrun.core.owned import Layout
+
+INIT_HINT = "write it again with `twinrun init-adapter`, or give an adapter a run wrote"
+INIT_WHAT = "initial adapter weights"
 
 # what it writes: the adapter, its config and trainer_state.json (the state a replay reads)
 INIT_LAYOUT: Layout = {re.escape(STATE_FILES[key]): None for key in REQUIRED_STATE}
@@ -85,3 +94,22 @@ def _write(path: Path, base: Any, model: str, seed: int, rank: int, alpha: float
             "adapter_sha256": sha256_file(path / "adapter_model.safetensors"),
         },
     )
+
+
+def check_init_header(directory: str | Path) -> None:
+    """ModelError naming the file unless `directory`'s adapter weights are a regular, readable
+    safetensors file of float32 tensors (its header alone: no torch). A path that is not a
+    directory is left to `read_adapter_config`'s line."""
+    from twinrun.model.adapter_check import ADAPTER_FILE, check_adapter_header
+
+    if Path(directory).is_dir():
+        check_adapter_header(Path(directory) / ADAPTER_FILE, INIT_WHAT, INIT_HINT, ModelError)
+
+
+def check_init_adapter(directory: str | Path) -> dict[str, Any]:
+    """The adapter config of `--init-adapter` `directory`, once `check_adapter_dir` has found its
+    weights readable, float32 and finite and its config of their rank; ModelError naming the
+    file otherwise."""
+    from twinrun.model.adapter_check import check_adapter_dir
+
+    return check_adapter_dir(directory, INIT_WHAT, INIT_HINT, ModelError)

@@ -2,29 +2,31 @@
 a run's artifacts atomically — `adapter_model.safetensors`, `adapter_config.json`,
 `metrics.jsonl`, `twinrun.json`.
 
-A run directory is twinrun's when it holds twinrun's marker: the inputs record
-(`twinrun.inputs.json`, written first of all by `begin_output_dir`, so a run killed at any later
-moment is still recognised) or the finished run's sidecar (`twinrun.json`), each a JSON object
-with twinrun's "format". `--overwrite` removes exactly the names `run_layout` declares and
+A run directory is twinrun's when its list of written entries says so: `twinrun.files.jsonl`
+(`core.ledger`), created before anything else by `begin_output_dir` and appended to before each
+file or folder is made, so a run killed at any moment lists all it wrote. `--overwrite` removes
+exactly the entries that list names (each also of a name and kind `run_layout` declares) and
 refuses — before any model is loaded or any file touched — a directory holding anything else.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from twinrun.core.errors import OutputError, TwinrunError
-from twinrun.core.owned import KILLED_WRITE, Layout, refuse_input_overlap, remove, survey
+from twinrun.core.errors import OutputError
+from twinrun.core.ledger import LEDGER, covered, leads_to, read_listed, track
+from twinrun.core.owned import Layout, refuse_input_overlap, remove, survey
 from twinrun.diag.curves import CURVES_PICTURE
 from twinrun.diag.report import DIFF_PICTURE
 
 SIDECAR = "twinrun.json"
 SIDECAR_FORMAT = "twinrun.run.v1"
-INPUTS = "twinrun.inputs.json"  # the marker; train.resume_check compares it on --resume
+INPUTS = "twinrun.inputs.json"  # what the run read; train.resume_check compares it on --resume
 INPUTS_FORMAT = "twinrun.inputs.v1"  # a training run's inputs record
 REPLAY_INPUTS_FORMAT = "twinrun.replay-inputs.v1"  # a replay's: what it verified
 METRICS, DIAG, TRACE = "metrics.jsonl", "diag.jsonl", "trace.jsonl"
@@ -50,8 +52,8 @@ def run_layout() -> Layout:
     step = r"\d{6,}"
     capture = re.escape(mf.stem(0).removesuffix("000000")) + step  # optimizer_batch_step_K
     return {
-        **_files(SIDECAR, INPUTS, METRICS, DIAG, TRACE, COMPLETIONS, RESOLVED, DIFF_PICTURE),
-        **_files(CURVES_PICTURE),
+        **_files(LEDGER, SIDECAR, INPUTS, METRICS, DIAG, TRACE, COMPLETIONS, RESOLVED),
+        **_files(CURVES_PICTURE, DIFF_PICTURE),
         **adapter,
         re.escape(CHECKPOINTS): {  # checkpoint.write_checkpoint: step-K, or a killed .tmp-step-K-
             rf"step-{step}": checkpoint,
@@ -67,52 +69,52 @@ def run_layout() -> Layout:
     }
 
 
-def _is_marker(path: Path, formats: tuple[str, ...]) -> bool:
-    from twinrun.core.jsonlimits import load_json_file
-
-    if not path.is_file():
-        return False
-    try:
-        record = load_json_file(path, "marker")
-    except TwinrunError:
-        return False
-    return isinstance(record, dict) and record.get("format") in formats
-
-
 def owned_entries(p: Path) -> list[Path]:
-    """Every entry of the existing run directory `p`, deepest first — all of them names twinrun
-    writes, and `p` marked as twinrun's. OutputError naming the first foreign entry otherwise."""
+    """Every entry of the existing run directory `p`, deepest first — each one named by the list
+    of what twinrun wrote there (`core.ledger`), and of a kind twinrun writes under that name.
+    OutputError naming the first other entry, or the missing list, before anything is removed."""
     found = survey(p, run_layout())
+    listed = read_listed(p)
+    if found.foreign is None and listed is None:
+        raise OutputError(
+            f"--overwrite refused: {p} has no {LEDGER} of twinrun's listing the files it wrote "
+            "(the directory was not made by this twinrun)",
+            "remove it yourself if it is an old run, or choose another --output",
+        )
+    if found.foreign is None and listed is not None:
+        for entry in found.entries:
+            rel = entry.relative_to(p).as_posix()
+            if not (covered(rel, listed) or (entry.is_dir() and leads_to(rel, listed))):
+                found.foreign, found.why = entry, f"not in its {LEDGER}"
+                break
     if found.foreign is not None:
-        rel = found.foreign.relative_to(p)
+        rel_path = found.foreign.relative_to(p)
         why = f" ({found.why})" if found.why else ""
-        if rel.parts[0] in TRACKER_DIRS:
+        if rel_path.parts[0] in TRACKER_DIRS:
             why = " (a --report-to tracker's logs, perhaps not yet synced)"
         raise OutputError(
-            f"--overwrite refused: {p} holds {rel}, which twinrun did not write{why}",
+            f"--overwrite refused: {p} holds {rel_path}, which twinrun did not write{why}",
             "move it out of the directory, or choose another --output; --overwrite removes "
-            "only the files a twinrun run writes",
-        )
-    killed_first_write = all(
-        (m := KILLED_WRITE.fullmatch(e.name)) and m["name"] == INPUTS for e in found.entries
-    )  # a run killed while begin_output_dir wrote the marker
-    if not (
-        killed_first_write
-        or _is_marker(p / INPUTS, (INPUTS_FORMAT, REPLAY_INPUTS_FORMAT))
-        or _is_marker(p / SIDECAR, (SIDECAR_FORMAT,))
-    ):
-        raise OutputError(
-            f"--overwrite refused: {p} does not look like a twinrun run directory (it has no "
-            f"{INPUTS} or {SIDECAR} of twinrun's)",
-            "point --output at a new or twinrun-made directory",
+            "only the files a twinrun run wrote",
         )
     return found.entries
+
+
+def adopt_run_dir(p: Path) -> None:
+    """Go on listing what this process writes into the run directory `p` that it resumes; a
+    run made before twinrun kept the list gets one naming its entries of twinrun's names."""
+    from twinrun.core.owned import declared
+
+    layout = run_layout()
+    track(p, adopt=[n for n in sorted(os.listdir(p)) if declared(layout, n)])
 
 
 def clear_run_dir(p: Path) -> None:
     """Empty the twinrun run directory `p` (it stays, empty): exactly the entries
     `owned_entries` names, nothing when it holds anything foreign."""
-    remove(owned_entries(p) if any(p.iterdir()) else [])
+    entries = owned_entries(p) if any(p.iterdir()) else []
+    # the list goes last: a clear killed half-way leaves a directory that is still known
+    remove(sorted(entries, key=lambda e: e == p / LEDGER))
 
 
 def check_output_dir(
@@ -159,6 +161,7 @@ def begin_output_dir(p: Path, overwrite: bool, inputs: dict[str, Any]) -> None:
     if overwrite and p.is_dir():
         clear_run_dir(p)
     p.mkdir(parents=True, exist_ok=True)
+    track(p)  # the list of what is written, before anything else is
     from twinrun.core.fileio import atomic_write_json
 
     atomic_write_json(p / INPUTS, inputs)

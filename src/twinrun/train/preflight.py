@@ -4,8 +4,10 @@
 with its own functions, so a path mistake costs no torch, transformers or PEFT import (seconds
 on a small machine): the output directory (not when resuming), the model directory and its
 `config.json`, and that each examples file, evaluation examples file and corpus file exists as
-a file (a `datasets` directory as a directory). The session checks them all again — the files
-may change in between — and everything that needs a tokenizer or a model.
+a file (a `datasets` directory as a directory), and that an `--init-adapter`'s weights are a
+readable safetensors file of float32 tensors (its header: `train.init_adapter.check_init_header`).
+The session checks them all
+again — the files may change in between — and everything that needs a tokenizer or a model.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from twinrun.config.resolved import ValidRun
 from twinrun.core import reading
 from twinrun.model.loading import check_model_dir, read_model_config
+from twinrun.train.init_adapter import check_init_header
 from twinrun.train.outputs import check_output_dir, config_inputs
 
 
@@ -43,3 +46,5 @@ def preflight(run: ValidRun) -> None:
             "check the --corpus paths",
             f"corpus file {corpus} does not exist",
         )
+    if cfg.init_adapter is not None:
+        check_init_header(cfg.init_adapter)

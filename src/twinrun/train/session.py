@@ -27,7 +27,13 @@ from twinrun.core.redact import redact
 from twinrun.data.examples import SourcedRow, examples_sha256, load_rows
 from twinrun.train import distributed
 from twinrun.train.faults import Faults, parse_faults
-from twinrun.train.outputs import begin_output_dir, check_output_dir, config_inputs, sidecar
+from twinrun.train.outputs import (
+    adopt_run_dir,
+    begin_output_dir,
+    check_output_dir,
+    config_inputs,
+    sidecar,
+)
 from twinrun.train.resume_check import check_resume, run_inputs
 
 if TYPE_CHECKING:
@@ -95,6 +101,9 @@ class Session(ModelSession):
         if self.lock is not None:
             release(self.lock)
             self.lock = None
+        from twinrun.core.ledger import untrack
+
+        untrack(self.out)
 
     @property
     def lora_targets(self) -> list[str]:
@@ -185,7 +194,9 @@ def _open_locked(
 
         sharding = shard_base(model, params, cfg.device)
     if not cfg.resume and distributed.is_root():
-        begin_output_dir(out, cfg.overwrite, data.inputs)  # the inputs record first: the marker
+        begin_output_dir(out, cfg.overwrite, data.inputs)  # the list of files, the inputs record
+    elif distributed.is_root():
+        adopt_run_dir(out)  # a resume goes on listing what it writes
     session = Session(
         run=run,
         out=out,
@@ -243,8 +254,8 @@ def _read_data(
 
 
 def _build_model(run: ValidRun, p: Prelude) -> tuple[CausalLM, Params]:
-    """The model with fresh LoRA factors (or the `--init-adapter`, its shape checked) and its
-    trainable parameters."""
+    """The model with fresh LoRA factors (or the `--init-adapter`, its files and shape checked
+    first) and its trainable parameters."""
     from twinrun.model.build import FreshLora
     from twinrun.model.lora import lora_parameters
 
@@ -252,14 +263,14 @@ def _build_model(run: ValidRun, p: Prelude) -> tuple[CausalLM, Params]:
     loading = Progress(1, "", quiet=cfg.quiet or not distributed.is_root())
     loading.note(f"{cfg.objective}: loading {run.model} ...")  # a large model takes minutes
     fresh = FreshLora(run.lora_rank, run.lora_alpha, run.seed, cfg.lora_targets)
+    if cfg.init_adapter is not None:  # its files and shape, before the model loads (minutes)
+        check_adapter_shape(run)
     model = p.build(
         precision=run.precision, seed=run.seed, attention=cfg.attention,
         lora=None if cfg.init_adapter is not None else fresh,
         batch_invariant=cfg.batch_invariant, gradient_checkpointing=cfg.gradient_checkpointing,
         shard_over=distributed.world().size if cfg.shard_base else None,
     )  # fmt: skip
-    if cfg.init_adapter is not None:
-        check_adapter_shape(model, run)
     return model, lora_parameters(model)
 
 
@@ -309,13 +320,15 @@ def check_run_schedule(run: ValidRun, encoded: Sequence[object]) -> None:
         ) from exc
 
 
-def check_adapter_shape(model: CausalLM, run: ValidRun) -> None:
-    """A run that starts from an existing adapter (e.g. `twinrun init-adapter`) has its shape."""
+def check_adapter_shape(run: ValidRun) -> None:
+    """A run that starts from an existing adapter (e.g. `twinrun init-adapter`) has its shape,
+    and the adapter is one to trust (`train.init_adapter.check_init_adapter`: readable, float32,
+    finite, its config of the tensors' rank)."""
     from twinrun.core.errors import ConfigError
-    from twinrun.model.lora import read_adapter_config
+    from twinrun.train.init_adapter import check_init_adapter
 
     cfg = run.config
-    adapter = read_adapter_config(cfg.init_adapter)  # type: ignore[arg-type]  # called when given
+    adapter = check_init_adapter(cfg.init_adapter)  # type: ignore[arg-type]  # called when given
     if (
         adapter.get("r") != run.lora_rank
         or float(adapter.get("lora_alpha", "nan")) != run.lora_alpha

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from twinrun.core.fileio import write_failed
+from twinrun.core.ledger import note_written
 from twinrun.train.outputs import COMPLETIONS
 
 __all__ = ["COMPLETIONS", "TranscriptLog", "transcript"]
@@ -80,6 +81,7 @@ class TranscriptLog:
             for r in rollouts[: self.limit]
         ]
         try:
+            note_written(self.path)
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write("".join(lines))
         except OSError as exc:
