@@ -9,6 +9,7 @@ import errno
 import gc
 import importlib
 import os
+import signal
 import sys
 import warnings
 from typing import Any
@@ -35,6 +36,27 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+SIGINT_SEEN: list[bool] = []  # set by the handler `main` installs: a Ctrl-C has arrived
+INTERRUPTED_LINE = (
+    "twinrun: interrupted (SIGINT) — the command did not finish; rerun it (with --overwrite "
+    "where it had begun its output)"
+)
+
+
+class StartInterrupted(Exception):
+    """Ctrl-C outside a run's steps (while starting, loading or writing): one line, exit 130."""
+
+
+def _note_sigint(signum: int, frame: Any) -> None:
+    SIGINT_SEEN.append(True)
+    signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt, as Python's own
+
+
+def interrupted() -> int:
+    click.echo(INTERRUPTED_LINE, err=True)
+    return 130
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -44,6 +66,12 @@ class LazyGroup(click.Group):
             return None
         module, attr, _ = COMMANDS[name]
         return getattr(importlib.import_module(module), attr)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:  # before click turns it into a blank line and "Aborted"
+            raise StartInterrupted() from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
@@ -130,9 +158,13 @@ def run_cli(args: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = show_warning
             rv = cli.main(args=args, prog_name="twinrun", standalone_mode=False)
+    except StartInterrupted:
+        return interrupted()
     except TwinrunError as exc:
         if debug_enabled():
             raise
+        if SIGINT_SEEN and exc.exit_code != 130:  # e.g. a load a Ctrl-C broke, not the input
+            return interrupted()
         say(f"twinrun: error: {exc.one_line()}")
         return exc.exit_code
     except click.exceptions.Exit as exc:
@@ -146,20 +178,20 @@ def run_cli(args: list[str] | None = None) -> int:
     except click.ClickException as exc:
         say(f"twinrun: error: {exc.format_message()}")
         return exc.exit_code
-    except click.exceptions.Abort:
-        click.echo("twinrun: aborted", err=True)
-        return 130
-    except KeyboardInterrupt:
-        click.echo("twinrun: interrupted", err=True)
-        return 130
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        return interrupted()
     except OSError as exc:  # the environment, not a bug: a full disk, a path that vanished
         if debug_enabled():
             raise
+        if SIGINT_SEEN:
+            return interrupted()
         say(os_error_line(exc))
         return 2
     except Exception as exc:  # a bug, not a user error: still one line unless debugging
         if debug_enabled():
             raise
+        if SIGINT_SEEN:  # an import or a load a Ctrl-C cut short (ImportError and the like)
+            return interrupted()
         from twinrun.core.safetensors_io import disk_error
 
         disk = disk_error(exc, "an output path")  # e.g. safetensors' own "No space left"
@@ -176,10 +208,15 @@ def run_cli(args: list[str] | None = None) -> int:
 
 
 def main() -> None:
-    from twinrun.core.portable import pin_environment
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when ignored
+        signal.signal(signal.SIGINT, _note_sigint)
+    try:
+        from twinrun.core.portable import pin_environment
 
-    pin_environment()  # before anything imports torch: its kernels are chosen at their first use
-    code = run_cli()
+        pin_environment()  # before anything imports torch: kernels are chosen at first use
+        code = run_cli()
+    except KeyboardInterrupt:
+        code = interrupted()
     if code == 0:  # under torchrun: leave the process group (a failed run just exits)
         from twinrun.train.distributed import teardown
 

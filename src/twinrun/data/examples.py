@@ -42,6 +42,8 @@ class SourcedRow:
 
     data: dict[str, Any]
     where: str  # "path:line" (JSONL) or "path[index]" (JSON array)
+    # a GRPO row's conversation before its prompt (`conversational_prompt`): system, earlier turns
+    context: tuple[dict[str, str], ...] = ()
 
 
 def shipped_examples(name: str = "sft.jsonl") -> Path:
@@ -239,6 +241,30 @@ def conversational_parts(row: SourcedRow) -> tuple[list[dict[str, str]], str]:
     if prompt[-1]["role"] == "assistant":
         raise DataError(f"{row.where}: the prompt's last message has role 'assistant'")
     return prompt, completion[0]["content"]
+
+
+def conversational_prompt(row: SourcedRow, templated: bool) -> SourcedRow:
+    """A GRPO row as its environment sees it. TRL's conversational prompt (`prompt` a list of
+    messages ending with the user's) becomes that last message's text — what the environment's
+    prompt and reward read — with the messages before it (a system prompt, earlier turns) kept
+    as the row's `context`, which comes first in what the model is shown. A string prompt is
+    left as it is."""
+    if not isinstance(row.data.get("prompt"), list):
+        return row
+    messages = message_list(row, "prompt")
+    if messages[-1]["role"] != "user":
+        raise DataError(
+            f"{row.where}: a conversational prompt must end with a 'user' message (it ends "
+            f"with {messages[-1]['role']!r})",
+            "the model answers the last user message: end the prompt with one",
+        )
+    if not templated:
+        raise DataError(
+            f"{row.where}: a conversational prompt needs the chat template",
+            "pass --chat-template on, or give the prompt as a string",
+        )
+    data = {**row.data, "prompt": messages[-1]["content"]}
+    return SourcedRow(data, row.where, tuple(messages[:-1]))
 
 
 def encode_prompt_completion(

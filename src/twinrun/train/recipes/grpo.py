@@ -41,7 +41,7 @@ from twinrun.config.resolved import (
 )
 from twinrun.core.rng import stream
 from twinrun.data.batching import epoch_order
-from twinrun.data.examples import SourcedRow
+from twinrun.data.examples import SourcedRow, conversational_prompt
 from twinrun.model.lora import lora_disabled
 from twinrun.objectives.grpo import grpo_loss
 from twinrun.rl.advantages import apply_token_cap, compute_advantages
@@ -154,6 +154,8 @@ class GrpoRecipe(Recipe):
         env = make_environment(name, given.config.env_args or {}) if tools is None else tools
 
         def encode(run: ValidRun, tok: Any, raw: Any, max_len: int) -> list[SourcedRow]:
+            templated = run.record(Examples).templated
+            raw = [conversational_prompt(r, templated) for r in raw]
             rows = (
                 validated_rows(env, name, raw, run.seed)
                 if isinstance(env, OneTurnEnvironment)

@@ -115,14 +115,16 @@ def render(s: Session, messages: list[Message], tools: list[dict[str, Any]]) -> 
 
 
 def first_messages(
-    s: Session, episode: Episode, stamped: bool = False
+    s: Session, episode: Episode, stamped: bool = False, context: Sequence[Message] = ()
 ) -> tuple[list[Message], list[dict[str, Any]]]:
-    """Turn 0's messages and the episode's tool schemas; `stamped`: the planted observation
-    fault prepends the clock to the first user message."""
+    """Turn 0's messages and the episode's tool schemas: the row's `context` (a conversational
+    prompt's messages before the last), then the environment's observation as the user's;
+    `stamped`: the planted observation fault prepends the clock to that user message."""
     tools = [dict(t) for t in episode.tools]
     messages: list[Message] = []
     if tools and not template_takes_tools(str(s.tok.chat_template)):
         messages.append({"role": "system", "content": tools_system_text(tools)})
+    messages += [dict(m) for m in context]
     observation = episode.start()
     messages.append({"role": "user", "content": observation_fault(observation) if stamped
                      else observation})  # fmt: skip
@@ -139,7 +141,7 @@ def start_episode(
     episode's is the chat template's rendering, with the tools."""
     seed = s.run.seed
     episode = env.episode(dict(row.data), stream(seed, "env", step, slot))
-    messages, tools = first_messages(s, episode, stamped)
+    messages, tools = first_messages(s, episode, stamped, row.context)
     if env.one_turn:
         text, ids = "", s.tok.prompt_ids(messages, s.run.record(Examples).templated)
     else:
