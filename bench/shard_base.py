@@ -24,7 +24,9 @@ counter reset there through /proc/self/clear_refs: the training), the RSS at the
 Models: the toy (`twinrun toy-model --seed 0`), the 64 shipped examples, batch 2, accumulation
 4, LoRA rank 8; SmolLM2-135M-Instruct (the cached checkpoint of tests/real/smollm2.py; skipped
 with a note when it cannot be had), the first 8 shipped examples, batch 1, accumulation 2,
-`--max-length 64`.
+`--max-length 64`; and a base-dominated Llama built from transformers' `LlamaConfig` (LARGE:
+1.2 GB of f32 weights, the toy's vocabulary, so its embeddings and head are small: what a
+process count can divide is nearly all of it), with SmolLM2's set-up.
 
     python bench/shard_base.py [--repeats 3] [--smol-repeats 1]
 
@@ -60,7 +62,10 @@ GATHERS = ("all_gather_single", "all_gather_into_tensor", "all_gather")
 SETUPS: dict[str, dict[str, Any]] = {
     "toy": {"batch": 2, "accumulation": 4, "rows": 64, "extra": []},
     "smollm2": {"batch": 1, "accumulation": 2, "rows": 8, "extra": ["--max-length", "64"]},
+    "large": {"batch": 1, "accumulation": 2, "rows": 8, "extra": ["--max-length", "64"]},
 }
+# the base-dominated Llama: 24 layers, hidden 1024 (heads of 64), MLP 2816, the toy's vocabulary
+LARGE = {"layers": 24, "hidden": 1024, "inter": 2816}
 # run name -> processes, sharded
 RUNS = {"1": (1, False), "2": (2, False), "2-shard": (2, True), "3-shard": (3, True)}
 RUN_ENV: dict[str, dict[str, str]] = {}  # per run, extra environment (none now)
@@ -407,14 +412,16 @@ def bound_rows(rows: dict[str, Any], base: int) -> None:
     """Each run's peak RSS per process, loading included (the larger of the load's and the
     training's peaks), against the unsharded one's and against the bound
 
-        peak(W) <= before(W) + base/W + rest(1) + 2 * (root + layer)
+        peak(W) <= before(W) + base/W + rest(1) + 2 * root + 3 * layer
 
     before(W): the RSS before the base is built (imports, tokenizer, data); rest(1) = peak(1) -
     before(1) - base: what the 1-process run holds beside the weights (activations, the
     optimizer, the adapter), which no process count divides; root: the root unit (embeddings,
     final norm, head), all-gathered from its forward through its backward; layer: one decoder
     layer's unit; each unit is gathered into one buffer and copied out of it into its weights
-    (2x while it is gathered). Sizes in MiB, FSDP2's padded rows."""
+    (2x while it is gathered), and in the backward FSDP2 gathers the next layer while one is
+    computed (its default backward prefetch): one layer held, the next held and in its buffer
+    (3 layers). Sizes in MiB, FSDP2's padded rows."""
     mib = 2**20
 
     def peak(r: dict[str, Any]) -> float:
@@ -431,13 +438,42 @@ def bound_rows(rows: dict[str, Any], base: int) -> None:
             continue
         world = r["processes"]
         layer = units["layers_padded"] / max(units["layers_n"], 1)
-        overhead = 2 * (units["root_padded"] + layer) / mib
+        overhead = (2 * units["root_padded"] + 3 * layer) / mib
         r["bound_mib"] = r["rss_before_load_mib"]["median"] + base / world / mib + rest + overhead
-        r["bound_terms_mib"] = {"rest_of_1": rest, "twice_root_and_layer": overhead}
+        r["bound_terms_mib"] = {"rest_of_1": rest, "gathered_units": overhead}
         r["within_bound"] = r["peak_mib"] <= r["bound_mib"]
 
 
 # ------------------------------------------------------------ a base that does not fit a process
+
+
+def llama_checkpoint(
+    work: Path, name: str, layers: int, hidden: int, inter: int
+) -> tuple[Path, int]:
+    """A Llama checkpoint from transformers' own classes with the toy's tokenizer and vocabulary
+    (so nearly all its bytes are decoder layers), f32, seed 0; returns it and its weights' bytes."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    toy = work / "toy-model"
+    model = work / name
+    toy_config = json.loads((toy / "config.json").read_text())
+    config = LlamaConfig(
+        vocab_size=toy_config["vocab_size"], hidden_size=hidden, intermediate_size=inter,
+        num_hidden_layers=layers, num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64, max_position_embeddings=256,
+        bos_token_id=toy_config.get("bos_token_id"), eos_token_id=toy_config.get("eos_token_id"),
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(config).to(torch.float32)
+    hf.save_pretrained(model)
+    weights = sum(p.numel() * 4 for p in hf.parameters())
+    del hf
+    for f in toy.iterdir():
+        if f.name not in ("config.json", "model.safetensors") and f.is_file():
+            (model / f.name).write_bytes(f.read_bytes())
+    return model, weights
 
 
 def cap_demo(work: Path) -> dict[str, Any]:
@@ -448,26 +484,7 @@ def cap_demo(work: Path) -> dict[str, Any]:
     the uncapped 1-process run."""
     import resource
 
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    toy = work / "toy-model"
-    model = work / "big-model"
-    toy_config = json.loads((toy / "config.json").read_text())
-    config = LlamaConfig(
-        vocab_size=toy_config["vocab_size"], hidden_size=768, intermediate_size=2048,
-        num_hidden_layers=16, num_attention_heads=12, num_key_value_heads=12,
-        max_position_embeddings=256, bos_token_id=toy_config.get("bos_token_id"),
-        eos_token_id=toy_config.get("eos_token_id"), tie_word_embeddings=False,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    hf = LlamaForCausalLM(config).to(torch.float32)
-    hf.save_pretrained(model)
-    weights = sum(p.numel() * 4 for p in hf.parameters())
-    del hf
-    for f in toy.iterdir():
-        if f.name not in ("config.json", "model.safetensors") and f.is_file():
-            (model / f.name).write_bytes(f.read_bytes())
+    model, weights = llama_checkpoint(work, "big-model", layers=16, hidden=768, inter=2048)
 
     def stacks() -> None:  # 1 MiB thread stacks: glibc reserves RLIMIT_STACK each, counted whole
         resource.setrlimit(resource.RLIMIT_STACK, (2**20, 2**20))
@@ -601,12 +618,13 @@ def render_model(title: str, m: dict[str, Any]) -> list[str]:
         )
     lines += [
         "",
-        "Bound on a sharded process's peak RSS: before(W) + base/W + rest(1) + 2·(root + layer) "
+        "Bound on a sharded process's peak RSS: before(W) + base/W + rest(1) + 2·root + 3·layer "
         "(MiB): before(W) the RSS before the base is built; rest(1) what the 1-process run "
         "holds beside the weights (activations, optimizer, adapter: no process count divides "
         "it); root the root unit (embeddings, final norm, head), gathered from its forward "
         "through its backward; layer one decoder layer's unit; a unit is gathered into one "
-        "buffer and copied out of it (2x while gathered).",
+        "buffer and copied out of it (2x while gathered), and in the backward FSDP2 gathers "
+        "the next layer while one is computed (its default backward prefetch: 3 layers).",
     ]
     lines += [
         "",
@@ -688,26 +706,33 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"SmolLM2-135M-Instruct: not measured ({r['smollm2_note']}).")
     else:
         lines += render_model("SmolLM2-135M-Instruct", r["smollm2"])
+    if r.get("large"):
+        lines.append("")
+        lines += render_model(large_title(r), r["large"])
     if r.get("cap"):
         lines.append("")
         lines += render_cap(r["cap"])
     return "\n".join(lines)
 
 
-def render_figures(r: dict[str, Any]) -> str:
-    """The figures docs/distributed.md quotes: SmolLM2's runs (else the toy's) and the cap."""
-    key = "smollm2" if r["smollm2"] is not None else "toy"
-    m = r[key]
-    title = "SmolLM2-135M-Instruct" if key == "smollm2" else "the toy model"
+def large_title(r: dict[str, Any]) -> str:
+    shape = r["large_shape"]
+    return (
+        f"A base-dominated Llama ({shape['layers']} layers, hidden {shape['hidden']}, MLP "
+        f"{shape['inter']}, the toy's vocabulary: nearly every byte in the decoder layers)"
+    )
+
+
+def figure_rows(m: dict[str, Any]) -> list[str]:
+    """One model's runs as docs/distributed.md shows them."""
     lines = [
-        f"{title}, measured {r['when']} on {r['cpus']} CPUs, load average {r['load'][0]:.2f} at "
-        f"start and {r['load'][1]:.2f} at end (shared machine: wall times wait for a core):",
-        "",
         "| processes | base bytes held (rank 0) | peak RSS per process, loading included (MiB) "
-        "| of the unsharded peak | bound (MiB) | FSDP2 bytes received per step | step wall s "
-        "| adapter |",
-        "|---|---|---|---|---|---|---|---|",
+        "| of the unsharded peak | above the RSS before the base is built (MiB) | of the "
+        "unsharded | bound (MiB) | FSDP2 bytes received per step | step wall s | adapter |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    one = m["runs"]["1"]
+    one_above = one["peak_mib"] - one["rss_before_load_mib"]["median"]
     for n, row in m["runs"].items():
         got = m["bytes"].get(n, {}).get("fsdp_gather_received_per_step")
         bound = (
@@ -715,12 +740,31 @@ def render_figures(r: dict[str, Any]) -> str:
             if row.get("bound_mib")
             else "–"
         )
+        above = row["peak_mib"] - row["rss_before_load_mib"]["median"]
         same = "–" if n == "1" else ("the 1-process bytes" if row["same_adapter"] else "DIFFERENT")
         lines.append(
             f"| {label(n)} | {mb(row['base_bytes_here'])} | {row['peak_mib']:.0f} | "
-            f"{row['peak_of_unsharded']:.2f} | {bound} | "
+            f"{row['peak_of_unsharded']:.2f} | {above:.0f} | {above / one_above:.2f} | {bound} | "
             f"{mb(got) if got is not None else '–'} | {row['step_s']['median']:.2f} | {same} |"
         )
+    return lines
+
+
+def render_figures(r: dict[str, Any]) -> str:
+    """The figures docs/distributed.md quotes: SmolLM2's runs (else the toy's), the
+    base-dominated Llama's and the cap."""
+    key = "smollm2" if r["smollm2"] is not None else "toy"
+    title = "SmolLM2-135M-Instruct" if key == "smollm2" else "the toy model"
+    lines = [
+        f"{title}, measured {r['when']} on {r['cpus']} CPUs, load average {r['load'][0]:.2f} at "
+        f"start and {r['load'][1]:.2f} at end (shared machine: wall times wait for a core):",
+        "",
+        *figure_rows(r[key]),
+    ]
+    if r.get("large"):
+        base = r["large"]["base_bytes"]
+        lines += ["", f"{large_title(r)}, {mb(base)} of f32 weights, the same run:", ""]
+        lines += figure_rows(r["large"])
     if r.get("cap"):
         lines.append("")
         lines += render_cap(r["cap"])[2:]
@@ -738,7 +782,20 @@ def main() -> None:
         action="store_true",
         help="measure src/ as committed at HEAD (git archive), not the working tree's",
     )
+    ap.add_argument(
+        "--render-only",
+        action="store_true",
+        help="recompute the bounds and rewrite the report from bench/results/shard_base.json "
+        "(nothing is measured again)",
+    )
     a = ap.parse_args()
+    if a.render_only:
+        result = json.loads((RESULTS / "shard_base.json").read_text())
+        for key in ("toy", "smollm2", "large"):
+            if result.get(key):
+                bound_rows(result[key]["runs"], result[key]["base_bytes"])
+        write_results(result)
+        return
     import torch
 
     global SRC
@@ -768,6 +825,8 @@ def main() -> None:
             if smol is not None
             else None
         )
+        large, _ = llama_checkpoint(work, "large-model", **LARGE)
+        large_r = measure(large, work, "large", SMOL_RUNS, 1, timed=False)
         cap_r = cap_demo(work)
     argv = ["python", "bench/shard_base.py"]
     if a.repeats != 3:
@@ -783,8 +842,14 @@ def main() -> None:
         "command": shlex.join(argv), "script_wall_s": time.perf_counter() - t0,
         "src": "HEAD (git archive)" if a.src_from_head else "working tree",
         "src_uncommitted_edits": dirty,
-        "toy": toy_r, "smollm2": smol_r, "smollm2_note": smol_note, "cap": cap_r,
+        "toy": toy_r, "smollm2": smol_r, "smollm2_note": smol_note, "large": large_r,
+        "large_shape": LARGE, "cap": cap_r,
     }  # fmt: skip
+    write_results(result)
+
+
+def write_results(result: dict[str, Any]) -> None:
+    """The results file, the report and the two docs sections."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "shard_base.json").write_text(json.dumps(result, indent=2) + "\n")
     body = render(result)
