@@ -236,6 +236,16 @@ class AttributeReward(NoReward):
     reward = 0.25
 
 
+class SeesTheCompletion(NoReward):
+    def reward(self, completion):
+        return 1.0 if "</tool_call>" in completion else float(len(completion))
+
+
+class WantsMore(NoReward):
+    def reward(self, completion, answer):
+        return 0.0
+
+
 class Secretive:
     def __init__(self, api_key):
         self.api_key = api_key
@@ -461,6 +471,17 @@ def test_rewards_of_the_trl_shape(plugins: str) -> None:
     plain = episode(f"{plugins}:NoReward")
     plain.answer("42")
     assert plain.reward() == 1.0  # no reward: the arithmetic rule on the final turn
+    sees = episode(f"{plugins}:SeesTheCompletion")
+    sees.answer("I think 41")
+    assert sees.reward() == float(len("I think 41"))  # reward(completion): the final turn
+    more = episode(f"{plugins}:WantsMore")
+    more.answer("42")
+    with pytest.raises(ToolEnvironmentError) as info:
+        more.reward()
+    assert info.value.one_line().startswith(
+        f"environment '{plugins}:WantsMore': reward() requires arguments ['completion', 'answer']"
+        " — define reward(self) or reward(self, completion)"
+    )
 
 
 def test_the_environments_faults_are_one_line_without_secrets(plugins: str) -> None:

@@ -226,8 +226,9 @@ def row_kwargs(fn: Callable[..., Any], row: Mapping[str, Any], rng: Stream) -> d
 
 
 def reward_of(guard: Guard, obj: Any, row: Mapping[str, Any], final: str) -> float:
-    """An environment object's score: its `reward()` method (no required arguments), else a
-    numeric `reward` attribute, else the arithmetic rule on the final model turn."""
+    """An environment object's score: its `reward()` method — with no required arguments, or
+    with one named `completion`, given the final model turn's text — else a numeric `reward`
+    attribute, else the arithmetic rule on the final model turn."""
     attr = inspect.getattr_static(obj, "reward", None)
     if attr is None:
         return arithmetic_reward(row, final, guard.env)
@@ -241,13 +242,25 @@ def reward_of(guard: Guard, obj: Any, row: Mapping[str, Any], final: str) -> flo
             ]
         except (TypeError, ValueError):
             required = []
-        if required:
+        given = {"completion": final} if _takes(value, "completion") else {}
+        if [name for name in required if name not in given]:
             raise ToolEnvironmentError(
                 f"environment {guard.env!r}: reward() requires arguments {required}",
-                "define reward(self) with no required arguments, or a numeric reward attribute",
+                "define reward(self) or reward(self, completion) (the final model turn's "
+                "text), or a numeric reward attribute",
             )
-        value = guard.call("reward", value)
+        value = guard.call("reward", value, **given)
     return guard.reward(value)
+
+
+def _takes(fn: Any, name: str) -> bool:
+    """Whether `fn` has a parameter `name` that can be passed by keyword."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    p = params.get(name)
+    return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
 
 
 _JSON_CHECK: dict[str, tuple[type, ...]] = {
