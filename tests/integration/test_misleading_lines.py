@@ -39,6 +39,7 @@ def test_a_batch_larger_than_the_data_says_where_the_step_count_came_from(
     line = one_line(capsys)
     assert "--warmup-steps 1 leaves no step of the 1-step run to decay (16 examples at " in line
     assert "--batch-size 1000 x --accumulation 1 make 1 step(s) an epoch, 1 epoch(s))" in line
+    assert "— one step takes 1000 examples and the data has 16: give more examples or a " in line
     assert not out.exists()
 
 

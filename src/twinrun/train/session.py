@@ -312,11 +312,18 @@ def check_run_schedule(run: ValidRun, encoded: Sequence[object]) -> None:
         check_schedule(run.warmup_steps, plan.epochs * per_epoch, run.lr_schedule,
                        run.config.decay_steps)  # fmt: skip
     except ConfigError as exc:  # say where the step count came from: the data and the batch
+        step = run.batch_size * plan.accumulation
+        hint = exc.hint
+        if len(encoded) < step:  # the likelier mistake: a step larger than the data
+            hint = (
+                f"one step takes {step} examples and the data has {len(encoded)}: give more "
+                f"examples or a smaller --batch-size / --accumulation (or {exc.hint})"
+            )
         raise ConfigError(
             f"{exc.message} ({len(encoded)} examples at --batch-size {run.batch_size} x "
             f"--accumulation {plan.accumulation} make {per_epoch} step(s) an epoch, "
             f"{plan.epochs} epoch(s))",
-            exc.hint,
+            hint,
         ) from exc
 
 
