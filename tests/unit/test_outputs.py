@@ -288,3 +288,25 @@ def test_the_trackers_folders_are_never_cleared(tmp_path: Path) -> None:
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
     assert (deep / "wandb-summary.json").read_text() == "{}"
     assert (outside / "precious.txt").read_text() == "keep me"
+
+
+def test_a_list_line_a_kill_cut_short_is_mended_by_the_next_entry(tmp_path: Path) -> None:
+    """Killed while it listed an entry (before the entry was made): the next process's first
+    entry starts on a line of its own, and the list still reads (the torn line named nothing
+    that exists)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    track(run)
+    note_written(run / "metrics.jsonl")
+    untrack(run)
+    with open(run / LEDGER, "ab") as fh:
+        fh.write(b'{"path": "diag.js')  # the kill
+    track(run)
+    note_written(run / "trace.jsonl")
+    untrack(run)
+    assert (run / LEDGER).read_bytes().count(b"\n") == 4  # the torn line ended, then the entry
+    assert read_listed(run) == {"metrics.jsonl", "trace.jsonl"}
+    (run / "metrics.jsonl").write_text("{}\n")
+    (run / "trace.jsonl").write_text("{}\n")
+    clear_run_dir(run)
+    assert list(run.iterdir()) == []

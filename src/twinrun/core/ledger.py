@@ -53,8 +53,13 @@ def read_listed(root: Path) -> set[str] | None:
         head = json.loads(lines[0])
         if not (isinstance(head, dict) and head.get("format") == LEDGER_FORMAT):
             return None
-        for line in lines[1:]:
-            entry = json.loads(line)
+        for i, line in enumerate(lines[1:], start=1):
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                if i < len(lines) - 1 and lines[i + 1].startswith(b"{"):
+                    continue  # a line a kill cut short, ended by the next append's newline
+                raise
             rel = entry.get("path") if isinstance(entry, dict) else None
             if not isinstance(rel, str) or not _plain(rel):
                 return None
@@ -95,9 +100,12 @@ def leads_to(rel: str, listed: set[str]) -> bool:
 def _append(root: Path, record: dict[str, str]) -> None:
     path = root / LEDGER
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
-            os.write(fd, (json.dumps(record, ensure_ascii=False) + "\n").encode())
+            size = os.fstat(fd).st_size
+            torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"  # a line a kill cut short
+            line = json.dumps(record, ensure_ascii=False) + "\n"
+            os.write(fd, (("\n" if torn else "") + line).encode())
             os.fsync(fd)
         finally:
             os.close(fd)
