@@ -8,6 +8,7 @@ conversation (`conversation_ids`; a row's `tools` rendered by the template); pla
 from __future__ import annotations
 
 import json
+import stat
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -51,10 +52,40 @@ def shipped_examples(name: str = "sft.jsonl") -> Path:
     return Path(str(resources.files("twinrun") / "examples" / name))
 
 
+# The rows of the last regular files read (a run's examples and its evaluation examples), keyed by
+# the file's SHA256 and the limits: the command line reads and checks a run's data before torch
+# loads, and the session's read of the same bytes then costs a hash, not a parse.
+_READ: dict[tuple[Any, ...], list[SourcedRow]] = {}
+_KEPT = 2
+
+
+def _file_key(p: Path, limits: Limits) -> tuple[Any, ...] | None:
+    """None for what is not a regular file within the file limit (the reader refuses those)."""
+    try:
+        st = p.stat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limits.max_file_bytes:
+            return None
+        return (str(p.resolve()), sha256_file(p), limits)
+    except (OSError, DataError):  # gone or swapped meanwhile: the reader says what it is
+        return None
+
+
 def load_rows(path: str | Path, limits: Limits = EXAMPLES) -> list[SourcedRow]:
     """Read an examples file. Raises DataError naming the file (and line) on any problem; rows
-    and the file are bounded by `limits` (bytes per row and per file, integer digits, nesting)."""
-    p = Path(path)
+    and the file are bounded by `limits` (bytes per row and per file, integer digits, nesting).
+    A regular file read again with the same bytes gives the rows read before (a new list)."""
+    key = _file_key(Path(path), limits)
+    if key is not None and key in _READ:
+        return list(_READ[key])
+    rows = _read_rows(Path(path), limits)
+    if key is not None:
+        while len(_READ) >= _KEPT:
+            del _READ[next(iter(_READ))]
+        _READ[key] = rows
+    return list(rows)
+
+
+def _read_rows(p: Path, limits: Limits) -> list[SourcedRow]:
     if p.is_dir() and (kind := source_kind(p)) is not None:
         return _checked_rows(
             p, [_as_object(*pair) for pair in read_source(p, kind, limits)], limits
@@ -313,20 +344,33 @@ def sft_conversation(row: SourcedRow) -> list[dict[str, Any]]:
     return msgs
 
 
+def sft_row_text(
+    row: SourcedRow, chat_template: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """What an SFT row's tokens are made of, read and checked without a tokenizer: the
+    conversation, its last message the assistant's answer, and the row's `tools` (only through
+    the chat template, which renders them). Every refusal of a row's shape is raised here."""
+    tools = row_tools(row)
+    if chat_template:
+        return sft_conversation(row), tools
+    if tools is not None:
+        raise DataError(
+            f"{row.where}: a row with 'tools' needs the chat template to render them",
+            "drop --no-chat-template, or drop the row's 'tools'",
+        )
+    messages, completion = sft_parts(row)
+    return [*messages, {"role": "assistant", "content": completion}], None
+
+
 def encode_sft_row(tok: Tokenizer, row: SourcedRow, chat_template: bool) -> EncodedRow:
     """An SFT row's ids and loss mask. Through the chat template every assistant turn is a
     target (TRL's `assistant_only_loss`) and the row's `tools` are rendered; without it the
     row is plain text (the contents one per line) and the last answer is the target."""
-    tools = row_tools(row)
+    conversation, tools = sft_row_text(row, chat_template)
     if not chat_template:
-        if tools is not None:
-            raise DataError(
-                f"{row.where}: a row with 'tools' needs the chat template to render them",
-                "drop --no-chat-template, or drop the row's 'tools'",
-            )
-        messages, completion = sft_parts(row)
-        return encode_prompt_completion(tok, messages, completion, chat_template)
-    ids, mask = tok.conversation_ids(sft_conversation(row), tools)
+        *messages, answer = conversation
+        return encode_prompt_completion(tok, messages, answer["content"], chat_template)
+    ids, mask = tok.conversation_ids(conversation, tools)
     return EncodedRow(tuple(ids), tuple(mask))
 
 

@@ -93,7 +93,7 @@ OBJECTIVES: tuple[Objective, ...] = (
     ),
     Objective(
         name="grpo",
-        summary="GRPO on an environment (PPO-clip, group-relative advantages, no KL term).",
+        summary="GRPO on an environment (PPO-clip, group-relative advantages, --kl-beta KL).",
         counts="steps",
         data="environment",
         batch="rollouts",

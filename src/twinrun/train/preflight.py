@@ -1,22 +1,31 @@
 """What a training run reads and writes, checked before torch loads.
 
 `preflight(run)` runs the cheap checks of `train.session.open_session` early, in its order and
-with its own functions, so a path mistake costs no torch, transformers or PEFT import (seconds
-on a small machine): the output directory (not when resuming), the model directory and its
-`config.json`, and that each examples file, evaluation examples file and corpus file exists as
-a file (a `datasets` directory as a directory), and that an `--init-adapter`'s weights are a
-readable safetensors file of float32 tensors (its header: `train.init_adapter.check_init_header`).
-The session checks them all
-again — the files may change in between — and everything that needs a tokenizer or a model.
+with its own functions, so a mistake costs no torch, transformers or PEFT import (seconds on a
+small machine): the output directory (not when resuming), the model directory and its
+`config.json`, the `--device` name, each examples, evaluation examples and corpus file (read and
+every row's shape checked as the objective reads it, `data.shapes`), the schedule over the steps
+the examples make, and that an `--init-adapter`'s weights are a readable safetensors file of
+float32 tensors (its header: `train.init_adapter.check_init_header`). The session checks them all
+again — the files may change in between; an unchanged examples file is not parsed twice
+(`data.examples.load_rows`) — and everything that needs a tokenizer or a model.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from twinrun.config.resolved import ValidRun
+from twinrun.config.resolved import EpochPlan, Examples, StepCount, ValidRun
+from twinrun.config.schedule import check_schedule
 from twinrun.core import reading
+from twinrun.core.determinism import parse_device
+from twinrun.core.errors import ConfigError
+from twinrun.data.batching import steps_per_epoch
+from twinrun.data.examples import load_rows
+from twinrun.data.shapes import check_shapes
 from twinrun.model.loading import check_model_dir, read_model_config
+from twinrun.objectives.registry import objective
+from twinrun.train.distributed import process_device
 from twinrun.train.init_adapter import check_init_header
 from twinrun.train.outputs import check_output_dir, config_inputs
 
@@ -28,23 +37,54 @@ def _readable(path: str, what: str, hint: str, missing: str | None = None) -> No
 
 
 def preflight(run: ValidRun) -> None:
-    """OutputError, ModelError or DataError — the line the session would give — for the first
-    path of `run` that cannot be used."""
+    """OutputError, ModelError, ConfigError or DataError — the line the session would give —
+    for the first input of `run` that cannot be used."""
     cfg = run.config
     if not cfg.resume:
         check_output_dir(run.output, cfg.overwrite, config_inputs(cfg))
     check_model_dir(Path(run.model))
     read_model_config(run.model)
-    if cfg.examples is not None:
-        _readable(cfg.examples, "examples file", "check the --examples path")
+    parse_device(process_device(cfg.device))  # torchrun gives `cuda` each process's index
+    templated = run.has(Examples) and run.record(Examples).templated
+    examples = 0
+    if run.has(Examples):
+        rows = load_rows(run.record(Examples).examples)
+        check_shapes(objective(cfg.objective).data, rows, templated)
+        examples = len(rows)
+    check_run_schedule(run, examples)
     if cfg.eval_examples is not None:
         _readable(cfg.eval_examples, "examples file", "check the --eval-examples path")
+        check_shapes("examples", load_rows(cfg.eval_examples)[: cfg.eval_limit], templated)
     for corpus in cfg.corpus or []:
-        _readable(
-            corpus,
-            "corpus file",
-            "check the --corpus paths",
-            f"corpus file {corpus} does not exist",
-        )
+        _readable(corpus, "corpus file", "check the --corpus paths",
+                  f"corpus file {corpus} does not exist")  # fmt: skip
     if cfg.init_adapter is not None:
         check_init_header(cfg.init_adapter)
+
+
+def check_run_schedule(run: ValidRun, examples: int) -> None:
+    """The learning-rate schedule fits the run's steps (checked before anything is written):
+    `--steps`, or the epochs over its `examples` (pairs for dpo/reward)."""
+    if run.has(StepCount):
+        total = run.record(StepCount).steps
+        check_schedule(run.warmup_steps, total, run.lr_schedule, run.config.decay_steps)
+        return
+    plan = run.record(EpochPlan)
+    per_epoch = steps_per_epoch(examples, run.batch_size, plan.accumulation)
+    try:
+        check_schedule(run.warmup_steps, plan.epochs * per_epoch, run.lr_schedule,
+                       run.config.decay_steps)  # fmt: skip
+    except ConfigError as exc:  # say where the step count came from: the data and the batch
+        step = run.batch_size * plan.accumulation
+        hint = exc.hint
+        if examples < step:  # the likelier mistake: a step larger than the data
+            hint = (
+                f"one step takes {step} examples and the data has {examples}: give more "
+                f"examples or a smaller --batch-size / --accumulation (or {exc.hint})"
+            )
+        raise ConfigError(
+            f"{exc.message} ({examples} examples at --batch-size {run.batch_size} x "
+            f"--accumulation {plan.accumulation} make {per_epoch} step(s) an epoch, "
+            f"{plan.epochs} epoch(s))",
+            hint,
+        ) from exc

@@ -5,16 +5,14 @@ at the end write the adapter, metrics and sidecar atomically."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from twinrun.config.resolved import (
-    EpochPlan,
     Evaluation,
     Examples,
-    StepCount,
     TextWindows,
     ValidRun,
 )
@@ -34,6 +32,7 @@ from twinrun.train.outputs import (
     config_inputs,
     sidecar,
 )
+from twinrun.train.preflight import check_run_schedule
 from twinrun.train.resume_check import check_resume, run_inputs
 
 if TYPE_CHECKING:
@@ -248,7 +247,7 @@ def _read_data(
         check_output_dir(out, run.config.overwrite)  # its partial logs go; anything foreign stops
     max_length = p.max_length(cfg.max_length)
     encoded = encode(run, p.tok, rows, max_length)
-    check_run_schedule(run, encoded)
+    check_run_schedule(run, len(encoded))
     eval_rows = read_eval_rows(run, p.tok, max_length)
     return run, RunData(encoded, data_sha256, eval_sha256, eval_rows, max_length, inputs)
 
@@ -293,38 +292,6 @@ def read_eval_rows(run: ValidRun, tok: CheckpointTokenizer, max_length: int) -> 
     raw = load_rows(run.record(Evaluation).eval_examples)
     templated = run.has(Examples) and run.record(Examples).templated
     return encode_sft_rows(tok, raw[: run.config.eval_limit], templated, max_length)
-
-
-def check_run_schedule(run: ValidRun, encoded: Sequence[object]) -> None:
-    """The learning-rate schedule fits the run's steps (checked before anything is written):
-    `--steps`, or the epochs over the encoded examples (pairs for dpo/reward)."""
-    from twinrun.config.schedule import check_schedule
-    from twinrun.core.errors import ConfigError
-    from twinrun.data.batching import steps_per_epoch
-
-    if run.has(StepCount):
-        total = run.record(StepCount).steps
-        check_schedule(run.warmup_steps, total, run.lr_schedule, run.config.decay_steps)
-        return
-    plan = run.record(EpochPlan)
-    per_epoch = steps_per_epoch(len(encoded), run.batch_size, plan.accumulation)
-    try:
-        check_schedule(run.warmup_steps, plan.epochs * per_epoch, run.lr_schedule,
-                       run.config.decay_steps)  # fmt: skip
-    except ConfigError as exc:  # say where the step count came from: the data and the batch
-        step = run.batch_size * plan.accumulation
-        hint = exc.hint
-        if len(encoded) < step:  # the likelier mistake: a step larger than the data
-            hint = (
-                f"one step takes {step} examples and the data has {len(encoded)}: give more "
-                f"examples or a smaller --batch-size / --accumulation (or {exc.hint})"
-            )
-        raise ConfigError(
-            f"{exc.message} ({len(encoded)} examples at --batch-size {run.batch_size} x "
-            f"--accumulation {plan.accumulation} make {per_epoch} step(s) an epoch, "
-            f"{plan.epochs} epoch(s))",
-            hint,
-        ) from exc
 
 
 def check_adapter_shape(run: ValidRun) -> None:
