@@ -361,33 +361,49 @@ def load_causal_lm(
     each of its `processes`' shards after sharding (`model/shards.py`, `train/sharding.py`).
     Before any weight is read, a base that cannot fit in what this process may allocate is
     refused in one line (`model.shards.check_fits`)."""
-    if precision not in PRECISIONS:
-        raise ModelError(f"unknown precision {precision!r}", "use f32 or bf16")
-    if attention not in ATTENTION_IMPLEMENTATIONS:
-        known = ", ".join(ATTENTION_IMPLEMENTATIONS)
-        raise ModelError(f"unknown attention {attention!r}", f"use one of: {known}")
-    if attention == "blockwise":  # twinrun's own: registered with transformers before loading
-        from twinrun.model.blockwise import register
-
-        register()
+    _check_choices(precision, attention)
     root = Path(model_dir)
     config = read_model_config(root)
-    from twinrun.core.safetensors_io import check_header
     from twinrun.model import shards
 
     # the headers alone (refuses pickle-only, weightless, out-of-directory, damaged shards), and
     # a base larger than this process may allocate, before the library maps a file
     shards.check_fits(root, PRECISIONS[precision], processes if on_meta else 1)
     causal_lm_class(config, str(root / "config.json"))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if on_meta:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         with quiet_transformers():
             hf = shards.skeleton(root, PRECISIONS[precision], attention)
-        hf.requires_grad_(False)
-        hf.eval()
-        model = CausalLM(hf, precision, attention)
+    else:
+        hf = _load_weights(root, precision, attention).to(device)
+    hf.requires_grad_(False)
+    hf.eval()
+    model = CausalLM(hf, precision, attention)
+    if on_meta:
         model.on_meta = root
-        return model
+    return model
+
+
+def _check_choices(precision: str, attention: str) -> None:
+    """A ModelError for an unknown precision or attention; twinrun's own blockwise attention is
+    registered with transformers before anything loads."""
+    if precision not in PRECISIONS:
+        raise ModelError(f"unknown precision {precision!r}", "use f32 or bf16")
+    if attention not in ATTENTION_IMPLEMENTATIONS:
+        known = ", ".join(ATTENTION_IMPLEMENTATIONS)
+        raise ModelError(f"unknown attention {attention!r}", f"use one of: {known}")
+    if attention == "blockwise":
+        from twinrun.model.blockwise import register
+
+        register()
+
+
+def _load_weights(root: Path, precision: str, attention: str) -> Any:
+    """transformers' model with every weight of the checkpoint at `root` (each safetensors
+    header checked first); a ModelError in one line for a checkpoint that does not load whole —
+    transformers would initialise a missing weight at random: never train on that."""
+    from twinrun.core.safetensors_io import check_header
+
     for shard in shard_files(root):
         if shard.suffix == ".safetensors":  # a truncated or damaged file: one line naming it
             check_header(
@@ -396,7 +412,6 @@ def load_causal_lm(
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         with quiet_transformers():
             # transformers' annotation does not describe output_loading_info=True: a pair
@@ -417,16 +432,12 @@ def load_causal_lm(
         ) from exc
     incomplete = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}
     if incomplete or info.get("error_msgs"):
-        # transformers would initialise such weights at random: never train on that
         what = "; ".join(f"{k} {v[:2]}" for k, v in incomplete.items()) or "load errors"
         raise ModelError(
             f"{root}: the weights do not match config.json ({what})",
             "check that the checkpoint is complete and config.json is its own",
         )
-    hf.to(device)
-    hf.requires_grad_(False)
-    hf.eval()
-    return CausalLM(hf, precision, attention)
+    return hf
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,52 @@ def earlier_export(out: Path, overwrite: bool) -> list[Path]:
     return manifest_entries(out, listed, EXPORT_RECORD)
 
 
+def _merge(run_dir: Path, base: Path) -> tuple[Any, Any]:
+    """The base with the run's adapter merged (PEFT's `merge_and_unload`) and the base's
+    tokenizer. torch, PEFT and transformers are imported here: only once every input is checked,
+    so a refusal costs no import."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    merged = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(
+            base, dtype=torch.float32, attn_implementation="eager"
+        ),
+        run_dir,
+    ).merge_and_unload()
+    return merged, AutoTokenizer.from_pretrained(base)
+
+
+def _write_export(
+    merged: Any, tokenizer: Any, run_dir: Path, record: dict[str, Any], base: Path, tmp: Path
+) -> dict[str, Any]:
+    """The merged checkpoint, its tokenizer and the export record written into `tmp`; the
+    record."""
+    from twinrun.core.determinism import runtime_versions
+    from twinrun.core.digest import sha256_file, sha256_files
+    from twinrun.model.loading import model_files
+
+    merged.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    files = [p for p in model_files(tmp) if p.is_file()]
+    written = sorted(p for p in tmp.rglob("*") if p.is_file())
+    info = {
+        "format": EXPORT_FORMAT,
+        "run": str(run_dir.resolve()),
+        "adapter_sha256": sha256_file(run_dir / "adapter_model.safetensors"),
+        "base": str(base.resolve()),
+        "base_sha256": record.get("model", {}).get("sha256"),
+        "merged_sha256": sha256_files(files, tmp),
+        "versions": runtime_versions(),
+        # every file this export wrote: what a later --overwrite may remove, and only while it
+        # still holds these bytes
+        "files": {p.relative_to(tmp).as_posix(): sha256_file(p) for p in written},
+    }
+    atomic_write_json(tmp / EXPORT_RECORD, info)
+    return info
+
+
 def export_merged(run: str | os.PathLike[str], output: str | os.PathLike[str],
                   model: str | None = None, overwrite: bool = False,
                   loading: Callable[[Path], None] | None = None) -> dict[str, Any]:  # fmt: skip
@@ -113,41 +159,11 @@ def export_merged(run: str | os.PathLike[str], output: str | os.PathLike[str],
     refuse_input_overlap(out, {"base model": base})
     if loading is not None:
         loading(base)
-    import torch  # only once every input is checked: a refusal costs no torch import
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from twinrun.core.determinism import runtime_versions
-    from twinrun.core.digest import sha256_file, sha256_files
-    from twinrun.model.loading import model_files
-
-    merged = PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(
-            base, dtype=torch.float32, attn_implementation="eager"
-        ),
-        run_dir,
-    ).merge_and_unload()
-    tokenizer = AutoTokenizer.from_pretrained(base)
+    merged, tokenizer = _merge(run_dir, base)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        merged.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        files = [p for p in model_files(tmp) if p.is_file()]
-        written = sorted(p for p in tmp.rglob("*") if p.is_file())
-        info = {
-            "format": EXPORT_FORMAT,
-            "run": str(run_dir.resolve()),
-            "adapter_sha256": sha256_file(run_dir / "adapter_model.safetensors"),
-            "base": str(base.resolve()),
-            "base_sha256": record.get("model", {}).get("sha256"),
-            "merged_sha256": sha256_files(files, tmp),
-            "versions": runtime_versions(),
-            # every file this export wrote: what a later --overwrite may remove, and only
-            # while it still holds these bytes
-            "files": {p.relative_to(tmp).as_posix(): sha256_file(p) for p in written},
-        }
-        atomic_write_json(tmp / EXPORT_RECORD, info)
+        info = _write_export(merged, tokenizer, run_dir, record, base, tmp)
         remove(earlier)  # the earlier export's own files, deepest first; DIR stays, empty
         os.replace(tmp, out)  # a rename over the emptied directory
         fsync_dir(out.parent)
