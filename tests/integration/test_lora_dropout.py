@@ -6,11 +6,12 @@ in batch-invariant mode the same rows split into other forwards write the same a
 with it (the promise that mode makes without dropout; the same losses too for the epoch
 objectives); a captured step with it replays bit for bit — the replay draws the same masks from
 its seed, step and rows — also under the checkpointing arm, and a replay without it is refused
-by the contract."""
+by the contract; a run with it resumes bit for bit."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ from tests.capture_helpers import (
     run_config,
     shipped,
 )
-from tests.distributed.runs import with_flags
+from tests.distributed.runs import resumable, timeless, with_flags
 from tests.integration.toy_runs import OBJECTIVES, run_args, sha256_of, write_examples
 from twinrun.cli.main import run_cli
 
@@ -105,6 +106,22 @@ def test_batch_invariant_splits_write_the_same_bytes_with_dropout(
     assert sha256_of(runs[0] / ADAPTER) == sha256_of(runs[1] / ADAPTER)
     if objective != "grpo":  # GRPO's logged loss adds its forwards' floats (its bytes are equal)
         assert [r["loss"] for r in metrics(runs[0])] == [r["loss"] for r in metrics(runs[1])]
+
+
+def test_a_run_with_dropout_resumes_bit_for_bit(tmp_path: Path, toy_model_dir: Path) -> None:
+    """Killed after its first of three steps (a checkpoint after each), then resumed: the masks
+    are keyed by the step, not by how many were drawn before, so the bytes are the whole run's."""
+    data = write_examples(tmp_path / "data")["sft"]
+    args = with_flags(
+        run_args("sft", toy_model_dir, data, tmp_path / "whole", "--lora-dropout", "0.2"),
+        batch_size="1", accumulation="3", checkpoint_every="1",
+    )  # fmt: skip
+    whole = train(args)
+    killed = resumable(whole, tmp_path / "killed")
+    shutil.rmtree(killed / "checkpoints" / "step-000002")
+    assert run_cli([*with_flags(args, output=str(killed)), "--resume"]) == 0
+    assert sha256_of(killed / ADAPTER) == sha256_of(whole / ADAPTER)
+    assert timeless(metrics(killed)) == timeless(metrics(whole))
 
 
 def source(objective: str, tmp_path: Path, toy_model_dir: Path) -> Capture:
