@@ -1,5 +1,5 @@
 """LoRA dropout (model/dropout.py): PEFT's computation `lora_B(lora_A(dropout(x))) * scaling`
-with each mask read from `stream(seed, "lora_dropout", step, *row, module)` row-major over
+with each mask read from `stream(seed, "lora_dropout", step, module, *row)` row-major over
 [position, feature] — checked against draws taken one at a time from the stream; a row's mask
 depends on its key alone (not on its place in the batch, the padded width or the packing); the
 dropout acts only inside its context; a checkpointed layer's recompute draws the forward's
@@ -44,7 +44,7 @@ def keep_by_hand(
     seed: int, step: int, row: tuple[int, ...], module: str, n: int, p: float
 ) -> list[bool]:
     """Draw after draw from the stream, read as uniforms: kept where u >= p."""
-    s = stream(seed, "lora_dropout", step, *row, module)
+    s = stream(seed, "lora_dropout", step, module, *row)
     return [s.uniform() >= p for _ in range(n)]
 
 

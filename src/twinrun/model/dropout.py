@@ -12,17 +12,18 @@ forward with the adapter off (a reference) run without it.
 The draw. Element (t, j) — position t of a row, feature j of a LoRA layer's input — is kept
 when draw number `t * in_features + j` of
 
-    stream(seed, "lora_dropout", step, *row, module)
+    stream(seed, "lora_dropout", step, module, *row)
 
-read as a uniform `(u >> 11) * 2**-53` is >= P; `step` is the optimizer step, `row` the row's
+read as a uniform `(u >> 11) * 2**-53` is >= P; `step` is the optimizer step, `module` the LoRA
+layer's module name in the checkpoint (`model.layers.0.self_attn.q_proj`), `row` the row's
 identity within the step (a tuple of integers: which the objectives use is said in
-`twinrun.train.recipes.base.dropout_for`), `module` the LoRA layer's module name in the
-checkpoint (`model.layers.0.self_attn.q_proj`). A row's mask is a function of (seed, step, row,
-module, position, feature) alone, laid out row-major so that a longer padded batch only reads
+`twinrun.train.recipes.base.dropout_for`). A row's mask is a function of (seed, step, module,
+row, position, feature) alone, laid out row-major so that a longer padded batch only reads
 further draws of each row: it does not depend on the padded width of the batch the row rode in,
 the batch size, the accumulation split, the number of processes, the thread count, or gradient
 checkpointing (a layer's recompute runs under the draw its forward ran under:
-`recompute_contexts`, torch's checkpoint `context_fn`).
+`recompute_contexts`, torch's checkpoint `context_fn`). A forward's rows are drawn as one block
+(the module's key absorbed once, then each row's: `extend_key`, `first_draws`).
 
 Where the rows are. A forward's rows are `draw.keys`, in the order of the batch dimension of a
 LoRA layer's input ([B, T, in]). Batch-invariant mode (`twinrun.model.invariant`) runs a row
@@ -41,7 +42,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from twinrun.core.rng import stream
+from twinrun.core.rng import extend_key, first_draws, stream_key
 
 PURPOSE = "lora_dropout"
 RowKey = tuple[int, ...]
@@ -65,35 +66,35 @@ class RowDropout:
 
     @property
     def threshold(self) -> int:
-        """Kept: `u >> 11 >= threshold`, the same as `(u >> 11) * 2**-53 >= p` (p * 2**53 is
-        exact, and the left side is an integer)."""
-        return math.ceil(self.p * 2.0**53)
+        """Kept: `u >= threshold` for a raw draw u, the same as `(u >> 11) * 2**-53 >= p`
+        (`p * 2**53` is exact and `u >> 11` an integer: `u >> 11 >= ceil(p * 2**53)`)."""
+        return math.ceil(self.p * 2.0**53) << 11
 
-    def keep(self, row: int, positions: int, features: int, module: str) -> np.ndarray:
-        """[positions, features] bool: what row `row` keeps of `module`'s input."""
-        draws = stream(self.seed, PURPOSE, self.step, *self.keys[row], module)
-        u = draws.u64_array(positions * features) >> np.uint64(11)
-        return (u >= np.uint64(self.threshold)).reshape(positions, features)
+    def keep(self, count: int, module: str) -> np.ndarray:
+        """[rows, count] bool: which of its first `count` elements each row keeps of `module`'s
+        input (the module's key absorbed once, then each row's)."""
+        prefix = stream_key(self.seed, PURPOSE, self.step, module)
+        keys = [extend_key(prefix, *row) for row in self.keys]
+        return first_draws(keys, count) >= np.uint64(self.threshold)
 
     def mask(self, shape: torch.Size, module: str) -> np.ndarray:
         """The keep mask of an input of `shape`: [rows, ..., features], packed [1, N, features]."""
         features = shape[-1]
         if self.spans is not None:
+            longest = max((length for _, length in self.spans), default=0)
+            rows = self.keep(longest * features, module)
             out = np.zeros((shape[-2], features), dtype=bool)
-            for row, (start, length) in enumerate(self.spans):
-                out[start : start + length] = self.keep(row, length, features, module)
+            for kept, (start, length) in zip(rows, self.spans, strict=True):
+                out[start : start + length] = kept[: length * features].reshape(length, features)
             return out.reshape(shape)
         if len(shape) < 2 or shape[0] != len(self.keys):
             raise ValueError(f"{len(self.keys)} dropout rows for an input of shape {tuple(shape)}")
-        positions = math.prod(shape[1:-1])
-        rows = [self.keep(row, positions, features, module) for row in range(shape[0])]
-        return np.stack(rows).reshape(shape)
+        return self.keep(math.prod(shape[1:]), module).reshape(shape)
 
     def apply(self, x: torch.Tensor, module: str) -> torch.Tensor:
         """`x` with this forward's dropout of `module`: kept elements times 1 / (1 - p)."""
-        keep = torch.from_numpy(self.mask(x.shape, module)).to(x.device)
-        noise = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
-        return x * noise.masked_fill_(keep, 1.0 / (1.0 - self.p))
+        keep = torch.from_numpy(self.mask(x.shape, module))
+        return x * keep.to(x.device, x.dtype).mul_(1.0 / (1.0 - self.p))
 
     def only(self, row: int) -> RowDropout:
         """The dropout of row `row` run alone (a forward of that one row)."""
