@@ -15,6 +15,9 @@ record of objectives/registry.py) and says:
 - `from_batch(session, batch, head)`: the recipe of one captured step (replay): the batch is the
   captured `OptimizerBatch`, the forwards the objective's own (`replay_forwards`) — no data is
   read.
+
+A recipe's forwards whose gradient is taken run under `dropout_for` (the LoRA dropout of
+`--lora-dropout`, keyed by each row's place in the step, which a captured batch keeps).
 """
 
 from __future__ import annotations

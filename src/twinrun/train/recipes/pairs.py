@@ -15,6 +15,9 @@ per completion token, the settings record it reads, and the loss over the two si
   (`model/reward_head.py`), Bradley–Terry loss `-logsigmoid(s_chosen - s_rejected)`, averaged over
   the step's pairs (`objectives/reward.py`). The head trains with the adapter.
 A new pair loss is a loss function, a `PairLoss` and a recipe class of three lines here.
+
+With `--lora-dropout` the policy's forwards drop (the reference's never do), a row's masks keyed
+by its pair's index among the step's pairs and its side (`recipes.base.dropout_for`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ shuffled per epoch by `stream(seed, "shuffle", epoch)`, AdamW, warmup then cosin
 
 A step is `accumulation` forwards of `batch_size` rows; each forward's loss is its rows'
 completion NLL sums divided by the step's completion-token count, so the forwards' gradients sum
-to the gradient of the step's mean token loss.
+to the gradient of the step's mean token loss. With `--lora-dropout` a row's masks are keyed by
+its index among the step's rows (`recipes.base.dropout_for`).
 """
 
 from __future__ import annotations
