@@ -1,5 +1,6 @@
 """With `--lora-dropout`, runs on 2 processes (torchrun, gloo on loopback) write the bytes of 1
-process: each row's masks are keyed by its index within the step, which no process split
+process, also with the base sharded (`--shard-base`, whose processes pad to the same number of
+forwards): each row's masks are keyed by its index within the step, which no process split
 changes (each process runs its own forwards of the step's rows)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tests.integration.toy_runs import run_args, sha256_of, write_examples
 from twinrun.cli.main import run_cli
 
 OBJECTIVES = ("sft", "dpo", "grpo")
+SHARDED = ("sft", "grpo")  # grpo: 3 update forwards a step, so one process pads
 
 
 @pytest.fixture(scope="module")
@@ -28,16 +30,19 @@ def runs(tmp_path_factory: pytest.TempPathFactory, toy_model_dir: Path) -> dict[
     for objective in OBJECTIVES:
         assert run_cli(args[objective]) == 0
     two = [with_flags(args[o], output=str(root / "two" / o)) for o in OBJECTIVES]
+    two += [[*with_flags(args[o], output=str(root / "sharded" / o)), "--shard-base"]
+            for o in SHARDED]  # fmt: skip
     job = torchrun_many(2, two, root / "two", paths=(root / "data",))
     assert job.returncode == 0, job.stderr[-3000:]
-    return {o: [root / "one" / o, root / "two" / o] for o in OBJECTIVES}
+    out = {o: [root / "one" / o, root / "two" / o] for o in OBJECTIVES}
+    return out | {f"{o}-sharded": [root / "one" / o, root / "sharded" / o] for o in SHARDED}
 
 
-@pytest.mark.parametrize("objective", OBJECTIVES)
+@pytest.mark.parametrize("name", [*OBJECTIVES, *(f"{o}-sharded" for o in SHARDED)])
 def test_two_processes_write_the_bytes_of_one_with_dropout(
-    runs: dict[str, list[Path]], objective: str
+    runs: dict[str, list[Path]], name: str
 ) -> None:
-    one, two = runs[objective]
+    one, two = runs[name]
     adapter = "adapter_model.safetensors"
     assert sha256_of(two / adapter) == sha256_of(one / adapter)
     assert timeless(metrics(two)) == timeless(metrics(one))

@@ -74,18 +74,25 @@ def test_a_dropout_of_zero_is_recorded_and_changes_no_byte(
     assert sidecar_train(zero)["lora_dropout"] == 0.0
 
 
-@pytest.mark.parametrize("objective", ["sft", "grpo"])
+@pytest.mark.parametrize(
+    ("objective", "attention"), [("sft", "eager"), ("sft", "blockwise"), ("grpo", "eager")]
+)
 def test_gradient_checkpointing_writes_the_same_bytes_with_dropout(
-    objective: str, tmp_path: Path, toy_model_dir: Path
+    objective: str, attention: str, tmp_path: Path, toy_model_dir: Path
 ) -> None:
     data = write_examples(tmp_path / "data")[objective]
     runs = [
-        train(run_args(objective, toy_model_dir, data, tmp_path / name, "--lora-dropout", "0.2",
+        train(run_args(objective, toy_model_dir, data, tmp_path / name, "--attention", attention,
                        *extra))
-        for name, extra in (("plain", []), ("gc", ["--gradient-checkpointing"]))
+        for name, extra in (
+            ("plain", ["--lora-dropout", "0.2"]),
+            ("gc", ["--lora-dropout", "0.2", "--gradient-checkpointing"]),
+            ("off", []),
+        )
     ]  # fmt: skip
     assert sidecar_train(runs[1])["gradient_checkpointing"] is True
     assert sha256_of(runs[0] / ADAPTER) == sha256_of(runs[1] / ADAPTER)
+    assert sha256_of(runs[0] / ADAPTER) != sha256_of(runs[2] / ADAPTER)  # the dropout acted
 
 
 @pytest.mark.parametrize(
