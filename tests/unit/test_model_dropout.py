@@ -3,7 +3,8 @@ with each mask read from `stream(seed, "lora_dropout", step, module, *row)` row-
 [position, feature] — checked against draws taken one at a time from the stream; a row's mask
 depends on its key alone (not on its place in the batch, the padded width or the packing); the
 dropout acts only inside its context; a checkpointed layer's recompute draws the forward's
-masks (and would not without `recompute_contexts`)."""
+masks (and would not without `recompute_contexts`); in batch-invariant mode a row has its own
+masks whether it runs packed or alone."""
 
 from __future__ import annotations
 
@@ -186,3 +187,37 @@ def test_gradient_checkpointing_recomputes_the_same_masks(toy_model_dir: Path) -
     bare.train(True)
     with pytest.raises(torch.utils.checkpoint.CheckpointError, match="number of tensors"):
         grads_of(bare, ids, mask)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "row-by-row"])
+def test_a_row_has_its_masks_in_either_batch_invariant_path(
+    toy_model_dir: Path, packed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In batch-invariant mode a row's logits under dropout are the same bits in a batch of
+    three and alone (its key, not its place, picks its masks) — in the packed forward and in the
+    one that runs each row alone (taken when the packed one cannot run)."""
+    from twinrun.model import invariant
+
+    if not packed:
+        monkeypatch.setattr(invariant, "packable", lambda *args: False)
+    model = fresh(toy_model_dir, False)
+    model.batch_invariant = True
+    rows = [[256, 104, 101, 108, 108], [256, 50, 43, 50, 61, 7, 9, 11], [256, 3, 4]]
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [258] * (width - len(r)) for r in rows])
+    attn = (torch.arange(width)[None, :] < torch.tensor([len(r) for r in rows])[:, None]).long()
+    keys = ((4,), (5,), (6,))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the mode's promise holds at one thread under portable kernels
+    try:
+        with lora_dropout(RowDropout(0.3, seed=1, step=0, keys=keys)):
+            together = model(ids, attn)
+        for b, row in enumerate(rows):
+            with lora_dropout(RowDropout(0.3, seed=1, step=0, keys=(keys[b],))):
+                alone = model(torch.tensor([row]))
+            assert torch.equal(together[b, : len(row)], alone[0]), b
+    finally:
+        torch.set_num_threads(threads)
+    with torch.no_grad():
+        undropped = model(ids, attn)
+    assert not torch.equal(together, undropped)
