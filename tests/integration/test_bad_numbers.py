@@ -133,16 +133,19 @@ def toml_cases() -> list[tuple[str, Any, str]]:
         "grpo.prompts_per_step": 2, "grpo.group_size": 4, "grpo.max_new_tokens": 4,
         "grpo.temperature": 1.0, "grpo.clip_eps": 0.2, "grpo.advantage_clip": 5.0,
         "grpo.token_cap": 3, "backend.options.threads": 1, "training.max_steps": 1,
+        "model.lora_dropout": 0.1,
     }  # fmt: skip
     out: list[tuple[str, Any, str]] = []
     for key in numbers:
         out += [(key, "hf_SECRET", "(got a string)")]
         if key.split(".")[-1] in ("learning_rate", "lora_alpha", "temperature", "clip_eps",
-                                  "advantage_clip"):  # fmt: skip
+                                  "advantage_clip", "lora_dropout"):  # fmt: skip
             out += [(key, float("inf"), "finite"), (key, float("nan"), "finite")]
             out += [(key, -1.5, "must be")]
         else:
             out += [(key, -1, "must be"), (key, 2**63, "must be"), (key, 1.5, "integer")]
+        if key == "model.lora_dropout":
+            out += [(key, 1.0, "must be in [0, 1), got 1.0")]
     return out
 
 

@@ -16,6 +16,8 @@ from twinrun.core.rng import (
     SplitMix64,
     Stream,
     check_seed,
+    extend_key,
+    first_draws,
     float_bits,
     mix64,
     stream,
@@ -120,6 +122,21 @@ def test_u64_array_equals_scalar_draws_and_continues_position() -> None:
     assert s1.next_u64() == s2.next_u64()
     assert [int(x) for x in s2.u64_array(7)] == _draws(s1, 7)
     assert s1.position == s2.position == 13
+
+
+def test_an_extended_key_is_the_key_of_all_its_parts() -> None:
+    module = "model.layers.0.self_attn.q_proj"
+    prefix = stream_key(3, "lora_dropout", 7, module)
+    assert extend_key(prefix, 5, "x") == stream_key(3, "lora_dropout", 7, module, 5, "x")
+    assert extend_key(prefix) == prefix
+    assert extend_key(prefix, 5) != extend_key(prefix, 6)
+
+
+def test_first_draws_are_each_stream_s_draws() -> None:
+    keys = [stream_key(1, "rows", i) for i in range(3)]
+    block = first_draws(keys, 6)
+    assert block.shape == (3, 6) and block.dtype == np.uint64
+    assert [[int(u) for u in row] for row in block] == [_draws(Stream(k), 6) for k in keys]
 
 
 def test_position_is_random_access() -> None:

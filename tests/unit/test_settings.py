@@ -28,7 +28,7 @@ COMMON = {
     "--init-adapter", "--overwrite", "--quiet", "--report-to",
     "--lora-targets", "--attention", "--max-length", "--shard-base", "--lr-schedule",
     "--decay-steps", "--eval-examples", "--eval-every", "--eval-limit", "--stop-after",
-    "--cpu-kernels", "--max-grad-norm", "--gradient-checkpointing",
+    "--cpu-kernels", "--max-grad-norm", "--gradient-checkpointing", "--lora-dropout",
 }  # fmt: skip
 GRPO = {
     "--steps", "--prompts-per-step", "--group-size", "--max-new-tokens", "--temperature",

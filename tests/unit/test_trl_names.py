@@ -21,6 +21,7 @@ from twinrun.config.run import SETTINGS
         (["tune", "grpo", "--reward_funcs", "f"], "TRL's --reward_funcs: --env (an environment"),
         (["tune", "grpo", "--num_generations", "8"], "TRL's --num_generations: --group-size."),
         (["tune", "sft", "--max_grad_norm", "1"], "TRL's --max_grad_norm: --max-grad-norm."),
+        (["tune", "dpo", "--lora_dropout", "0.05"], "TRL's --lora_dropout: --lora-dropout."),
         (["tune", "sft", "--packing"], "'--packing' (TRL's; twinrun has no such setting)."),
     ],
 )  # fmt: skip

@@ -48,8 +48,8 @@ TRL_NAMES: dict[str, str | None] = {
     "--fp16": "--precision bf16 (or f32)",
     "--loss_type": "the objective: twinrun tune dpo | ipo",
     "--use_peft": "nothing: every twinrun run trains LoRA",
+    "--lora_dropout": "--lora-dropout",
     "--packing": None,
-    "--lora_dropout": None,
 }
 
 

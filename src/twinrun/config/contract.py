@@ -28,6 +28,7 @@ BY_TOML = {s.toml: name for name, s in SETTINGS.items() if s.toml}  # TOML key -
 # how a contract setting's value is written (numbers that may be given as integers are floats)
 _AS_WRITTEN: dict[str, Callable[[Any], Any]] = {
     "lora_alpha": lambda v: None if v is None else float(v),
+    "lora_dropout": float,
     "adam_betas": lambda v: [float(b) for b in v],
     "adam_eps": float,
     "weight_decay": float,

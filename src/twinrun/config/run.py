@@ -115,6 +115,12 @@ class RunConfig:
         required=True, low=0, low_open=True,
         contract=True,
     )  # fmt: skip
+    lora_dropout: float | None = _s(
+        "float", "--lora-dropout", "model.lora_dropout",
+        "Dropout probability on the LoRA branch's input in training forwards, each mask drawn "
+        "from the seed's keyed stream (PEFT's lora_dropout; off when left out).",
+        low=0, high=1, high_open=True, contract=True,
+    )  # fmt: skip
     precision: str | None = _s(
         "str", "--precision", "training.precision", "f32 | bf16 (f32 casts nothing).",
         required=True, choices=PRECISIONS,
@@ -505,7 +511,7 @@ def _joint_problems(cfg: RunConfig, source: Source) -> list[str]:
 
 # settings added after runs were first recorded: absent from the sidecar (and the optimizer
 # contract) when left out, so a run or capture recorded before they existed still compares equal
-RECORDED_WHEN_GIVEN = ("max_turns", "max_grad_norm", "kl_beta")
+RECORDED_WHEN_GIVEN = ("max_turns", "max_grad_norm", "kl_beta", "lora_dropout")
 
 
 def shaping_numbers(cfg: RunConfig, resolved: Mapping[str, Any] | None = None) -> dict[str, Any]:

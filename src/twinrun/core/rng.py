@@ -7,7 +7,8 @@ receives.
 
 - `SplitMix64(seed).next_u64()`: the reference generator (state += golden gamma; output = mix).
 - `stream_key(seed, purpose, *indices)`: a 64-bit key absorbed from the seed and the tagged key
-  components with the SplitMix64 finaliser.
+  components with the SplitMix64 finaliser (`extend_key` absorbs more components into a key;
+  `first_draws` draws the start of many streams at once).
 - `Stream`: the SplitMix64 sequence started at that key. Draw i is `mix64(key + (i+1)*gamma)`, so
   a block of draws is computed at once (numpy, wrapping uint64 arithmetic) and any position can be
   reached without drawing what came before it.
@@ -88,11 +89,26 @@ def stream_key(seed: int, purpose: str, *indices: KeyPart) -> int:
     check_seed(seed)
     if not isinstance(purpose, str):
         raise TypeError(f"stream purpose must be a str, got {type(purpose).__name__}")
-    h = mix64(seed + GAMMA)
-    for part in (purpose, *indices):
+    return extend_key(mix64(seed + GAMMA), purpose, *indices)
+
+
+def extend_key(key: int, *parts: KeyPart) -> int:
+    """The key of a stream whose key parts are `key`'s followed by `parts`:
+    `extend_key(stream_key(seed, purpose, *a), *b) == stream_key(seed, purpose, *a, *b)`, so a
+    prefix many streams share is absorbed once."""
+    h = key
+    for part in parts:
         for w in _words(part):
             h = mix64(((h ^ w) + GAMMA) & MASK64)
     return h
+
+
+def first_draws(keys: list[int], n: int) -> np.ndarray:
+    """[len(keys), n] uint64: the first n raw draws of the stream of each key — what
+    `Stream(key).u64_array(n)` gives, for many streams at once."""
+    with np.errstate(over="ignore"):
+        counters = np.arange(1, n + 1, dtype=np.uint64) * _U64(GAMMA)
+        return _mix64_array(counters[None, :] + np.array(keys, dtype=np.uint64)[:, None])
 
 
 def check_seed(seed: int) -> None:

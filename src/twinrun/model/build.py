@@ -21,7 +21,8 @@ Around transformers' forward:
   returned hidden state includes it); `model.steering = (L, v)` is used when `steer` is not given;
 - batch-invariant mode (`model.batch_invariant = True`): a forward without a KV cache runs each row
   alone at its real length (`twinrun.model.invariant`);
-- gradient checkpointing through transformers' own switch (non-reentrant).
+- gradient checkpointing through transformers' own switch (non-reentrant), a layer's recompute
+  under the LoRA dropout of its forward (`twinrun.model.dropout`).
 
 `CausalLM` is deliberately not an `nn.Module` container: `named_modules()`, `parameters()` and
 friends are transformers' model's, so module names (LoRA targets, adapter keys, step traces) are
@@ -158,10 +159,16 @@ class CausalLM:
         return bool(self.hf.is_activation_checkpointing)
 
     def set_gradient_checkpointing(self, on: bool) -> None:
-        """transformers' non-reentrant gradient checkpointing; it acts in training mode only."""
+        """transformers' non-reentrant gradient checkpointing; it acts in training mode only. A
+        layer's recompute runs under the LoRA dropout its forward ran under (the same masks)."""
         if on:
+            from twinrun.model.dropout import recompute_contexts
+
             self.hf.activation_checkpointing_enable(
-                activation_checkpointing_kwargs={"use_reentrant": False}
+                activation_checkpointing_kwargs={
+                    "use_reentrant": False,
+                    "context_fn": recompute_contexts,
+                }
             )
         else:
             self.hf.activation_checkpointing_disable()

@@ -9,7 +9,8 @@ keys, LoRA weight gradients per row. Otherwise every row runs on its own, cut to
 goes through has shapes that do not depend on the other rows, nothing is reduced across rows, and
 a batch of one runs the same code: on a given device, library and thread count a row's logits,
 hidden states and gradients are the same bits at any batch size. The results are right-padded
-with zeros to the batch's width (padded positions are never read by a loss).
+with zeros to the batch's width (padded positions are never read by a loss). A row's LoRA
+dropout mask is its own too (`twinrun.model.dropout`: keyed by the row, whichever way it runs).
 
 Gradients. Autograd adds the gradients a parameter receives from several rows in the order its
 scheduler reaches them (last row first, in practice), so a batch of four and four batches of one
@@ -40,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from twinrun.model.dropout import one_row, packed_rows
 from twinrun.model.output import ModelOutput, RowModel
 from twinrun.model.row_gradients import collect, new_forward
 from twinrun.objectives.sft import BATCH_INVARIANT_TAG
@@ -141,7 +143,7 @@ def run_rows(
     k = len(trainable)
     logits, hidden = [], []
     for row, length in enumerate(lengths):
-        with swapped(trainable, aliases[row * k : (row + 1) * k]):
+        with swapped(trainable, aliases[row * k : (row + 1) * k]), one_row(row):
             out = model.run_batch(
                 input_ids[row : row + 1, :length], None, None, hidden_layer, steer
             )
@@ -193,7 +195,7 @@ def run_packed(
     plan = plan_for(lengths, input_ids.device)
     ids, positions, flat = pack(input_ids, plan)
     hf = model.hf  # type: ignore[attr-defined]  # packable() checked that the model has .hf
-    with packed(hf, plan, new_forward(), linears):
+    with packed(hf, plan, new_forward(), linears), packed_rows(plan.starts, plan.lengths):
         out = model.run_batch(ids, None, None, hidden_layer, steer, positions)
     hidden = unpack(out.hidden, flat, b, t) if out.hidden is not None else None
     result = ModelOutput(unpack(out.logits, flat, b, t), hidden)

@@ -1,15 +1,18 @@
 """LoRA in PEFT's numerics and file format, on any transformers causal LM.
 
-`LoRALinear` computes what PEFT's `lora.Linear` computes (dropout 0):
-`result = base_layer(x); result = result + lora_B(lora_A(x.to(A.dtype))) * scaling`, cast back
-to the base result's dtype, with `scaling = alpha / r` (`alpha / sqrt(r)` under rsLoRA). LoRA
+`LoRALinear` computes what PEFT's `lora.Linear` computes:
+`result = base_layer(x); result = result + lora_B(lora_A(dropout(x.to(A.dtype)))) * scaling`,
+cast back to the base result's dtype, with `scaling = alpha / r` (`alpha / sqrt(r)` under
+rsLoRA). `dropout` is the identity except inside a training forward of a run with
+`--lora-dropout` (`twinrun.model.dropout`: masks from the keyed stream, by module name). LoRA
 weights are float32 whatever the base precision (PEFT's `autocast_adapter_dtype`).
 
 `apply_lora` draws A from `stream(seed, "lora_A", module_name).kaiming_uniform((r, in))` (as
 PEFT's default init, but from twinrun's generator) and zeros B. `save_adapter` writes
 `adapter_model.safetensors` (PEFT keys `base_model.model.<module>.lora_A.weight`, sorted,
 metadata {"format": "pt"}) and `adapter_config.json` (a PEFT LoraConfig, sorted keys), each
-atomically; identical weights give identical bytes. `load_adapter` reads them back.
+atomically; identical weights give identical bytes (`lora_dropout` records the run's dropout
+probability, 0.0 without one). `load_adapter` reads them back.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from torch import nn
 from twinrun.core import reading
 from twinrun.core.errors import ModelError
 from twinrun.core.redact import redact_string
+from twinrun.model.dropout import dropped
 from twinrun.model.output import ModuleTree
 from twinrun.model.targets import ALL_LINEAR, DEFAULT_TARGETS, default_targets
 
@@ -38,15 +42,22 @@ PEFT_PREFIX = "base_model.model."
 
 
 class LoRALinear(nn.Module):
-    """A frozen `nn.Linear` plus a low-rank update `lora_B(lora_A(x)) * scaling`."""
+    """A frozen `nn.Linear` plus a low-rank update `lora_B(lora_A(dropout(x))) * scaling`;
+    `module_name` (the wrapped Linear's name in the model) keys its dropout masks."""
 
     def __init__(
-        self, base_layer: nn.Linear, rank: int, alpha: float, use_rslora: bool = False
+        self,
+        base_layer: nn.Linear,
+        rank: int,
+        alpha: float,
+        use_rslora: bool = False,
+        module_name: str = "",
     ) -> None:
         super().__init__()
         if rank <= 0:
             raise ValueError(f"LoRA rank must be positive, got {rank}")
         self.base_layer = base_layer
+        self.module_name = module_name
         self.rank = rank
         self.alpha = alpha
         self.scaling = alpha / math.sqrt(rank) if use_rslora else alpha / rank
@@ -79,6 +90,7 @@ class LoRALinear(nn.Module):
         a = self.lora_A.weight
         if x.dtype != a.dtype:
             x = x.to(a.dtype)
+        x = dropped(x, self.module_name)
         from twinrun.model.packing import recording_rows, row_lora
 
         if recording_rows(a):  # a batch-invariant packed forward: gradients per row
@@ -161,7 +173,7 @@ def _wrap(
     for name, linear in _targets(model, targets):
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        lora = LoRALinear(linear, rank, alpha, use_rslora)
+        lora = LoRALinear(linear, rank, alpha, use_rslora, module_name=name)
         setattr(parent, child, lora)
         wrapped.append((name, lora))
     return wrapped
@@ -207,9 +219,10 @@ def _int_if_integral(x: float) -> int | float:
 
 
 def adapter_config(
-    base_model_path: str, rank: int, alpha: float, targets: Iterable[str]
+    base_model_path: str, rank: int, alpha: float, targets: Iterable[str], dropout: float = 0.0
 ) -> dict[str, Any]:
-    """A PEFT LoraConfig dict (inference mode) for these LoRA settings. The base model is
+    """A PEFT LoraConfig dict (inference mode) for these LoRA settings (`dropout`: the
+    probability the adapter was trained with, PEFT's `lora_dropout`). The base model is
     recorded as PEFT expects it: a local checkpoint by its absolute path (so the adapter loads
     from any working directory), anything else as given — redacted as the sidecar's is
     (`https://user:pass@host/m` keeps no credentials)."""
@@ -229,7 +242,7 @@ def adapter_config(
         "layers_to_transform": None,
         "lora_alpha": _int_if_integral(alpha),
         "lora_bias": False,
-        "lora_dropout": 0.0,
+        "lora_dropout": float(dropout),
         "modules_to_save": None,
         "peft_type": "LORA",
         "r": rank,
@@ -267,10 +280,12 @@ def save_adapter(
     alpha: float | None = None,
     targets: Iterable[str] | None = None,
     dtype: torch.dtype = torch.float32,
+    dropout: float = 0.0,
 ) -> None:
     """Write adapter_model.safetensors + adapter_config.json (PEFT format), each atomically.
 
-    rank/alpha/targets default to the model's LoRA layers and must agree with them."""
+    rank/alpha/targets default to the model's LoRA layers and must agree with them; `dropout`
+    is the probability the adapter was trained with (recorded as `lora_dropout`)."""
     from twinrun.core.fileio import atomic_write_text
     from twinrun.core.safetensors_io import write_tensors
 
@@ -288,7 +303,7 @@ def save_adapter(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_tensors(out / ADAPTER_WEIGHTS, lora_state_dict(model, dtype), ADAPTER_METADATA)
-    cfg = adapter_config(base_model_path, m_rank, m_alpha, m_targets)
+    cfg = adapter_config(base_model_path, m_rank, m_alpha, m_targets, dropout)
     atomic_write_text(out / ADAPTER_CONFIG, json.dumps(cfg, sort_keys=True, indent=2) + "\n")
 
 

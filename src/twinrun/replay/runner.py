@@ -218,7 +218,10 @@ def save_final(folder: Path, model: CausalLM, head: torch.nn.Linear | None, run:
     from twinrun.model.lora import save_adapter
     from twinrun.model.reward_head import save_reward_head
 
-    save_adapter(model, folder, base_model_path=run.model, rank=run.lora_rank, alpha=run.lora_alpha)
+    save_adapter(
+        model, folder, base_model_path=run.model, rank=run.lora_rank, alpha=run.lora_alpha,
+        dropout=run.config.lora_dropout or 0.0,
+    )  # fmt: skip
     if head is not None:
         save_reward_head(head, folder)
     return sha256_file(folder / "adapter_model.safetensors")

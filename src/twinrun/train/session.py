@@ -85,8 +85,9 @@ class Session(ModelSession):
 
         run = self.run
         save_adapter(
-            self.model, folder, base_model_path=run.model, rank=run.lora_rank, alpha=run.lora_alpha
-        )
+            self.model, folder, base_model_path=run.model, rank=run.lora_rank,
+            alpha=run.lora_alpha, dropout=run.config.lora_dropout or 0.0,
+        )  # fmt: skip
 
     def shaping(self) -> dict[str, Any]:
         """Every number that shaped the run, with the values twinrun resolved recorded."""

@@ -15,12 +15,17 @@ record of objectives/registry.py) and says:
 - `from_batch(session, batch, head)`: the recipe of one captured step (replay): the batch is the
   captured `OptimizerBatch`, the forwards the objective's own (`replay_forwards`) — no data is
   read.
+
+A recipe's forwards whose gradient is taken run under `dropout_for` (the LoRA dropout of
+`--lora-dropout`, keyed by each row's place in the step, which a captured batch keeps).
 """
 
 from __future__ import annotations
 
+import itertools
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -33,6 +38,7 @@ if TYPE_CHECKING:
     from twinrun.capture.batch import OptimizerBatch
     from twinrun.config.resolved import ValidRun
     from twinrun.data.batching import StepPlan
+    from twinrun.model.dropout import RowKey
     from twinrun.model.tokens import CheckpointTokenizer
     from twinrun.train.hooks.checkpoint import ObjectiveState
     from twinrun.train.session import ModelSession, Session
@@ -101,6 +107,31 @@ class Recipe(StepRecipe):
         """Write the recipe's own files into the run directory (rank 0, after the adapter);
         their sidecar record, or None."""
         return None
+
+
+def dropout_for(s: ModelSession, step: int, rows: Iterable[RowKey]) -> AbstractContextManager[None]:
+    """The LoRA dropout of a training forward of step `step` over `rows` (nothing without
+    `--lora-dropout`): a context around the forward whose gradient is taken, never around a
+    reference, sampling or evaluation forward. A row's key is its identity within the step,
+    which no batch size, accumulation split or process count changes, and which a captured
+    step's rows give back in the same order (so a replay draws the same masks):
+
+    - sft, text: `(i,)`, the row's index among the step's rows in order (forward after forward);
+    - dpo, ipo, reward: `(i, side)`, the pair's index among the step's pairs and its side
+      (0 chosen, 1 rejected);
+    - grpo: `(i,)`, the row's index in the step's update batch: the fresh rollouts prompt group
+      after prompt group (group g's sample k at `g * group_size + k`), then the replayed ones in
+      draw order.
+    """
+    from twinrun.model.dropout import RowDropout, lora_dropout
+
+    p = s.run.config.lora_dropout
+    return lora_dropout(RowDropout(p, s.run.seed, step, tuple(rows)) if p else None)
+
+
+def row_starts(sizes: Iterable[int]) -> list[int]:
+    """Where each forward's rows start among the step's rows (forward sizes in order)."""
+    return list(itertools.accumulate(sizes, initial=0))[:-1]
 
 
 def examples_data(encode: Callable[[CheckpointTokenizer, Any, bool, int], list[Any]]) -> RecipeData:

@@ -15,6 +15,13 @@ One optimizer step:
 5. the token cap keeps at most `token_cap` completion tokens per row; the PPO-clip surrogate
    (`objectives/grpo.py`) is summed over kept tokens and divided by their count, in forwards of
    `batch_size` rows; then one AdamW step.
+
+With `--lora-dropout P` the update's forwards train with LoRA dropout, as TRL's GRPO update
+does, each row's masks keyed by its index in the update batch (`recipes.base.dropout_for`). The
+old log-probs stay the sampling policy's, drawn without dropout (twinrun samples with the
+adapter as it is, and never recomputes them), so the ratio compares the dropped-out policy with
+the policy that sampled; the KL reference (`--kl-beta`) is the base with the adapter off, which
+no dropout touches.
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ from twinrun.train.distributed import in_global_order, is_root, mine
 from twinrun.train.faults import unseeded_plans
 from twinrun.train.hooks.checkpoint import ObjectiveState
 from twinrun.train.loop import Forward, StepForwards, StepOutcome
-from twinrun.train.recipes.base import Recipe, RecipeData, Rows
+from twinrun.train.recipes.base import Recipe, RecipeData, Rows, dropout_for
 from twinrun.train.recipes.tool_rollouts import (
     check_tool_template,
     episode_block,
@@ -511,7 +518,8 @@ def update_forwards(s: ModelSession, batch: list[Rollout], step: int) -> StepFor
         sl = slice(f * bs, min(n, f * bs + bs))
         w = int(u.attn[sl].sum(dim=1).max())
         f_ids, f_attn = u.ids[sl, :w].to(device), u.attn[sl, :w].to(device)
-        logits = s.model(f_ids, f_attn)
+        with dropout_for(s, step, [(i,) for i in range(sl.start, sl.stop)]):
+            logits = s.model(f_ids, f_attn)
         kept = u.kept[sl, : w - 1].to(device)
         logp = kept_logprobs(logits, f_ids, kept, policy.temperature)
         kl = None

@@ -15,11 +15,15 @@ per completion token, the settings record it reads, and the loss over the two si
   (`model/reward_head.py`), Bradley–Terry loss `-logsigmoid(s_chosen - s_rejected)`, averaged over
   the step's pairs (`objectives/reward.py`). The head trains with the adapter.
 A new pair loss is a loss function, a `PairLoss` and a recipe class of three lines here.
+
+With `--lora-dropout` the policy's forwards drop (the reference's never do), a row's masks keyed
+by its pair's index among the step's pairs and its side (`recipes.base.dropout_for`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -40,8 +44,10 @@ from twinrun.train.recipes.base import (
     Recipe,
     RecipeData,
     Rows,
+    dropout_for,
     epoch_plans,
     examples_data,
+    row_starts,
 )
 from twinrun.train.recipes.sft import Padded
 from twinrun.train.session import ModelSession, Session
@@ -227,19 +233,26 @@ def completion_tokens(padded: Padded) -> torch.Tensor:
 
 
 def side_forward(
-    s: ModelSession, padded: Padded, head: torch.nn.Module | None, reference: bool
+    s: ModelSession,
+    padded: Padded,
+    head: torch.nn.Module | None,
+    reference: bool,
+    dropout: AbstractContextManager[None],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One forward over one side of the pairs: (values [B], ids, logits, reference values —
     None unless `reference`). With a head the values are its scores, else the sequence
-    log-probs."""
+    log-probs. `dropout`: the LoRA dropout of the policy's forward (the reference runs
+    without)."""
     ids, attn, mask = (t.to(s.run.config.device) for t in padded)
     invariant = s.run.config.batch_invariant
     if head is not None:
         from twinrun.model.reward_head import scores
 
-        values = scores(s.model, head, ids, attn)  # type: ignore[arg-type]  # the head is a Linear
+        with dropout:
+            values = scores(s.model, head, ids, attn)  # type: ignore[arg-type]  # a Linear head
         return values, ids, values, None
-    logits = s.model(ids, attn)
+    with dropout:
+        logits = s.model(ids, attn)
     ref = None
     if reference:
         with torch.no_grad(), lora_disabled(s.model):
@@ -248,12 +261,18 @@ def side_forward(
 
 
 def group_sides(
-    s: ModelSession, chosen: Padded, rejected: Padded, loss: PairLoss, head: torch.nn.Module | None
+    s: ModelSession,
+    chosen: Padded,
+    rejected: Padded,
+    loss: PairLoss,
+    head: torch.nn.Module | None,
+    dropout: tuple[AbstractContextManager[None], AbstractContextManager[None]],
 ) -> tuple[PairSides, list[torch.Tensor], list[torch.Tensor]]:
     """A group's chosen and rejected forwards: the sides as the loss reads them, their ids and
-    logits (chosen first)."""
-    c, c_ids, c_logits, c_ref = side_forward(s, chosen, head, loss.needs_reference)
-    r, r_ids, r_logits, r_ref = side_forward(s, rejected, head, loss.needs_reference)
+    logits (chosen first); `dropout`: the LoRA dropout of each side's policy forward."""
+    need_ref = loss.needs_reference
+    c, c_ids, c_logits, c_ref = side_forward(s, chosen, head, need_ref, dropout[0])
+    r, r_ids, r_logits, r_ref = side_forward(s, rejected, head, need_ref, dropout[1])
     if loss.per_token:  # each side's log-prob per completion token (TRL's IPO)
         nc, nr = completion_tokens(chosen), completion_tokens(rejected)
         c, r = c / nc, r / nr
@@ -277,10 +296,15 @@ def pair_forwards(
     if sides is None:
         sides = pad_sides(groups, s.tok.pad_id)
     total = sum(len(fw) for fw in groups)
+    starts = row_starts(len(fw) for fw in groups)  # each group's first pair
     parts = []  # (loss sum, correct, margin) of this process's groups (all without torchrun)
     for g, padding in forward_slots(len(groups), s.model):
         fw = groups[g]
-        values, ids, logits = group_sides(s, sides[2 * g], sides[2 * g + 1], loss, head)
+        pairs = range(starts[g], starts[g] + len(fw))
+        chosen, rejected = (dropout_for(s, step, [(i, side) for i in pairs]) for side in (0, 1))
+        values, ids, logits = group_sides(
+            s, sides[2 * g], sides[2 * g + 1], loss, head, (chosen, rejected)
+        )
         out = loss.loss(values, s.run)
         losses = out.losses
         yield Forward(losses.sum() / total, losses / total, ids, logits, padding)

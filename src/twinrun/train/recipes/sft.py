@@ -3,7 +3,8 @@ shuffled per epoch by `stream(seed, "shuffle", epoch)`, AdamW, warmup then cosin
 
 A step is `accumulation` forwards of `batch_size` rows; each forward's loss is its rows'
 completion NLL sums divided by the step's completion-token count, so the forwards' gradients sum
-to the gradient of the step's mean token loss.
+to the gradient of the step's mean token loss. With `--lora-dropout` a row's masks are keyed by
+its index among the step's rows (`recipes.base.dropout_for`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from twinrun.train.recipes.base import (
     Recipe,
     RecipeData,
     Rows,
+    dropout_for,
     epoch_plans,
     examples_data,
+    row_starts,
 )
 from twinrun.train.session import ModelSession, Session
 from twinrun.train.sharding import forward_slots
@@ -97,13 +100,17 @@ def sft_forwards(
     total = sum(r.targets for fw in forwards for r in fw)
     if padded is None:
         padded = [pad_rows(batch, s.tok.pad_id) for batch in forwards]
+    starts = row_starts(len(fw) for fw in forwards)
     sums_of: list[torch.Tensor] = []  # this process's forwards (all of them without torchrun)
     for i, padding in forward_slots(len(forwards), s.model):
         ids, attn, mask = (t.to(device) for t in padded[i])
+        rows = [(starts[i] + r,) for r in range(len(forwards[i]))]
         if getattr(s.model, "chunked_head", False):  # the long-row mode: no [B, T, V] logits
-            sums, logits = chunked_forward(s, ids, attn, mask)
+            with dropout_for(s, step, rows):
+                sums, logits = chunked_forward(s, ids, attn, mask)
         else:
-            logits = [s.model(ids, attn)]
+            with dropout_for(s, step, rows):
+                logits = [s.model(ids, attn)]
             sums, _ = completion_nll(
                 logits[0], ids, mask, batch_invariant=s.run.config.batch_invariant
             )
