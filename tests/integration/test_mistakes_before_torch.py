@@ -165,6 +165,10 @@ def mistakes(f: Files) -> dict[str, tuple[list[str], str]]:
         "threads-100000": (f.sft_args(threads="100000"), "--threads 100000 is more than"),
         "max-length-zero": (f.sft_args(max_length="0"), "--max-length must be >= 1"),
         "device-cuda-without-index": (f.sft_args(device="cuda"), "--device must be cpu or cuda:N"),
+        "checkpointing-with-batch-invariant": (
+            [*f.sft_args(), "--batch-invariant", "--gradient-checkpointing"],
+            "--gradient-checkpointing does not run with --batch-invariant",
+        ),
         "group-size-one": (f.grpo_args(f.arith, group_size="1"), "--group-size"),
         "missing-flags": (
             [
@@ -307,6 +311,7 @@ NAMES = [
     "epochs-zero", "warmup-negative", "warmup-longer-than-the-run", "schedule-unknown",
     "wsd-without-decay", "lora-rank-zero", "lora-alpha-negative", "precision-unknown",
     "threads-zero", "threads-100000", "max-length-zero", "device-cuda-without-index",
+    "checkpointing-with-batch-invariant",
     "group-size-one", "missing-flags", "trl-lr", "trl-num-train-epochs", "config-missing",
     "config-yaml", "config-unknown-key", "corpus-missing", "export-not-a-run", "plot-not-a-run",
     "diff-not-a-run", "reproduce-not-a-run", "golden-check-missing", "generate-model-missing",

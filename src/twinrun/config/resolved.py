@@ -212,7 +212,21 @@ def validate(cfg: RunConfig, source: Source = "flag") -> ValidRun:
     if problems:
         raise ConfigError("; ".join(problems))
     check_report_to(cfg.report_to, SETTINGS["report_to"].name(source))
+    check_exclusive(cfg, source)
     return _resolved(cfg, [k for k in RECORDS if _used(k, cfg)])
+
+
+def check_exclusive(cfg: RunConfig, source: Source) -> None:
+    """A ConfigError for switches that do not run together: batch-invariant mode's packed
+    forwards run outside gradient checkpointing's recompute of a layer (the recompute would
+    save other tensors than the forward did)."""
+    if cfg.batch_invariant and cfg.gradient_checkpointing:
+        raise ConfigError(
+            f"{SETTINGS['gradient_checkpointing'].name(source)} does not run with "
+            f"{SETTINGS['batch_invariant'].name(source)} (its packed forwards are not "
+            "recomputed as they ran)",
+            "leave one of them out",
+        )
 
 
 def replay_run(cfg: RunConfig) -> ValidRun:
@@ -222,6 +236,7 @@ def replay_run(cfg: RunConfig) -> ValidRun:
 
     pinned = set(contract_settings(cfg.objective))
     kinds = [k for k in RECORDS if set(_names(k)) <= pinned]
+    check_exclusive(cfg, "toml")
     return _resolved(cfg, kinds)
 
 
