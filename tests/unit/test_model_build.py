@@ -12,6 +12,7 @@ import torch
 
 from twinrun.core.errors import ModelError
 from twinrun.model.build import CausalLM, FreshLora, build_model, load_causal_lm
+from twinrun.model.lora import lora_parameters
 
 ROWS = [
     [256, 104, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 33],
@@ -156,10 +157,15 @@ def test_gradient_checkpointing_same_grads(toy_model_dir: Path) -> None:
             gradient_checkpointing=ckpt,
         )
         assert m.training == ckpt
+        with torch.no_grad():  # B non-zero: A's gradient flows through it (zero B gives zeros)
+            for i, (_, p) in enumerate(lora_parameters(m)):
+                if p.abs().sum() == 0:
+                    p.copy_(torch.linspace(-0.5, 0.5, p.numel()).view_as(p) * (1 + i % 3))
         m(ids).sum().backward()
-        w = m.get_submodule("model.layers.1.self_attn.q_proj").lora_A.weight
-        assert w.grad is not None
-        grads.append(w.grad)
+        q = m.get_submodule("model.layers.1.self_attn.q_proj")
+        w = q.lora_A.weight
+        assert w.grad is not None and w.grad.abs().sum() > 0
+        grads.append(torch.cat([w.grad.flatten(), q.lora_B.weight.grad.flatten()]))
     assert torch.equal(grads[0], grads[1])
 
 
