@@ -150,6 +150,9 @@ CASES = [
           "rejected": [user("What color is the sky?"), assistant("It is green.")]}, {}),
     case("dpo-implicit-plain", "dpo", "DPO pair, implicit prompt: two strings",
          {"chosen": "The sky is blue.", "rejected": "The sky is green."}, {}, chat=False),
+    case("dpo-merge", "dpo",
+         "DPO pair, strings; the prompt's final space merges with one answer, not the other",
+         {"prompt": "Say hi: ", "chosen": "hi", "rejected": "42"}, {}, chat=False),
     case("dpo-system", "dpo", "DPO pair, conversational prompt with a system message",
          {"prompt": [SYSTEM, user("What is 7 * 8?")], "chosen": [assistant("56.")],
           "rejected": [assistant("54.")]}, {}),
@@ -189,7 +192,9 @@ def twinrun_tokenizer(model: Path, template: str, out: Path) -> Any:
 def twinrun_sides(tok: Any, c: dict[str, Any]) -> tuple[list[dict[str, list[int]]], list[str]]:
     from twinrun.data.examples import SourcedRow, encode_sft_rows
     from twinrun.data.pairs import encode_pairs
+    from twinrun.model.tokens import CheckpointTokenizer
 
+    tok = CheckpointTokenizer(tok.hf, tok.end_ids, tok.source)  # it warns once: fresh per case
     row = [SourcedRow(c["row"], c["name"])]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

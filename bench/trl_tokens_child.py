@@ -97,10 +97,11 @@ def dpo_sides(model: Any, tok: Any, case: dict[str, Any], out: str) -> tuple[lis
     )  # fmt: skip
     prepared = trainer.train_dataset[0]
     batch = trainer.data_collator([prepared])
-    sides = [
-        {"input_ids": batch["input_ids"][i].tolist(), "mask": batch["completion_mask"][i].tolist()}
-        for i in (0, 1)
-    ]  # one row each, so no padding
+    sides = []
+    for i in (0, 1):  # chosen, rejected: padded to the longer, the padding cut off here
+        n = int(batch["attention_mask"][i].sum())
+        ids, mask = batch["input_ids"][i].tolist(), batch["completion_mask"][i].tolist()
+        sides.append({"input_ids": ids[:n], "mask": mask[:n]})
     return sides, {"prompt": prepared["prompt"]}
 
 
