@@ -125,6 +125,20 @@ def test_pair_sides_are_trls(tok: CheckpointTokenizer, chat: bool) -> None:
             assert no_doubled_bos(side.input_ids)
 
 
+def test_a_pairs_sides_share_one_prompt_length(tok: CheckpointTokenizer) -> None:
+    """TRL's DPOTrainer: the pair's prompt is the shorter of the sides' common prefixes with the
+    prompt ids. "Say hi: " is [Say, Ġhi, :, Ġ]; "hi" merges with its final space, "42" does not
+    ([Ġ, 4, 2]), so the rejected side trains that space too (ids from bench/trl_tokens.py)."""
+    row = SourcedRow({"prompt": "Say hi: ", "chosen": "hi", "rejected": "42"}, "x:1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PromptPrefixWarning)
+        (pair,) = encode_pairs(CheckpointTokenizer(tok.hf, tok.end_ids), [row], False, 8192)
+    assert list(pair.chosen.input_ids) == [36218, 15876, 42, 15876, 2]
+    assert list(pair.rejected.input_ids) == [36218, 15876, 42, 216, 36, 34, 2]
+    assert pair.chosen.loss_mask == (0, 0, 0, 1, 1)
+    assert pair.rejected.loss_mask == (0, 0, 0, 1, 1, 1, 1)
+
+
 def test_prompt_only_rows_of_extract_are_generation_prompts(tok: CheckpointTokenizer) -> None:
     from twinrun.infer.extract import encode_examples
 

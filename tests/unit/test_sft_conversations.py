@@ -1,7 +1,8 @@
 """SFT rows as TRL trains them, on the toy's byte tokenizer (id b is byte b; <|bos|> 256,
 <|eos|> 257) where every id and mask bit is written by hand: every assistant turn of a
-multi-turn conversation is a target, a row's `tools` reach the chat template, a {text} row
-points at `tune text`, and a single-turn row keeps the ids and mask it always had."""
+multi-turn conversation is a target (of a prompt-completion row, the completion alone), a row's
+`tools` reach the chat template, a {text} row points at `tune text`, and a single-turn row keeps
+the ids and mask it always had."""
 
 from __future__ import annotations
 
@@ -50,6 +51,17 @@ def test_every_assistant_turn_of_a_conversation_is_a_target(tok: CheckpointToken
     expected += [0] * len(user_c) + [0] * head + [1, 1]  # "d" and its end of turn
     assert list(enc.loss_mask) == expected
     assert enc.targets == 4  # the last turn alone would be 2
+
+
+def test_a_prompt_completion_row_trains_its_completion_alone(tok: CheckpointTokenizer) -> None:
+    """TRL's `completion_only_loss`: an assistant turn inside a conversational prompt is context,
+    not a target; the same conversation as {messages} trains both turns."""
+    row = {"prompt": CONVERSATION[:3], "completion": CONVERSATION[3:]}
+    enc = encode_sft_row(tok, SourcedRow(row, "x:1"), True)
+    whole = encode_sft_row(tok, SourcedRow({"messages": CONVERSATION}, "x:2"), True)
+    assert enc.input_ids == whole.input_ids
+    assert list(enc.loss_mask) == [0] * (len(enc.input_ids) - 2) + [1, 1]  # "d", end of turn
+    assert enc.targets == 2 and whole.targets == 4
 
 
 def test_a_single_turn_row_keeps_its_ids_and_mask(tok: CheckpointTokenizer) -> None:

@@ -1,9 +1,10 @@
 """Example files: JSONL (one object per line), a JSON array, CSV, or through the `datasets` extra a
 Parquet file or a `save_to_disk` directory; validated row by row with errors that name the file
 and line (or row). Also the encoding of SFT rows into token ids plus a loss mask, by TRL's rules
-(`twinrun.model.tokens`): through the chat template the loss covers every assistant turn of the
-conversation (`conversation_ids`; a row's `tools` rendered by the template); plain rows
-(`--no-chat-template`) train their last answer (`prompt_completion_ids`)."""
+(`twinrun.model.tokens`): through the chat template the loss covers every assistant turn of a
+{messages} conversation and the completion of a prompt-completion row (`conversation_ids`; a
+row's `tools` rendered by the template); plain rows (`--no-chat-template`) train their last
+answer (`prompt_completion_ids`)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ class Tokenizer(Protocol):
     ) -> tuple[list[int], int]: ...
 
     def conversation_ids(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        last_only: bool = False,
     ) -> tuple[list[int], list[int]]: ...
 
 
@@ -262,7 +266,8 @@ def check_messages(row: SourcedRow, key: str, msgs: list[Any]) -> None:
 
 def conversational_parts(row: SourcedRow) -> tuple[list[dict[str, str]], str]:
     """TRL's conversational prompt-completion row: `prompt` the conversation so far, `completion`
-    one assistant message — the same tokens as {messages: prompt + completion}."""
+    one assistant message — the same tokens as {messages: prompt + completion}, the completion
+    alone trained (`encode_sft_row`)."""
     prompt, completion = message_list(row, "prompt"), message_list(row, "completion")
     if len(completion) != 1 or completion[0]["role"] != "assistant":
         raise DataError(
@@ -363,14 +368,16 @@ def sft_row_text(
 
 
 def encode_sft_row(tok: Tokenizer, row: SourcedRow, chat_template: bool) -> EncodedRow:
-    """An SFT row's ids and loss mask. Through the chat template every assistant turn is a
-    target (TRL's `assistant_only_loss`) and the row's `tools` are rendered; without it the
-    row is plain text (the contents one per line) and the last answer is the target."""
+    """An SFT row's ids and loss mask. Through the chat template every assistant turn of a
+    {messages} row is a target (TRL's `assistant_only_loss`), of a prompt-completion row the
+    completion alone (TRL's `completion_only_loss`: an assistant turn in the prompt is context),
+    and the row's `tools` are rendered; without it the row is plain text (the contents one per
+    line) and the last answer is the target."""
     conversation, tools = sft_row_text(row, chat_template)
     if not chat_template:
         *messages, answer = conversation
         return encode_prompt_completion(tok, messages, answer["content"], chat_template)
-    ids, mask = tok.conversation_ids(conversation, tools)
+    ids, mask = tok.conversation_ids(conversation, tools, last_only="messages" not in row.data)
     return EncodedRow(tuple(ids), tuple(mask))
 
 

@@ -10,9 +10,11 @@ A pair row is one of
     implicit prompt: what the two share is the prompt, `implicit_prompt`)
 
 where `messages` is the prompt conversation only (its last message must not be the assistant's:
-the two answers are `chosen` and `rejected`). Each side is encoded exactly like an SFT row
+the two answers are `chosen` and `rejected`). Each side is encoded like an SFT row
 (data/examples.py, TRL's rules): the prompt + that side, with the loss mask on the side's tokens
-(its eos or end of turn included). A pair is two rows.
+(its eos or end of turn included). As in TRL's DPOTrainer the two sides share one prompt length,
+the shorter of their two: when the prompt's last token merges with one answer only (a final
+space), the other side trains that token too. A pair is two rows.
 
 Every bad row raises DataError naming it (`path:line` or `path[index]`): missing fields,
 non-strings, an empty side (empty after strip), or chosen == rejected (the pair teaches nothing).
@@ -29,7 +31,6 @@ from twinrun.data.examples import (
     Tokenizer,
     check_length,
     check_messages,
-    encode_prompt_completion,
     message_list,
     require_str,
 )
@@ -110,15 +111,27 @@ def encode_pairs(
     """Encode every pair row; each side like SFT, each checked against `max_length` positions."""
     out = []
     for row in rows:
-        messages, chosen, rejected = pair_parts(row)
-        pair = EncodedPair(
-            chosen=encode_prompt_completion(tok, messages, chosen, chat_template),
-            rejected=encode_prompt_completion(tok, messages, rejected, chat_template),
-        )
+        pair = encode_pair(tok, *pair_parts(row), chat_template)
         check_length(pair.chosen, f"{row.where} (chosen)", max_length)
         check_length(pair.rejected, f"{row.where} (rejected)", max_length)
         out.append(pair)
     return out
+
+
+def encode_pair(
+    tok: Tokenizer, messages: list[dict[str, str]], chosen: str, rejected: str, chat_template: bool
+) -> EncodedPair:
+    """Both sides' ids; the loss on each side's tokens after the prompt length the two share
+    (TRL's DPOTrainer: the shorter of the sides' common prefixes with the prompt ids)."""
+    (c_ids, c_n), (r_ids, r_n) = (
+        tok.prompt_completion_ids(messages, answer, chat_template) for answer in (chosen, rejected)
+    )
+    n = min(c_n, r_n)
+
+    def side(ids: list[int]) -> EncodedRow:
+        return EncodedRow(tuple(ids), tuple([0] * n + [1] * (len(ids) - n)))
+
+    return EncodedPair(chosen=side(c_ids), rejected=side(r_ids))
 
 
 def answer_text(row: SourcedRow, key: str) -> str:

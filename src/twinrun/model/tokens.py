@@ -189,17 +189,19 @@ class CheckpointTokenizer:
         return n
 
     def conversation_ids(
-        self, messages: Messages, tools: Tools = None
+        self, messages: Messages, tools: Tools = None, last_only: bool = False
     ) -> tuple[list[int], list[int]]:
         """(ids, loss mask) of a whole conversation through the chat template, every assistant
         turn a target (TRL's `assistant_only_loss`): turn i's tokens are those the conversation
         up to and including it adds to the conversation before it with the generation prompt
-        (its content and end of turn). `tools` go to the template. A conversation with one
-        assistant turn, at its end, gets `prompt_completion_ids`'s ids and mask."""
+        (its content and end of turn). `last_only`: the last message alone is a target (TRL's
+        prompt-completion rows, whose `completion_only_loss` leaves the prompt's assistant
+        turns out). `tools` go to the template. A conversation with one assistant turn, at its
+        end, gets `prompt_completion_ids`'s ids and mask."""
         full = self._chat_ids(messages, add_generation_prompt=False, tools=tools)
         mask = [0] * len(full)
         for i, message in enumerate(messages):
-            if message["role"] != "assistant":
+            if message["role"] != "assistant" or (last_only and i + 1 < len(messages)):
                 continue
             before = self._chat_ids(messages[:i], True, tools) if i else []
             start = self._answer_start(before, full)
