@@ -11,6 +11,7 @@ import pytest
 
 from tests.integration.toy_runs import sha256_of
 from twinrun.cli.main import run_cli
+from twinrun.train.recipes.grpo import LOGPROB_CHUNK
 
 TRL_STYLE = '''
 class Counter:
@@ -56,6 +57,19 @@ class Guess:
                 "reward": 1.0 if right else -0.25 * self.turns, "done": right}
 '''
 
+ECHO = '''
+class Echo:
+    """OpenEnv-style: each reply quotes the model's turn; the reward is its length mod 3, so the
+    episodes' rewards differ and the update has a gradient."""
+
+    def reset(self, **row):
+        return {"observation": row["prompt"], "reward": 0.0, "done": False}
+
+    def step(self, action):
+        return {"observation": "you said: " + action, "reward": float(len(action) % 3),
+                "done": False}
+'''
+
 
 BROKEN = '''
 import time
@@ -97,6 +111,7 @@ def plugins(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "twinrun_test_trl_env.py").write_text(TRL_STYLE)
     (d / "twinrun_test_openenv.py").write_text(OPENENV_STYLE)
     (d / "twinrun_test_broken_env.py").write_text(BROKEN)
+    (d / "twinrun_test_echo_env.py").write_text(ECHO)
     sys.path.insert(0, str(d))
     return d
 
@@ -169,6 +184,26 @@ def test_trl_and_openenv_shapes_train(
         assert sha256_of(out / "adapter_model.safetensors") == sha256_of(
             again / "adapter_model.safetensors"
         )
+
+
+def test_gradient_checkpointing_and_long_rows_write_the_same_bytes(
+    tmp_path: Path, toy_model_dir: Path, arith: Path, plugins: Path
+) -> None:
+    """Long multi-turn rows — 2 turns of up to 48 tokens and the environment's replies, more
+    kept positions than one float64 log-softmax chunk — with rewards that differ: recomputing
+    each decoder layer in the backward (`--gradient-checkpointing`, the memory remedy
+    docs/tool-environments.md names) writes the adapter and diag bytes of the run without it."""
+    runs = {name: tmp_path / name for name in ("plain", "checkpointed")}
+    for name, out in runs.items():
+        args = tool_args(toy_model_dir, arith, out, "twinrun_test_echo_env:Echo")
+        for flag, value in (("--max-new-tokens", "48"), ("--token-cap", "96")):
+            args[args.index(flag) + 1] = value
+        assert run_cli(args + (["--gradient-checkpointing"] if name == "checkpointed" else [])) == 0
+    plain, checkpointed = runs.values()
+    (step,) = [json.loads(x) for x in (plain / "metrics.jsonl").read_text().splitlines()]
+    assert step["loss"] != 0.0 and step["active_tokens"] > LOGPROB_CHUNK
+    for name in ("adapter_model.safetensors", "diag.jsonl"):
+        assert (plain / name).read_bytes() == (checkpointed / name).read_bytes()
 
 
 @pytest.mark.parametrize(

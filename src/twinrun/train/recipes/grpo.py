@@ -491,18 +491,65 @@ def update_rows(s: ModelSession, batch: list[Rollout]) -> UpdateRows:
     )  # fmt: skip
 
 
+LOGPROB_CHUNK = 64  # kept positions per float64 log-softmax of `kept_logprobs`
+
+
 def kept_logprobs(
     logits: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor, temperature: float
 ) -> torch.Tensor:
     """[N, W-1] float64 logprobs of the predicted tokens `ids[:, 1:]`: at each kept position
     `log_softmax(logits.double() / T)` of its token, 0 elsewhere (the loss reads kept positions
     only). The float64 log-softmax runs over the kept positions' vocab rows alone — the prompt
-    and capped positions, most of a row, are never converted — and each kept value is the one a
-    log-softmax over every position gives (the softmax is per position)."""
-    rows = logits[:, :-1][kept].double() / temperature  # [K, V]
-    picked = torch.log_softmax(rows, dim=-1).gather(-1, ids[:, 1:][kept].unsqueeze(-1))
+    and capped positions, most of a row, are never converted — `LOGPROB_CHUNK` rows at a time,
+    each chunk under non-reentrant checkpointing: no [K, V] float64 tensor is made or kept for
+    the backward (a long multi-turn row keeps hundreds of positions), only the kept rows' float32
+    logits. The softmax is per position, so each value, and its gradient, is the one a
+    log-softmax over every position gives, bit for bit."""
+    # the kept rows picked from the whole logits (position t predicts ids[:, t + 1]; the last
+    # position predicts nothing): the backward scatters into one [N, W, V] gradient, not two
+    at = torch.cat([kept, torch.zeros_like(kept[:, :1])], dim=1)
+    rows = logits[at]  # [K, V], the logits' dtype
+    targets = ids[:, 1:][kept]
+    picked = [
+        chunk_logprobs(part, target, temperature)
+        for part, target in zip(
+            torch.split(rows, LOGPROB_CHUNK), torch.split(targets, LOGPROB_CHUNK), strict=True
+        )
+    ]
     out = torch.zeros(kept.shape, dtype=torch.float64, device=logits.device)
-    return out.masked_scatter(kept, picked.squeeze(-1))
+    return out.masked_scatter(kept, torch.cat(picked))
+
+
+def chunk_logprobs(rows: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`log_softmax(rows.double() / T)` at `targets` ([C] float64), recomputed in the backward
+    when `rows` needs a gradient (its [C, V] float64 tensors live only while a chunk runs; it
+    draws nothing, so no generator state is kept for the recompute)."""
+    if not rows.requires_grad:
+        return picked_logprobs(rows, targets, temperature)
+    from torch.utils.checkpoint import checkpoint
+
+    out = checkpoint(
+        picked_logprobs, rows, targets, temperature, use_reentrant=False, preserve_rng_state=False
+    )
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
+def picked_logprobs(rows: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The float64 log-softmax of `rows / T` [C, V] at `targets` [C]."""
+    logp = torch.log_softmax(rows.double() / temperature, dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def policy_logprobs(
+    s: ModelSession, ids: torch.Tensor, attn: torch.Tensor, kept: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One update forward's kept logprobs (`kept_logprobs`) and its logits for `--diag`'s
+    `forward.logits`. Without `--diag` none are kept: the [N, W, V] logits are freed once the
+    kept rows are picked (the backward needs only those), so they are not held through it."""
+    logits = s.model(ids, attn)
+    logp = kept_logprobs(logits, ids, kept, temperature)
+    return logp, [logits] if s.run.config.diag else []
 
 
 def update_forwards(s: ModelSession, batch: list[Rollout], step: int) -> StepForwards:
@@ -518,10 +565,9 @@ def update_forwards(s: ModelSession, batch: list[Rollout], step: int) -> StepFor
         sl = slice(f * bs, min(n, f * bs + bs))
         w = int(u.attn[sl].sum(dim=1).max())
         f_ids, f_attn = u.ids[sl, :w].to(device), u.attn[sl, :w].to(device)
-        with dropout_for(s, step, [(i,) for i in range(sl.start, sl.stop)]):
-            logits = s.model(f_ids, f_attn)
         kept = u.kept[sl, : w - 1].to(device)
-        logp = kept_logprobs(logits, f_ids, kept, policy.temperature)
+        with dropout_for(s, step, [(i,) for i in range(sl.start, sl.stop)]):
+            logp, logits = policy_logprobs(s, f_ids, f_attn, kept, policy.temperature)
         kl = None
         if kl_beta:  # --kl-beta: the reference is the base (adapter off), no grad
             with torch.no_grad(), lora_disabled(s.model):
@@ -531,7 +577,7 @@ def update_forwards(s: ModelSession, batch: list[Rollout], step: int) -> StepFor
             logp, u.old[sl, : w - 1].to(device), u.advantages[sl].to(device),
             kept, u.denominator, policy.clip_eps, u.weights[sl].to(device), kl,
         )  # fmt: skip
-        yield Forward(out.loss, out.row_losses, [f_ids], [logits], padding=padding)
+        yield Forward(out.loss, out.row_losses, [f_ids], logits, padding=padding)
         if padding:
             continue
         parts.append((float(out.loss.detach()), out.clipped_tokens, out.active_tokens))
