@@ -351,3 +351,17 @@ def test_explain_locates_a_plugin_without_importing_it(
         assert not marker.exists()
     finally:
         sys.path.remove(str(tmp_path))
+
+
+def test_diag_changes_no_adapter_byte(
+    tmp_path: Path, toy_model_dir: Path, arith: Path, plugin_module: str
+) -> None:
+    """Without --diag the update forward frees its logits once the kept rows are picked; with it
+    they are kept for the `forward.logits` leaf. The update is the same bits either way."""
+    for name in ("diag", "plain"):
+        args = grpo_args(toy_model_dir, arith, tmp_path / name, 1, "--env", plugin_module)
+        run(args if name == "diag" else [a for a in args if a != "--diag"])
+    assert not (tmp_path / "plain" / "diag.jsonl").exists()
+    rewards = [json.loads(x)["reward_std"] for x in (tmp_path / "diag" / "metrics.jsonl").open()]
+    assert any(r > 0 for r in rewards)  # advantages not all zero: the update moved the adapter
+    assert same_files(tmp_path / "diag", tmp_path / "plain", "adapter_model.safetensors")

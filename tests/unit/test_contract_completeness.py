@@ -31,6 +31,8 @@ NOT_UPDATE: dict[str, str] = {
     "advantage_clip": "GRPO's advantages, which the captured batch holds",
     "rollout_block": "which prompts decode together: it chooses rows, held by the batch",
     "replay_fraction": "how many replayed rows join the batch, which holds them",
+    "diag": "GRPO keeps an update forward's logits for the `forward.logits` leaf only with it "
+    "(without it they are freed once the kept rows are picked): the same values either way",
 }
 
 RECORDS = (*resolved.RECORDS, resolved.ValidRun, RunConfig)
