@@ -119,6 +119,27 @@ def test_a_run_on_other_cpu_kernels_diverges_and_names_them(
                               "writes")  # fmt: skip
 
 
+def test_a_native_run_reproduces_on_the_same_machine(tmp_path: Path, toy_model_dir: Path) -> None:
+    """A native run and its reproduction, each a fresh `python -m twinrun` process as a user runs
+    them (ATen chooses its kernels once per process, at its first kernel): the re-run takes the
+    machine's own kernels as the run did — reproduce's check of the run's adapter runs a kernel
+    before the re-run starts, and it must not fix them at the portable mode's AVX2."""
+    examples = write_examples(tmp_path / "data")["sft"]
+    run, again = tmp_path / "run", tmp_path / "again"
+    args = run_args("sft", toy_model_dir, examples, run, "--diag", "--cpu-kernels", "native")
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")}
+    for argv in (args, ["reproduce", str(run), "--output", str(again)]):
+        done = subprocess.run([sys.executable, "-m", "twinrun", *argv], capture_output=True,
+                              text=True, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("reproduce: REPRODUCED bit for bit"), done.stdout
+    kernels = [json.loads((d / "twinrun.json").read_text())["determinism"]["cpu_kernels"]
+               for d in (run, again)]  # fmt: skip
+    assert kernels[0]["aten_capability"] == kernels[1]["aten_capability"]
+    assert kernels[0]["aten_capability"] == kernels[0]["native_capability"]
+    same_outputs(run, again)
+
+
 def test_a_torchrun_run_reproduces_on_one_process(
     tmp_path: Path, toy_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -279,6 +279,7 @@ def reproduce(
     env: str | None = None,
 ) -> Reproduction:
     """Re-run `run_dir` into `output` and judge the result (see the module docstring)."""
+    from twinrun.core.portable import unpin_environment
     from twinrun.model.adapter_check import check_run_adapter
     from twinrun.train.outputs import check_output_dir, config_inputs
 
@@ -287,6 +288,10 @@ def reproduce(
         sidecar = read_sidecar(run_dir)
         if sidecar is None:
             raise DataError(f"{run_dir} has no {SIDECAR}", "give the directory a run wrote")
+        if (sidecar.get("train") or {}).get("cpu_kernels") == "native":
+            # a native re-run takes the machine's kernels, which ATen chooses at its first
+            # kernel: the adapter check below is one, so the portable pin goes first
+            unpin_environment()
         check_run_adapter(run_dir, sidecar)  # the directory's own bytes, before anything runs
         cfg = config_from_sidecar(sidecar, output, quiet, overwrite)
         check_named_plugin(cfg, env)  # before anything the sidecar names is imported
