@@ -17,7 +17,6 @@ from twinrun.core.safetensors_io import (
     check_header,
     disk_error,
     read_safetensors,
-    read_tensors,
     tensors_bytes,
     write_tensors,
 )
@@ -31,7 +30,7 @@ def written(tmp_path: Path) -> Path:
 
 def test_a_good_file_reads(tmp_path: Path) -> None:
     path = written(tmp_path)
-    assert read_tensors(path, "x", "y")["w"].tolist() == list(range(16))
+    assert read_safetensors(path, "x", "y").tensors["w"].tolist() == list(range(16))
     check_header(path, "x", "y")
 
 
@@ -43,14 +42,14 @@ def test_truncated_files_are_the_callers_error(tmp_path: Path, keep: int) -> Non
     with pytest.raises(
         ModelError, match=r"t.safetensors is not a readable safetensors file \(weights"
     ):
-        read_tensors(path, "weights", "replace it", ModelError)
+        read_safetensors(path, "weights", "replace it", ModelError)
     with pytest.raises(DataError, match="is not a readable safetensors file"):
-        read_tensors(data[:keep], "weights", "replace it", where=str(path))
+        read_safetensors(data[:keep], "weights", "replace it", where=str(path))
 
 
 def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="nope.safetensors is not a readable") as info:
-        read_tensors(tmp_path / "nope.safetensors", "weights", "replace it")
+        read_safetensors(tmp_path / "nope.safetensors", "weights", "replace it")
     assert "\n" not in info.value.one_line() and info.value.hint == "replace it"
 
 
@@ -106,7 +105,8 @@ def test_metadata_and_tensors_read_alike_from_a_file_and_from_bytes(tmp_path: Pa
         memoryview(tensors_bytes(tensors, metadata)),
     ):
         got = read_safetensors(source, "x", "y", where="m")
-        assert got.metadata == metadata and list(got.tensors) == list(read_tensors(path, "x", "y"))
+        from_path = read_safetensors(path, "x", "y").tensors
+        assert got.metadata == metadata and list(got.tensors) == list(from_path)
         assert all(torch.equal(got.tensors[k], v) for k, v in tensors.items())
     assert read_safetensors(tensors_bytes(tensors), "x", "y").metadata == {}
 

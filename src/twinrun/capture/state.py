@@ -18,7 +18,7 @@ import torch
 
 from twinrun.core.errors import DataError, ModelError
 from twinrun.core.jsonlimits import SMALL, load_json_file
-from twinrun.core.safetensors_io import read_tensors, tensors_bytes
+from twinrun.core.safetensors_io import read_safetensors, tensors_bytes
 from twinrun.model.output import ModuleTree
 
 OPTIMIZER_FORMAT = "twinrun.adamw-state.v1"
@@ -72,7 +72,7 @@ def load_optimizer_state(
     names = [name for name, _ in params]
     if meta.get("format") != OPTIMIZER_FORMAT or meta.get("params") != names:
         raise DataError(f"{where}: not an AdamW state for these parameters", "re-capture")
-    tensors = read_tensors(data, "AdamW state", "re-capture", where=where)
+    tensors = read_safetensors(data, "AdamW state", "re-capture", where=where).tensors
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         index, _, name = key.partition(".")

@@ -1,9 +1,9 @@
 """A strict, zero-copy reader of safetensors bytes (the format: an 8-byte little-endian header
 length, a JSON header naming each tensor's dtype, shape and byte span, then the data).
 
-The one reader besides `twinrun.core.safetensors_io.read_tensors`, and why it stays: a payload
+The one reader besides `twinrun.core.safetensors_io.read_safetensors`, and why it stays: a payload
 is decoded from exactly the bytes whose SHA256 was just checked — read once, never reopened —
-and the library (`safetensors.torch.load`, what `read_tensors` uses on bytes) copies every
+and the library (`safetensors.torch.load`, what `read_safetensors` uses on bytes) copies every
 tensor out of them, which for a large payload costs as much as hashing it again. Here each
 tensor is a read-only numpy view on those bytes. The reader is also stricter than the library:
 only the dtypes a capture uses, shapes that match their spans, and spans that tile the data

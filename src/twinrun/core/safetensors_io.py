@@ -1,8 +1,8 @@
 """The one way twinrun reads and the one way it writes safetensors, every failure one line.
 
-Reading: `read_tensors(source, what, hint, error)` — every tensor (on the CPU) of a file, or of
-bytes already read and hashed (`where` names where they came from); `read_safetensors` gives the
-`__metadata__` strings too. `check_header` opens a file and checks its header without reading
+Reading: `read_safetensors(source, what, hint, error)` — every tensor (on the CPU) of a file, or
+of bytes already read and hashed (`where` names where they came from), and its `__metadata__`
+strings. `check_header` opens a file and checks its header without reading
 the tensors (a base model's shards, gigabytes, before transformers loads them). The safetensors
 library raises its own `SafetensorError` (not an OSError, not a ValueError) for a truncated file,
 a flipped header byte, a header that claims gigabytes, an unknown dtype: each becomes the
@@ -102,18 +102,6 @@ def read_safetensors(
         raise _bad(name, what, exc, hint, error) from exc
 
 
-def read_tensors(
-    source: Source,
-    what: str,
-    hint: str,
-    error: type[TwinrunError] = DataError,
-    *,
-    where: str | None = None,
-) -> dict[str, Any]:
-    """Every tensor of `source` (on the CPU), as `read_safetensors` reads it."""
-    return read_safetensors(source, what, hint, error, where=where).tensors
-
-
 class TensorSpan(NamedTuple):
     dtype: str  # the header's dtype ("F32", "BF16", ...)
     shape: tuple[int, ...]
@@ -133,7 +121,7 @@ def tensor_spans(
 ) -> dict[str, TensorSpan]:
     """Each tensor's dtype, shape and absolute byte span in `path`, from its header alone — no
     memory map (the library maps the whole file, which a capped process may not be allowed to),
-    nothing past the header read. `error(...)` as `read_tensors` raises it for a header that is
+    nothing past the header read. `error(...)` as `read_safetensors` raises it for a header that is
     cut short, not JSON, or names a span that does not fit its shape or the file; a `.weight` or
     `.bias` tensor must be floating point (as `check_header`)."""
     try:
@@ -189,7 +177,7 @@ def check_header(
     path: str | os.PathLike[str], what: str, hint: str, error: type[TwinrunError] = DataError
 ) -> None:
     """Open `path` as safetensors (its header parsed and checked against the file's size)
-    without reading the tensors; `error(...)` as `read_tensors` raises it. A `.weight` or
+    without reading the tensors; `error(...)` as `read_safetensors` raises it. A `.weight` or
     `.bias` tensor must be floating point: transformers would cast an integer one silently."""
     from safetensors import safe_open
 

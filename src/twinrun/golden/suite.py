@@ -139,7 +139,7 @@ def inference_items(
     root: Path, model: Path, adapter: Path, examples: Path, device: str
 ) -> dict[str, Any]:
     """evaluate and extraction with the sft adapter."""
-    from twinrun.core.safetensors_io import read_tensors
+    from twinrun.core.safetensors_io import read_safetensors
     from twinrun.infer.evaluate import EvalConfig, run_evaluate
     from twinrun.infer.extract import ExtractConfig, run_extract
 
@@ -169,7 +169,8 @@ def inference_items(
     )
     floats = [
         float(x)
-        for x in read_tensors(hidden, "hidden states", "rerun the suite")["hidden"]
+        for x in read_safetensors(hidden, "hidden states", "rerun the suite")
+        .tensors["hidden"]
         .reshape(-1)
         .tolist()
     ]

@@ -50,9 +50,9 @@ def check_adapter_header(
 def _finite(path: Path, what: str, hint: str, error: type[TwinrunError]) -> None:
     import torch
 
-    from twinrun.core.safetensors_io import read_tensors
+    from twinrun.core.safetensors_io import read_safetensors
 
-    for name, t in read_tensors(path, what, hint, error).items():
+    for name, t in read_safetensors(path, what, hint, error).tensors.items():
         if not bool(torch.isfinite(t).all()):
             raise error(f"{path}: {name} holds a value that is not finite (NaN or Inf)", hint)
 

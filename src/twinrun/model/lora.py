@@ -352,7 +352,7 @@ def read_adapter_config(adapter_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 def load_adapter(model: ModuleTree, adapter_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Wrap the model's target modules and load the saved LoRA weights; returns the config."""
-    from twinrun.core.safetensors_io import read_tensors
+    from twinrun.core.safetensors_io import read_safetensors
 
     cfg = read_adapter_config(adapter_dir)
     path = Path(adapter_dir) / ADAPTER_WEIGHTS
@@ -360,9 +360,9 @@ def load_adapter(model: ModuleTree, adapter_dir: str | os.PathLike[str]) -> dict
         reading.open_regular(path, "adapter weights", ModelError).close()
     if not path.is_file():
         raise ModelError(f"no {ADAPTER_WEIGHTS} in {adapter_dir}", "the adapter is incomplete")
-    saved = read_tensors(
+    saved = read_safetensors(
         path, "adapter weights", "the adapter file is damaged: write it again", ModelError
-    )
+    ).tensors
     wrapped = _wrap(
         model,
         cfg["r"],

@@ -14,7 +14,7 @@ import torch
 
 from twinrun.core.errors import ModelError
 from twinrun.core.rng import stream, torch_tensor
-from twinrun.core.safetensors_io import read_tensors, write_tensors
+from twinrun.core.safetensors_io import read_safetensors, write_tensors
 from twinrun.objectives.reward import pool_last
 
 HEAD_FILE = "reward_head.safetensors"
@@ -60,7 +60,7 @@ def load_reward_head(adapter_dir: str | Path) -> torch.nn.Linear | None:
     if not path.is_file():
         return None
     hint = "re-create it with twinrun tune reward"
-    tensors = read_tensors(path, "reward head", hint, ModelError)
+    tensors = read_safetensors(path, "reward head", hint, ModelError).tensors
     weight = tensors.get(HEAD_KEY)
     if (
         weight is None

@@ -74,7 +74,8 @@ def grpo_loss(
     `beta * (exp(ref - logp) - (ref - logp) - 1)`, the k3 estimate of KL(policy || reference)
     TRL's GRPO adds (before the row weight).
     """
-    _check_inputs(logprobs, old_logprobs, advantages, mask, denominator, clip_eps, row_weights)
+    _check_shapes(logprobs, old_logprobs, mask, advantages, row_weights)
+    _check_numbers(denominator, clip_eps)
     if kl is not None and kl[1].shape != logprobs.shape:
         raise ValueError(f"ref_logprobs {tuple(kl[1].shape)} must have the [N, T] shape")
 
@@ -110,16 +111,14 @@ def grpo_loss(
     )
 
 
-def _check_inputs(
+def _check_shapes(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
     mask: torch.Tensor,
-    denominator: int,
-    clip_eps: float,
+    advantages: torch.Tensor,
     row_weights: torch.Tensor | None,
 ) -> None:
-    """A ValueError for the first of `grpo_loss`'s inputs whose shape or value is wrong."""
+    """A ValueError for the first of `grpo_loss`'s tensors whose shape is wrong."""
     if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape:
         raise ValueError(
             f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask "
@@ -132,6 +131,10 @@ def _check_inputs(
         raise ValueError(f"advantages must be [{n}], got {tuple(advantages.shape)}")
     if row_weights is not None and row_weights.shape != (n,):
         raise ValueError(f"row_weights must be [{n}], got {tuple(row_weights.shape)}")
+
+
+def _check_numbers(denominator: int, clip_eps: float) -> None:
+    """A ValueError when `grpo_loss`'s token denominator or clip epsilon is out of range."""
     if isinstance(denominator, bool) or not isinstance(denominator, int) or denominator < 1:
         raise ValueError(f"denominator must be an integer >= 1, got {denominator!r}")
     if not clip_eps > 0:

@@ -35,7 +35,7 @@ from typing import Any
 from twinrun.capture import manifest as mf
 from twinrun.core.digest import sha256_file
 from twinrun.core.errors import DataError
-from twinrun.core.safetensors_io import read_tensors
+from twinrun.core.safetensors_io import read_safetensors
 from twinrun.replay.identity import RUN_IDENTITY, read_identity
 from twinrun.train.hooks.capture import SKIPPED
 
@@ -366,9 +366,9 @@ def _update(initial: dict[str, Any], final_dir: Path) -> Any:
     import torch
 
     path = final_dir / "adapter_model.safetensors"
-    final = read_tensors(
+    final = read_safetensors(
         path, "a run's final adapter", "rerun the replay that wrote it", EvidenceInputError
-    )
+    ).tensors
     if set(final) != set(initial):
         raise EvidenceInputError(f"{path}: tensors differ from the initial adapter's")
     return torch.cat([(final[k].double() - initial[k].double()).reshape(-1) for k in sorted(final)])
@@ -382,7 +382,8 @@ def initial_adapter(runs: list[RunRecord], sha: str) -> dict[str, Any]:
             continue
         path = Path(folder) / "adapter_model.safetensors"
         if path.is_file() and sha256_file(path) == sha:
-            return read_tensors(path, "the initial adapter", "restore it", EvidenceInputError)
+            found = read_safetensors(path, "the initial adapter", "restore it", EvidenceInputError)
+            return found.tensors
     raise EvidenceInputError(
         f"no run's [resume] from holds the initial adapter {sha}",
         "keep the initial state where the configs point",

@@ -196,7 +196,7 @@ def replay_step(v: Verified, built: Built, loop: Loop) -> dict[str, Any]:
 def build_head(v: Verified, model: CausalLM) -> torch.nn.Linear:
     """The reward head the captured step started from: from the seed (a fresh run), or the
     verified bytes of the captured state."""
-    from twinrun.core.safetensors_io import read_tensors
+    from twinrun.core.safetensors_io import read_safetensors
     from twinrun.model.reward_head import HEAD_KEY, new_reward_head
 
     pin = v.manifest["initial_state"]["reward_head"]
@@ -206,10 +206,10 @@ def build_head(v: Verified, model: CausalLM) -> torch.nn.Linear:
         if "reward_head" not in v.state_bytes:
             raise ContractError("the capture pins no reward head", "re-capture the step")
         with torch.no_grad():
-            saved = read_tensors(
+            saved = read_safetensors(
                 v.state_bytes["reward_head"], "reward head", "re-capture the step",
                 where="the capture's reward head",
-            )  # fmt: skip
+            ).tensors  # fmt: skip
             head.weight.copy_(saved[HEAD_KEY])
     return head.to(valid.config.device)
 

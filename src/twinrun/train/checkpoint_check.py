@@ -143,7 +143,7 @@ def check_tensors(path: Path, state: dict[str, Any], tensors: dict[str, torch.Te
 def read_verified(path: Path, fmt: str, tensors_name: str, state_name: str) -> tuple[Any, Any]:
     """(state.json, tensors) of checkpoint `path`, every check above passed."""
     from twinrun.core.jsonlimits import RECORDS, load_json_file
-    from twinrun.core.safetensors_io import read_tensors
+    from twinrun.core.safetensors_io import read_safetensors
 
     verify_checksums(path)
     try:
@@ -152,7 +152,7 @@ def read_verified(path: Path, fmt: str, tensors_name: str, state_name: str) -> t
         raise corrupt(path, exc.message) from None
     check_state(path, state, fmt)
     try:
-        tensors = read_tensors(path / tensors_name, "checkpoint state", "")
+        tensors = read_safetensors(path / tensors_name, "checkpoint state", "").tensors
     except DataError as exc:
         raise corrupt(path, exc.message) from None
     check_tensors(path, state, tensors)
