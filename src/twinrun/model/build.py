@@ -48,6 +48,9 @@ from twinrun.model.loading import read_model_config, shard_files
 from twinrun.model.output import ModelOutput
 
 PRECISIONS = {"f32": torch.float32, "bf16": torch.bfloat16}
+# model types whose logits are exactly the output head applied to the final-norm hidden states
+# (no soft-capping, no logit scale): `logits_at` runs the head on the positions it is asked for
+PLAIN_HEADS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 class CausalLM:
@@ -223,8 +226,38 @@ class CausalLM:
                     input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True
                 )
                 return whole.hidden_states[-1]
-            out = self.hf.base_model(input_ids=input_ids, attention_mask=attention_mask)
+            out = self.hf.base_model(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            )
         return out.last_hidden_state
+
+    def logits_at(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        at: torch.Tensor,
+        keep_all: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """float32 logits [K, V] of the K positions `at` marks ([B, T] bool, row-major order) —
+        the values of `self(input_ids, attention_mask)[at]` — and, with `keep_all`, every
+        position's logits [B, T, V] (no grad). Where the head is a plain projection
+        (`PLAIN_HEADS`; no batch-invariant rows, no sharded base, no steering) it runs on the
+        marked positions' hidden states alone, so no [B, T, V] tensor is made for the backward
+        (a long multi-turn GRPO row trains a fraction of its positions); otherwise the marked
+        rows are picked from the whole logits."""
+        plain = (self.model_type in PLAIN_HEADS and not self.batch_invariant
+                 and not self.sharded and self.steering is None)  # fmt: skip
+        if not plain:
+            logits = self(input_ids, attention_mask)
+            return logits[at], logits if keep_all else None
+        hidden = self.last_hidden(input_ids, attention_mask)
+        head = self.hf.get_output_embeddings()
+        with self.autocast():
+            rows = head(hidden[at]).float()
+            if not keep_all:
+                return rows, None
+            with torch.no_grad():
+                return rows, head(hidden.detach()).float()
 
     def run(
         self,

@@ -499,16 +499,26 @@ def kept_logprobs(
 ) -> torch.Tensor:
     """[N, W-1] float64 logprobs of the predicted tokens `ids[:, 1:]`: at each kept position
     `log_softmax(logits.double() / T)` of its token, 0 elsewhere (the loss reads kept positions
-    only). The float64 log-softmax runs over the kept positions' vocab rows alone — the prompt
-    and capped positions, most of a row, are never converted — `LOGPROB_CHUNK` rows at a time,
-    each chunk under non-reentrant checkpointing: no [K, V] float64 tensor is made or kept for
-    the backward (a long multi-turn row keeps hundreds of positions), only the kept rows' float32
-    logits. The softmax is per position, so each value, and its gradient, is the one a
-    log-softmax over every position gives, bit for bit."""
-    # the kept rows picked from the whole logits (position t predicts ids[:, t + 1]; the last
-    # position predicts nothing): the backward scatters into one [N, W, V] gradient, not two
-    at = torch.cat([kept, torch.zeros_like(kept[:, :1])], dim=1)
-    rows = logits[at]  # [K, V], the logits' dtype
+    only); `rows_logprobs` on the kept positions' rows of the whole [N, W, V] `logits`."""
+    return rows_logprobs(logits[kept_at(kept)], ids, kept, temperature)
+
+
+def kept_at(kept: torch.Tensor) -> torch.Tensor:
+    """[N, W] bool: the positions whose logits predict a kept token (position t predicts
+    ids[:, t + 1]; the last position predicts nothing)."""
+    return torch.cat([kept, torch.zeros_like(kept[:, :1])], dim=1)
+
+
+def rows_logprobs(
+    rows: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """`kept_logprobs` from the kept positions' logits alone (`rows` [K, V], row-major order).
+    The float64 log-softmax runs over those rows — the prompt and capped positions, most of a
+    row, are never converted — `LOGPROB_CHUNK` rows at a time, each chunk under non-reentrant
+    checkpointing: no [K, V] float64 tensor is made or kept for the backward (a long multi-turn
+    row keeps hundreds of positions), only the kept rows' float32 logits. The softmax is per
+    position, so each value, and its gradient, is the one a log-softmax over every position
+    gives, bit for bit."""
     targets = ids[:, 1:][kept]
     picked = [
         chunk_logprobs(part, target, temperature)
@@ -516,8 +526,20 @@ def kept_logprobs(
             torch.split(rows, LOGPROB_CHUNK), torch.split(targets, LOGPROB_CHUNK), strict=True
         )
     ]
-    out = torch.zeros(kept.shape, dtype=torch.float64, device=logits.device)
+    out = torch.zeros(kept.shape, dtype=torch.float64, device=rows.device)
     return out.masked_scatter(kept, torch.cat(picked))
+
+
+def policy_logprobs(
+    s: ModelSession, ids: torch.Tensor, attn: torch.Tensor, kept: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One update forward's kept logprobs and, for `--diag`'s `forward.logits`, its whole
+    logits (no grad). Only the kept positions' logits are made for the backward
+    (`CausalLM.logits_at`: the output head runs on their hidden states alone), so a long
+    multi-turn row, which trains a fraction of its positions, makes no [N, W, V] tensor for it."""
+    rows, logits = s.model.logits_at(ids, attn, kept_at(kept), s.run.config.diag)
+    logp = rows_logprobs(rows, ids, kept, temperature)
+    return logp, [] if logits is None else [logits]
 
 
 def chunk_logprobs(rows: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -541,17 +563,6 @@ def picked_logprobs(rows: torch.Tensor, targets: torch.Tensor, temperature: floa
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-def policy_logprobs(
-    s: ModelSession, ids: torch.Tensor, attn: torch.Tensor, kept: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One update forward's kept logprobs (`kept_logprobs`) and its logits for `--diag`'s
-    `forward.logits`. Without `--diag` none are kept: the [N, W, V] logits are freed once the
-    kept rows are picked (the backward needs only those), so they are not held through it."""
-    logits = s.model(ids, attn)
-    logp = kept_logprobs(logits, ids, kept, temperature)
-    return logp, [logits] if s.run.config.diag else []
-
-
 def update_forwards(s: ModelSession, batch: list[Rollout], step: int) -> StepForwards:
     """The PPO-clip update on `batch`, in forwards of `batch_size` rows (replay runs this); with
     `--kl-beta`, each forward's rows run once more through the reference (the base, adapter
@@ -571,7 +582,8 @@ def update_forwards(s: ModelSession, batch: list[Rollout], step: int) -> StepFor
         kl = None
         if kl_beta:  # --kl-beta: the reference is the base (adapter off), no grad
             with torch.no_grad(), lora_disabled(s.model):
-                ref = kept_logprobs(s.model(f_ids, f_attn), f_ids, kept, policy.temperature)
+                rows, _ = s.model.logits_at(f_ids, f_attn, kept_at(kept))
+                ref = rows_logprobs(rows, f_ids, kept, policy.temperature)
             kl = (kl_beta, ref)
         out = grpo_loss(
             logp, u.old[sl, : w - 1].to(device), u.advantages[sl].to(device),
