@@ -232,3 +232,25 @@ def test_unexpected_error_is_one_line_too(
     err = capsys.readouterr().err
     assert err.startswith("twinrun: internal error: RuntimeError: something broke")
     assert err.count("\n") == 1 and "TWINRUN_DEBUG=1" in err
+
+
+def test_tool_fields_the_template_drops_are_said_once(
+    tmp_path: Path, toy_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The toy's chat template renders role and content only: a row's `tools` and an assistant
+    turn's `tool_calls` never reach the tokens, and the run says so in one warning line."""
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 1}}}
+    row = {"messages": [
+        {"role": "user", "content": "1+1?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "2"},
+        {"role": "assistant", "content": "2"},
+    ], "tools": [{"type": "function", "function": {"name": "add"}}]}  # fmt: skip
+    data = tmp_path / "tools.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for _ in range(8)))
+    assert run_cli(sft_args(toy_model_dir, data, tmp_path / "out", 1)) == 0
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "ToolFieldsWarning" in ln]
+    assert len(lines) == 1, err
+    assert "the 'tools' of 8 row(s) or the assistant 'tool_calls' of 8 row(s)" in lines[0]
+    assert (tmp_path / "out" / "adapter_model.safetensors").is_file()

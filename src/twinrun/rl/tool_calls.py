@@ -251,6 +251,35 @@ def template_takes_tools(template: str) -> bool:
         at = end + 2
 
 
+class ToolFieldsWarning(UserWarning):
+    """Rows give `tools` or assistant `tool_calls` that the chat template never renders."""
+
+
+def dropped_tool_fields(template: str, rows: Sequence[dict[str, Any]]) -> str | None:
+    """The warning for SFT rows whose `tools` column or assistant `tool_calls` the chat template
+    does not render (SmolLM2's renders role and content only): those rows train without the
+    tool list, or on an assistant turn without its call — what TRL does too, silently. None when
+    nothing is dropped."""
+    tools = sum(1 for r in rows if r.get("tools") not in (None, [], ""))
+    calls = sum(
+        1 for r in rows if isinstance(r.get("messages"), list)
+        and any(isinstance(m, dict) and m.get("tool_calls") for m in r["messages"])
+    )  # fmt: skip
+    dropped = []
+    if tools and not template_takes_tools(template):
+        dropped.append(f"the 'tools' of {tools} row(s)")
+    if calls and "tool_calls" not in template:
+        dropped.append(f"the assistant 'tool_calls' of {calls} row(s)")
+    if not dropped:
+        return None
+    return (
+        f"the chat template does not render {' or '.join(dropped)}: those rows train without "
+        "them; put the tool list in a system message (tools_system_text) and each call in the "
+        "assistant's content as <tool_call>{...}</tool_call>, or use a model whose template "
+        "renders them (e.g. Qwen2.5)"
+    )
+
+
 USER_SENTINEL = "TWINRUN-PROBE-USER-q7Zk"
 ASSISTANT_SENTINEL = "TWINRUN-PROBE-ASSISTANT-q7Zk"
 TOOL_SENTINEL = "TWINRUN-PROBE-TOOL-RESULT-q7Zk"

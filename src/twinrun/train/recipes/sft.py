@@ -9,16 +9,18 @@ its index among the step's rows (`recipes.base.dropout_for`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from twinrun.capture.batch import OptimizerBatch
 from twinrun.config.resolved import ValidRun
 from twinrun.data.batching import StepPlan, pad_rows, padding_fraction
-from twinrun.data.examples import EncodedRow, encode_sft_rows
+from twinrun.data.examples import EncodedRow, SourcedRow, encode_sft_rows
 from twinrun.objectives.sft import chunked_completion_nll, completion_nll
+from twinrun.rl.tool_calls import ToolFieldsWarning, dropped_tool_fields
 from twinrun.train.distributed import in_global_order
 from twinrun.train.loop import Forward, StepForwards, StepOutcome
 from twinrun.train.recipes.base import (
@@ -32,6 +34,9 @@ from twinrun.train.recipes.base import (
 )
 from twinrun.train.session import ModelSession, Session
 from twinrun.train.sharding import forward_slots
+
+if TYPE_CHECKING:
+    from twinrun.model.tokens import CheckpointTokenizer
 
 Padded = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -57,7 +62,7 @@ class SftRecipe(Recipe):
 
     @classmethod
     def data(cls, given: ValidRun) -> RecipeData:
-        return examples_data(encode_sft_rows)
+        return examples_data(encode_tool_checked)
 
     @classmethod
     def open(cls, session: Session, encoded: list[Any], context: Any) -> SftRecipe:
@@ -162,3 +167,15 @@ def rows_from_batch(batch: OptimizerBatch) -> list[list[EncodedRow]]:
         EncodedRow(tuple(r), tuple(m)) for r, m in zip(batch.rows, batch.loss_masks, strict=True)
     ]
     return [rows[a:b] for a, b in batch.forwards()]
+
+
+def encode_tool_checked(
+    tok: CheckpointTokenizer, raw: list[SourcedRow], templated: bool, max_length: int
+) -> list[EncodedRow]:
+    """`encode_sft_rows`, with a warning (`ToolFieldsWarning`, once) when the chat template drops
+    the rows' `tools` or assistant `tool_calls`."""
+    if templated:
+        found = dropped_tool_fields(str(tok.chat_template or ""), [r.data for r in raw])
+        if found:
+            warnings.warn(found, ToolFieldsWarning, stacklevel=2)
+    return encode_sft_rows(tok, raw, templated, max_length)
