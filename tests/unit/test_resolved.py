@@ -4,6 +4,9 @@ objective uses; asking for another is a bug in twinrun (RuntimeError), never the
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -134,8 +137,25 @@ def test_a_replay_has_the_records_its_contract_pins() -> None:
 def test_every_setting_has_one_typed_place() -> None:
     """Each RunConfig field is a field of the run, of one objective record or of one option
     record: nothing is read through the config it was resolved from."""
-    held = [*COMMON, *(n for k in (*RECORDS, *OPTIONS) for n in _names(k))]
+    held = ["objective", *COMMON, *(n for k in (*RECORDS, *OPTIONS) for n in _names(k))]
     assert sorted(held) == sorted(f.name for f in dataclasses.fields(RunConfig))
+
+
+def test_each_option_is_its_declared_type() -> None:
+    """An option record's field is its setting's declared type, frozen: a list as a tuple, a
+    table as a read-only mapping; `None` only where the declaration has it."""
+    declared = typing.get_type_hints(RunConfig)
+    frozen = {list[str]: tuple[str, ...], list[int]: tuple[int, ...],
+              dict[str, Any]: Mapping[str, Any]}  # fmt: skip
+    for kind in OPTIONS:
+        for name, hint in typing.get_type_hints(kind).items():
+            given = declared[name]
+            parts = typing.get_args(given) if typing.get_origin(given) is types.UnionType else ()
+            if type(None) in parts:
+                (inner,) = [p for p in parts if p is not type(None)]
+                assert hint == frozen.get(inner, inner) | None, name
+            else:
+                assert hint == frozen.get(given, given), name
 
 
 def test_the_options_are_typed_values() -> None:

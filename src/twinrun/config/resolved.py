@@ -292,7 +292,8 @@ class ValidRun:
         """The run's settings as a `RunConfig` — what it was resolved from, with the options as
         changed since — for what records them (the sidecar's `train` numbers, the optimizer
         contract, a capture's resolved config, the processes' agreement)."""
-        values: dict[str, Any] = {n: getattr(self, n) for n in COMMON}
+        values: dict[str, Any] = {"objective": self.objective}
+        values |= {n: getattr(self, n) for n in COMMON}
         for held in (*self.records, *(getattr(self, _attr(k)) for k in OPTIONS)):
             values |= {n: getattr(held, n) for n in _names(type(held))}
         values |= self.unused
@@ -303,7 +304,7 @@ OPTION_FIELDS = tuple(kind.__name__.lower() for kind in OPTIONS)
 COMMON = tuple(
     f.name
     for f in dataclasses.fields(ValidRun)
-    if f.name not in ("records", "unused", "by_kind", *OPTION_FIELDS)
+    if f.name not in ("objective", "records", "unused", "by_kind", *OPTION_FIELDS)
 )
 
 
@@ -404,13 +405,19 @@ def _resolved(cfg: RunConfig, kinds: list[type]) -> ValidRun:
     values = {n: _given(cfg, n) for n in COMMON}
     records = tuple(k(**{n: _given(cfg, n) for n in _names(k)}) for k in kinds)
     options = {_attr(k): k(**{n: _frozen(getattr(cfg, n)) for n in _names(k)}) for k in OPTIONS}
-    held = {n for k in (*kinds, *OPTIONS) for n in _names(k)} | set(COMMON)
+    held = {n for k in (*kinds, *OPTIONS) for n in _names(k)} | {"objective", *COMMON}
     unused = {
         f.name: _frozen(value)
         for f in dataclasses.fields(RunConfig)
         if f.name not in held and (value := getattr(cfg, f.name)) is not None
     }
-    return ValidRun(records=records, unused=MappingProxyType(unused), **values, **options)
+    return ValidRun(
+        objective=cfg.objective,
+        records=records,
+        unused=MappingProxyType(unused),
+        **values,
+        **options,
+    )
 
 
 def _given(cfg: RunConfig, name: str) -> Any:
