@@ -267,7 +267,7 @@ def sampling_session(model: Path, rollout_block: int) -> types.SimpleNamespace:
         clip_eps=0.2, advantage_clip=5.0, token_cap=5, env="arithmetic", threads=1,
     ))  # fmt: skip
     return types.SimpleNamespace(
-        run=run, cfg=run.config, model=load_causal_lm(model), tok=load_tokenizer(model),
+        run=run, model=load_causal_lm(model), tok=load_tokenizer(model),
         faults=Faults(frozenset()), max_length=2048,
     )  # fmt: skip
 

@@ -35,7 +35,7 @@ NOT_UPDATE: dict[str, str] = {
     "(without it they are freed once the kept rows are picked): the same values either way",
 }
 
-RECORDS = (*resolved.RECORDS, resolved.ValidRun, RunConfig)
+RECORDS = (*resolved.RECORDS, *resolved.OPTIONS, resolved.ValidRun, RunConfig)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory, toy_model_dir: Path) -> dict[
 
 
 class Reads:
-    """The settings read through a run's config, its resolved fields and records while on."""
+    """The settings read through a run's config, its resolved fields, records and option
+    records while on."""
 
     def __init__(self) -> None:
         self.on = False

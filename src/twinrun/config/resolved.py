@@ -15,6 +15,17 @@ A replay (`trainer = "optimizer_replay"`) names its `ReplayPins` when it is load
 resolved by `replay_run` once its optimizer contract equals its source's: the contract pins the
 settings declared `contract=True` that apply to the objective, so a replay has the records its
 update reads and none that choose rows.
+
+The switches and optional settings every run has, at their stated defaults when left out, are
+typed records too, one field of the run each: `run.backend` (device, threads, CPU kernels,
+strict and batch-invariant modes, gradient checkpointing, a sharded base), `run.build` (LoRA
+targets and dropout, attention, row length, the adapter it starts from), `run.optimizer` (AdamW's
+fixed numbers, gradient clipping, wsd's decay), `run.sampling` (GRPO's options) and
+`run.switches` (what the run writes and how it goes: diag, trace, checkpoints, resume, faults,
+...). `None` is left only where "not given" is a stated state (clipping off, torch's thread
+count, the model's own positions). What records a run — the sidecar, the optimizer contract, the
+capture manifest, the processes' agreement — reads its settings back as a `RunConfig`
+(`as_config`); the code that runs it reads the typed values.
 """
 
 from __future__ import annotations
@@ -130,13 +141,101 @@ RECORDS: tuple[type, ...] = (
 R = TypeVar("R")
 
 
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """How the run's forwards and backwards are computed: the device, torch's threads (torch's
+    own count when `None`: left out), the CPU kernels, strict deterministic and batch-invariant
+    modes, gradient checkpointing and the base sharded across torchrun's processes."""
+
+    device: str
+    threads: int | None
+    cpu_kernels: str
+    strict: bool
+    batch_invariant: bool
+    gradient_checkpointing: bool
+    shard_base: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Build:
+    """How the model is built: the modules LoRA adapts (`None`: the architecture's default), the
+    LoRA dropout (`None`: off, and not recorded), the attention implementation, the most tokens
+    per row (`None`: the model's positions) and the adapter the run starts from (`None`: a
+    fresh one)."""
+
+    lora_targets: tuple[str, ...] | None
+    lora_dropout: float | None
+    attention: str
+    max_length: int | None
+    init_adapter: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Optimizer:
+    """AdamW's fixed numbers, the gradient's clip norm (`None`: no clipping) and wsd's decay
+    steps (`None` unless the schedule is wsd)."""
+
+    weight_decay: float
+    adam_betas: tuple[float, float]
+    adam_eps: float
+    max_grad_norm: float | None
+    decay_steps: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """GRPO's options, at their stated defaults in a run of another objective: the KL weight
+    (`None`: no KL term), prompt groups per decode block, a plugin environment's arguments, the
+    tool environments' turn and time limits (`None` for a single-turn one), the rollouts written
+    to completions.jsonl (`None`: none) and the replay buffer's kind."""
+
+    kl_beta: float | None
+    rollout_block: int
+    env_args: Mapping[str, Any] | None
+    max_turns: int | None
+    log_completions: int | None
+    tool_timeout: float | None
+    replay: str
+
+
+@dataclass(frozen=True, slots=True)
+class Switches:
+    """What the run writes besides its adapter and how it goes: diag.jsonl, the traced step
+    (`None`: none), progress output, replacing or resuming its directory, batches prepared ahead,
+    checkpoints (`None` or 0: none), the steps it stops after (`None`: all), the trackers it
+    reports to, optimizer-batch capture (`capture_steps` `None`: a v1 capture of step 0),
+    planted faults, the spike rerun (`None`: off) and the evaluation rows kept (`None`: all)."""
+
+    diag: bool
+    trace_step: int | None
+    quiet: bool
+    overwrite: bool
+    resume: bool
+    prefetch: int
+    checkpoint_every: int | None
+    stop_after: int | None
+    report_to: tuple[str, ...]
+    capture: bool
+    capture_steps: tuple[int, ...] | None
+    inject: tuple[str, ...]
+    spike_factor: float | None
+    spike_window: int | None
+    eval_limit: int | None
+
+
+# the option records every run has, each the ValidRun field of its name in lower case
+OPTIONS: tuple[type, ...] = (Backend, Build, Optimizer, Sampling, Switches)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ValidRun:
-    """A validated run. `config` is the `RunConfig` it was resolved from (the switches and
-    optional settings, which have no `None` to remove, are read there); the fields are the
-    numbers every run has; `records` are those its objective uses (`record`)."""
+    """A validated run. The fields are the objective and the numbers every run has; `backend`,
+    `build`, `optimizer`, `sampling` and `switches` its options; `records` those its objective
+    uses (`record`); `unused` the settings it was given that none of them holds (the replay
+    numbers of a run without `--replay per`, the row-choosing settings of a replay), kept so
+    that `as_config` gives back what was given."""
 
-    config: RunConfig
+    objective: str
     model: str
     output: str
     seed: int
@@ -147,7 +246,13 @@ class ValidRun:
     lora_rank: int
     lora_alpha: float
     precision: str
+    backend: Backend
+    build: Build
+    optimizer: Optimizer
+    sampling: Sampling
+    switches: Switches
     records: tuple[Any, ...]
+    unused: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     by_kind: Mapping[type, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -157,7 +262,7 @@ class ValidRun:
         """This run's `kind` record; RuntimeError (a bug in twinrun) when it has none."""
         if kind not in self.by_kind:
             raise RuntimeError(
-                f"a {self.config.objective} run has no {kind.__name__} settings: the code that "
+                f"a {self.objective} run has no {kind.__name__} settings: the code that "
                 "asks for them runs for another objective"
             )
         found: R = self.by_kind[kind]
@@ -166,14 +271,40 @@ class ValidRun:
     def has(self, kind: type) -> bool:
         return kind in self.by_kind
 
-    def with_config(self, **changes: Any) -> ValidRun:
-        """The same run with switches that do not shape it changed (the device a process of a
-        torchrun launch uses, a resume that starts again): a new value, made where decided."""
-        return dataclasses.replace(self, config=dataclasses.replace(self.config, **changes))
+    def with_switches(self, **changes: Any) -> ValidRun:
+        """The same run with options that do not shape it changed (the device a process of a
+        torchrun launch uses, a resume that starts again): a new value, made where decided.
+        TypeError for a name no option record holds."""
+        unknown = sorted(set(changes) - {n for kind in OPTIONS for n in _names(kind)})
+        if unknown:
+            raise TypeError(f"no run option named {', '.join(unknown)}")
+        replaced = {
+            _attr(kind): dataclasses.replace(
+                getattr(self, _attr(kind)),
+                **{n: _frozen(v) for n, v in changes.items() if n in _names(kind)},
+            )
+            for kind in OPTIONS
+            if set(changes) & set(_names(kind))
+        }
+        return dataclasses.replace(self, **replaced)
+
+    def as_config(self) -> RunConfig:
+        """The run's settings as a `RunConfig` — what it was resolved from, with the options as
+        changed since — for what records them (the sidecar's `train` numbers, the optimizer
+        contract, a capture's resolved config, the processes' agreement)."""
+        values: dict[str, Any] = {"objective": self.objective}
+        values |= {n: getattr(self, n) for n in COMMON}
+        for held in (*self.records, *(getattr(self, _attr(k)) for k in OPTIONS)):
+            values |= {n: getattr(held, n) for n in _names(type(held))}
+        values |= self.unused
+        return RunConfig(**{n: _thawed(n, v) for n, v in values.items()})
 
 
+OPTION_FIELDS = tuple(kind.__name__.lower() for kind in OPTIONS)
 COMMON = tuple(
-    f.name for f in dataclasses.fields(ValidRun) if f.name not in ("config", "records", "by_kind")
+    f.name
+    for f in dataclasses.fields(ValidRun)
+    if f.name not in ("objective", "records", "unused", "by_kind", *OPTION_FIELDS)
 )
 
 
@@ -273,11 +404,51 @@ def _used(kind: type, cfg: RunConfig) -> bool:
 def _resolved(cfg: RunConfig, kinds: list[type]) -> ValidRun:
     values = {n: _given(cfg, n) for n in COMMON}
     records = tuple(k(**{n: _given(cfg, n) for n in _names(k)}) for k in kinds)
-    return ValidRun(config=cfg, records=records, **values)
+    options = {_attr(k): k(**{n: _frozen(getattr(cfg, n)) for n in _names(k)}) for k in OPTIONS}
+    held = {n for k in (*kinds, *OPTIONS) for n in _names(k)} | {"objective", *COMMON}
+    unused = {
+        f.name: _frozen(value)
+        for f in dataclasses.fields(RunConfig)
+        if f.name not in held and (value := getattr(cfg, f.name)) is not None
+    }
+    return ValidRun(
+        objective=cfg.objective,
+        records=records,
+        unused=MappingProxyType(unused),
+        **values,
+        **options,
+    )
 
 
 def _given(cfg: RunConfig, name: str) -> Any:
     value = getattr(cfg, name)
     if value is None:  # validation (or the replay's contract) requires it: a bug in twinrun
         raise RuntimeError(f"{name} of a {cfg.objective} run was resolved before it was checked")
-    return tuple(value) if isinstance(value, list) else value
+    return _frozen(value)
+
+
+def _attr(kind: type) -> str:
+    """The ValidRun field that holds an option record."""
+    return kind.__name__.lower()
+
+
+def _frozen(value: Any) -> Any:
+    """A given value as a record holds it: lists as tuples, a table read-only."""
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(value, dict):
+        return MappingProxyType(dict(value))
+    return value
+
+
+# the kinds of setting a RunConfig holds as a list (a pair stays a tuple)
+_LISTS = ("list[str]", "list[int]", "targets")
+
+
+def _thawed(name: str, value: Any) -> Any:
+    """A record's value as a RunConfig holds it (`_frozen` undone)."""
+    if isinstance(value, tuple) and SETTINGS[name].kind in _LISTS:
+        return list(value)
+    if isinstance(value, MappingProxyType):
+        return dict(value)
+    return value

@@ -111,19 +111,19 @@ def check_environment(
         validated_rows,
     )
     from twinrun.rl.tool_plugins import loopback_url
-    from twinrun.rl.tool_settings import check_tool_rows, check_tool_settings
+    from twinrun.rl.tool_settings import check_tool_rows
 
     kind = environment_kind(name)
     if kind in TOOL_KINDS:
         if cfg is not None:
-            check_tool_settings(cfg, tool=True)
+            _check_tool_settings(cfg, tool=True)
         if kind == "url":
             loopback_url(name)
             return
         check_tool_rows(name, rows)
     elif kind != "plugin":  # built-in, reward source, unknown (make_environment says why)
         if cfg is not None:
-            check_tool_settings(cfg, tool=False)
+            _check_tool_settings(cfg, tool=False)
         validated_rows(make_environment(name, args), name, rows, seed)
     else:
         check_plugin_name(name, args)
@@ -149,3 +149,13 @@ def render(report: dict[str, Any]) -> str:
     failed = sum(c["status"] == "fail" for c in report["checks"])
     lines.append("all checks pass" if report["ok"] else f"{failed} check(s) failed")
     return "\n".join(lines)
+
+
+def _check_tool_settings(cfg: Any, tool: bool) -> None:
+    """`check_tool_settings` on the settings of a loaded config."""
+    from twinrun.rl.tool_settings import check_tool_settings
+
+    check_tool_settings(
+        env=cfg.env or "", max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout,
+        chat_template=cfg.chat_template, inject=cfg.inject or [], tool=tool,
+    )  # fmt: skip

@@ -116,18 +116,19 @@ def build(v: Verified) -> Built:
     from twinrun.model.prelude import open_model
 
     valid = v.replay()
-    cfg = valid.config
+    backend = valid.backend
     # the adapter's rank and alpha were checked against the config by the shared check path
     p = open_model(
-        valid.model, strict=cfg.strict, threads=cfg.threads, device=cfg.device,
-        cpu_kernels=cfg.cpu_kernels, adapter=cfg.init_adapter,
+        valid.model, strict=backend.strict, threads=backend.threads, device=backend.device,
+        cpu_kernels=backend.cpu_kernels, adapter=valid.build.init_adapter,
     )  # fmt: skip
     model = p.build(
-        precision=valid.precision, seed=valid.seed, attention=cfg.attention,
-        batch_invariant=cfg.batch_invariant, gradient_checkpointing=cfg.gradient_checkpointing,
+        precision=valid.precision, seed=valid.seed, attention=valid.build.attention,
+        batch_invariant=backend.batch_invariant,
+        gradient_checkpointing=backend.gradient_checkpointing,
     )  # fmt: skip
     params = lora_parameters(model)
-    head = build_head(v, model) if objective(cfg.objective).head else None
+    head = build_head(v, model) if objective(valid.objective).head else None
     if head is not None:
         assert isinstance(head.weight, torch.nn.Parameter)  # typed as a Tensor by torch
         params = [*params, (HEAD_PARAM, head.weight)]
@@ -144,7 +145,7 @@ def check_schedule(v: Verified) -> None:
         valid.warmup_steps,
         total,
         valid.lr_schedule,
-        valid.config.decay_steps,
+        valid.optimizer.decay_steps,
     )
     if float_bits(lr) != m["schedule"].get("lr_bits", float_bits(float(m["schedule"]["lr"]))):
         raise ContractError(
@@ -158,12 +159,12 @@ def replay_loop(v: Verified, built: Built, out: Path) -> Loop:
     a replay, and the AdamW state a step inside a run started from."""
     valid, m = v.replay(), v.manifest
     hooks: list[Hook] = [ReplayDigestHook(built.tok.pad_id)]
-    if valid.config.diag:
+    if valid.switches.diag:
         from twinrun.diag.recorder import DiagRecorder
         from twinrun.train.hooks.diag import DiagHook
 
         hooks.append(DiagHook(DiagRecorder(out / "diag.jsonl")))
-    hooks.append(TimingHook(valid.config.device))
+    hooks.append(TimingHook(valid.backend.device))
     loop = build_loop(valid, built.params, m["schedule"]["total_steps"], hooks)
     if "optimizer" in v.state_bytes:  # the AdamW state a step inside a run started from
         load_optimizer_state(
@@ -179,10 +180,10 @@ def replay_step(v: Verified, built: Built, loop: Loop) -> dict[str, Any]:
 
     assert v.decoded is not None
     valid, m = v.replay(), v.manifest
-    device = valid.config.device
+    device = valid.backend.device
     session = ModelSession(valid, built.tok, built.model)
     batch = v.decoded.arrays.to_batch()
-    recipe = RECIPES[valid.config.objective].from_batch(session, batch, built.head)
+    recipe = RECIPES[valid.objective].from_batch(session, batch, built.head)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
     restore_torch_rng(v.decoded.rng)
@@ -211,7 +212,7 @@ def build_head(v: Verified, model: CausalLM) -> torch.nn.Linear:
                 where="the capture's reward head",
             ).tensors  # fmt: skip
             head.weight.copy_(saved[HEAD_KEY])
-    return head.to(valid.config.device)
+    return head.to(valid.backend.device)
 
 
 def save_final(folder: Path, model: CausalLM, head: torch.nn.Linear | None, run: ValidRun) -> str:
@@ -220,7 +221,7 @@ def save_final(folder: Path, model: CausalLM, head: torch.nn.Linear | None, run:
 
     save_adapter(
         model, folder, base_model_path=run.model, rank=run.lora_rank, alpha=run.lora_alpha,
-        dropout=run.config.lora_dropout or 0.0,
+        dropout=run.build.lora_dropout or 0.0,
     )  # fmt: skip
     if head is not None:
         save_reward_head(head, folder)
@@ -230,8 +231,8 @@ def save_final(folder: Path, model: CausalLM, head: torch.nn.Linear | None, run:
 def replay_metrics(
     v: Verified, row: dict[str, Any], final_sha: str, model: CausalLM
 ) -> dict[str, Any]:
-    m, cfg = v.manifest, v.replay().config
-    peak, kind = peak_memory(cfg.device)
+    m = v.manifest
+    peak, kind = peak_memory(v.replay().backend.device)
     return {
         "optimizer_batch/manifest_sha256": v.manifest_sha256,
         "optimizer_batch/expected_logical_sha256": v.run.extras.expected_logical_sha256,
@@ -257,9 +258,8 @@ def write_sidecar(
     from twinrun.config.run import shaping_numbers
     from twinrun.train.outputs import sidecar
 
-    cfg = v.replay().config
     record = sidecar(
-        train=shaping_numbers(cfg) | {"trainer": "optimizer_replay"},
+        train=shaping_numbers(v.replay().as_config()) | {"trainer": "optimizer_replay"},
         model_sha256=v.source_contract.get("model.sha256", ""),
         data_sha256="",  # no data is read
         adapter_sha256=final_sha,

@@ -6,15 +6,25 @@ written."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from twinrun.core.errors import ConfigError, DataError
 
 
-def check_tool_settings(cfg: Any, tool: bool) -> None:
-    """ConfigError (one line) when the run's settings do not fit its environment's kind."""
-    name = cfg.env or ""
-    limits = (("--max-turns", cfg.max_turns), ("--tool-timeout", cfg.tool_timeout))
+def check_tool_settings(
+    *,
+    env: str,
+    max_turns: int | None,
+    tool_timeout: float | None,
+    chat_template: str | None,
+    inject: Iterable[str],
+    tool: bool,
+) -> None:
+    """ConfigError (one line) when the run's settings do not fit its environment's kind (`env`,
+    `tool`: whether it is a tool environment)."""
+    name = env
+    limits = (("--max-turns", max_turns), ("--tool-timeout", tool_timeout))
     if not tool:
         given = [flag for flag, value in limits if value is not None]
         if given:
@@ -29,12 +39,12 @@ def check_tool_settings(cfg: Any, tool: bool) -> None:
             f"tool environment {name!r} needs {' and '.join(missing)}",
             "give the turn limit of an episode and the seconds one environment call may take",
         )
-    if cfg.chat_template != "on":
+    if chat_template != "on":
         raise ConfigError(
             f"tool environment {name!r} needs --chat-template on (tool messages are rendered by "
             "the chat template)"
         )
-    if any(spec.startswith("observation@") for spec in cfg.inject or []):
+    if any(spec.startswith("observation@") for spec in inject):
         raise ConfigError(
             "--inject observation@STEP applies to single-turn environments; a tool "
             "environment's observations are its own (the lookup environment's carry the clock)"

@@ -52,8 +52,8 @@ __all__ = [
 
 def make_loop(s: Session, total_steps: int, objective: ObjectiveState | None = None) -> Loop:
     """The loop of this training run: `build_loop` with the hooks that observe it."""
-    progress = Progress(total_steps, f"{s.cfg.objective} step", quiet=s.cfg.quiet)
-    if s.cfg.resume and distributed.is_root():
+    progress = Progress(total_steps, f"{s.run.objective} step", quiet=s.run.switches.quiet)
+    if s.run.switches.resume and distributed.is_root():
         truncate_logs(s.out, resume_point(s.out))
     hooks = training_hooks(s, total_steps, objective)
     return build_loop(s.run, s.params, total_steps, hooks, s.faults, progress)
@@ -62,23 +62,23 @@ def make_loop(s: Session, total_steps: int, objective: ObjectiveState | None = N
 def training_hooks(s: Session, total_steps: int, objective: ObjectiveState | None) -> list[Hook]:
     """The hooks of a training run, in the order they are registered (each declares its own
     points and phases)."""
-    run, cfg = s.run, s.cfg
+    run, switches = s.run, s.run.switches
     root = distributed.is_root()
     hooks: list[Hook] = []
     checkpointer = Checkpointer(s.out, s.shaping(), objective, flush=hooks)
-    if cfg.trace_step is not None:
+    if switches.trace_step is not None:
         from twinrun.train.hooks.trace import TraceHook
 
-        hooks.append(TraceHook(s.model, s.out / "trace.jsonl", cfg.trace_step))
+        hooks.append(TraceHook(s.model, s.out / "trace.jsonl", switches.trace_step))
     recorder = None
-    if cfg.diag:
+    if switches.diag:
         from twinrun.diag.recorder import DiagRecorder
         from twinrun.train.hooks.diag import DiagHook
 
-        recorder = DiagRecorder(s.out / "diag.jsonl", append=cfg.resume) if root else None
+        recorder = DiagRecorder(s.out / "diag.jsonl", append=switches.resume) if root else None
         hooks.append(DiagHook(recorder))
     hooks.append(NonFiniteHook(checkpointer))
-    if cfg.capture and root:
+    if switches.capture and root:
         from twinrun.train.hooks.capture import capture_hook
 
         hooks.append(capture_hook(s, total_steps))
@@ -87,12 +87,12 @@ def training_hooks(s: Session, total_steps: int, objective: ObjectiveState | Non
 
         every = run.record(Evaluation).eval_every
         hooks.append(EvaluationHook(s, s.eval_rows, every, recorder))
-    if cfg.checkpoint_every:
-        hooks.append(CheckpointHook(checkpointer, cfg.checkpoint_every))
-    if cfg.report_to and root:  # --report-to: trackers read each complete row, offline
-        hooks.append(ReportHook(cfg.report_to, s.out, s.shaping()))
+    if switches.checkpoint_every:
+        hooks.append(CheckpointHook(checkpointer, switches.checkpoint_every))
+    if switches.report_to and root:  # --report-to: trackers read each complete row, offline
+        hooks.append(ReportHook(switches.report_to, s.out, s.shaping()))
     # last: it stops the run once every other hook has written the step out
-    hooks.append(InterruptHook(checkpointer if cfg.checkpoint_every else None))
+    hooks.append(InterruptHook(checkpointer if switches.checkpoint_every else None))
     return hooks
 
 
@@ -109,8 +109,8 @@ def build_loop(
     the loop's policies (its backward, gradient parts and combination, spike rerun and planted
     stray draw), all chosen from the run's settings. `faults`: the run's planted faults (a
     replay plants none)."""
-    cfg = run.config
-    check_schedule(run.warmup_steps, total_steps, run.lr_schedule, cfg.decay_steps)
+    opt, switches = run.optimizer, run.switches
+    check_schedule(run.warmup_steps, total_steps, run.lr_schedule, opt.decay_steps)
     planted = {fault for fault, _ in faults.planted} if faults is not None else set()
     backward: BackwardPolicy = PlainBackward()
     if "reduction" in planted:
@@ -122,10 +122,10 @@ def build_loop(
 
         combine = OrderedGather()
     spike = None
-    if cfg.spike_factor is not None and cfg.spike_window is not None:
-        spike = SpikeRerun(cfg.spike_factor, cfg.spike_window, progress)
+    if switches.spike_factor is not None and switches.spike_window is not None:
+        spike = SpikeRerun(switches.spike_factor, switches.spike_window, progress)
     optimizer = make_optimizer(
-        params, run.learning_rate, cfg.adam_betas, cfg.adam_eps, cfg.weight_decay
+        params, run.learning_rate, opt.adam_betas, opt.adam_eps, opt.weight_decay
     )
     return Loop(
         params=params,
@@ -135,14 +135,14 @@ def build_loop(
         total_steps=total_steps,
         hooks=hooks,
         backward=backward,
-        parts=RowParts() if cfg.batch_invariant else WholeForward(),
+        parts=RowParts() if run.backend.batch_invariant else WholeForward(),
         combine=combine,
         spike=spike,
         stray_draw=StrayDraw(faults) if faults is not None and "rng" in planted else None,
         schedule=run.lr_schedule,
-        decay_steps=cfg.decay_steps,
-        stop_after=cfg.stop_after,
-        max_grad_norm=cfg.max_grad_norm,
+        decay_steps=opt.decay_steps,
+        stop_after=switches.stop_after,
+        max_grad_norm=opt.max_grad_norm,
         progress=progress,
     )
 
@@ -151,9 +151,9 @@ def drive(
     s: Session, loop: Loop, recipe: StepRecipe[B], objective: ObjectiveState | None = None
 ) -> None:
     """Run the loop's steps (from the newest checkpoint with --resume), then close the hooks."""
-    cfg = s.cfg
+    switches = s.run.switches
     start = 0
-    if cfg.resume:
+    if switches.resume:
         ckpt = newest_checkpoint(s.out)
         assert ckpt is not None  # checked when the session opened
         check_same_run(ckpt.state["train"], s.shaping())
@@ -172,7 +172,7 @@ def drive(
     interrupt = next(h for h in loop.hooks if isinstance(h, InterruptHook))
     try:
         with sharded or contextlib.nullcontext(), stop_signals(interrupt):
-            loop.run(recipe, start, cfg.prefetch)
+            loop.run(recipe, start, switches.prefetch)
     finally:
         if loop.progress is not None:
             loop.progress.close()

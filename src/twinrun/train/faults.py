@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +61,7 @@ def unseeded_plans(faults: Faults, plans: list[Any], n: int) -> list[Any]:
     return out
 
 
-def parse_faults(specs: list[str], objective: str) -> Faults:
+def parse_faults(specs: Iterable[str], objective: str) -> Faults:
     planted = set()
     allowed = BY_NAME[objective].faults if objective in BY_NAME else FAULTS
     for spec in specs:

@@ -15,7 +15,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from twinrun.config.resolved import EpochPlan, Examples, StepCount, ValidRun
+from twinrun.config.resolved import (
+    EpochPlan,
+    Evaluation,
+    Examples,
+    StepCount,
+    TextWindows,
+    ValidRun,
+)
 from twinrun.config.schedule import check_schedule
 from twinrun.core import reading
 from twinrun.core.determinism import parse_device
@@ -39,27 +46,27 @@ def _readable(path: str, what: str, hint: str, missing: str | None = None) -> No
 def preflight(run: ValidRun) -> None:
     """OutputError, ModelError, ConfigError or DataError — the line the session would give —
     for the first input of `run` that cannot be used."""
-    cfg = run.config
-    if not cfg.resume:
-        check_output_dir(run.output, cfg.overwrite, config_inputs(cfg))
+    if not run.switches.resume:
+        check_output_dir(run.output, run.switches.overwrite, config_inputs(run.as_config()))
     check_model_dir(Path(run.model))
     read_model_config(run.model)
-    parse_device(process_device(cfg.device))  # torchrun gives `cuda` each process's index
+    parse_device(process_device(run.backend.device))  # torchrun gives `cuda` each process's index
     templated = run.has(Examples) and run.record(Examples).templated
     examples = 0
     if run.has(Examples):
         rows = load_rows(run.record(Examples).examples)
-        check_shapes(objective(cfg.objective).data, rows, templated)
+        check_shapes(objective(run.objective).data, rows, templated)
         examples = len(rows)
     check_run_schedule(run, examples)
-    if cfg.eval_examples is not None:
-        _readable(cfg.eval_examples, "examples file", "check the --eval-examples path")
-        check_shapes("examples", load_rows(cfg.eval_examples)[: cfg.eval_limit], templated)
-    for corpus in cfg.corpus or []:
+    if run.has(Evaluation):
+        path = run.record(Evaluation).eval_examples
+        _readable(path, "examples file", "check the --eval-examples path")
+        check_shapes("examples", load_rows(path)[: run.switches.eval_limit], templated)
+    for corpus in run.record(TextWindows).corpus if run.has(TextWindows) else ():
         _readable(corpus, "corpus file", "check the --corpus paths",
                   f"corpus file {corpus} does not exist")  # fmt: skip
-    if cfg.init_adapter is not None:
-        check_init_header(cfg.init_adapter)
+    if run.build.init_adapter is not None:
+        check_init_header(run.build.init_adapter)
 
 
 def check_run_schedule(run: ValidRun, examples: int) -> None:
@@ -67,13 +74,13 @@ def check_run_schedule(run: ValidRun, examples: int) -> None:
     `--steps`, or the epochs over its `examples` (pairs for dpo/reward)."""
     if run.has(StepCount):
         total = run.record(StepCount).steps
-        check_schedule(run.warmup_steps, total, run.lr_schedule, run.config.decay_steps)
+        check_schedule(run.warmup_steps, total, run.lr_schedule, run.optimizer.decay_steps)
         return
     plan = run.record(EpochPlan)
     per_epoch = steps_per_epoch(examples, run.batch_size, plan.accumulation)
     try:
         check_schedule(run.warmup_steps, plan.epochs * per_epoch, run.lr_schedule,
-                       run.config.decay_steps)  # fmt: skip
+                       run.optimizer.decay_steps)  # fmt: skip
     except ConfigError as exc:  # say where the step count came from: the data and the batch
         step = run.batch_size * plan.accumulation
         hint = exc.hint

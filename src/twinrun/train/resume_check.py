@@ -36,19 +36,19 @@ def run_inputs(
 ) -> dict[str, Any]:
     """What shapes the run's bytes, as recorded and as compared on resume (`data_sha256`: the
     examples file's or the text corpus's; `eval_sha256`: the evaluation examples')."""
-    cfg, model = run.config, Path(run.model)
+    model, adapter = Path(run.model), run.build.init_adapter
     tok_files = tokenizer_files(model)
     return {
         "format": INPUTS_FORMAT,
-        "train": shaping_numbers(cfg),
+        "train": shaping_numbers(run.as_config()),
         # a sharded base is hashed once, by rank 0 (its other processes read only their rows)
         "model_sha256": distributed.from_root(lambda: model_sha256(model), "hashing the model")
-        if cfg.shard_base
+        if run.backend.shard_base
         else model_sha256(model),
         "tokenizer_sha256": sha256_files(tok_files, model) if tok_files else None,
         "data_sha256": data_sha256,
         "eval_sha256": eval_sha256,
-        "init_adapter_sha256": sha256_dir(cfg.init_adapter) if cfg.init_adapter else None,
+        "init_adapter_sha256": sha256_dir(adapter) if adapter else None,
     }
 
 

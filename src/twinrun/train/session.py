@@ -16,7 +16,7 @@ from twinrun.config.resolved import (
     TextWindows,
     ValidRun,
 )
-from twinrun.config.run import RunConfig, shaping_numbers
+from twinrun.config.run import shaping_numbers
 from twinrun.core.digest import sha256_file
 from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.core.lock import acquire, release
@@ -74,11 +74,6 @@ class Session(ModelSession):
     started: float = field(default_factory=time.perf_counter)
     lock: Path | None = None  # the output directory's lock, released by finish_session
 
-    @property
-    def cfg(self) -> RunConfig:
-        """The config the run was resolved from (its switches and optional settings)."""
-        return self.run.config
-
     def save_adapter(self, folder: Path) -> None:
         """The run's LoRA adapter, in PEFT's format, into `folder`."""
         from twinrun.model.lora import save_adapter
@@ -86,13 +81,14 @@ class Session(ModelSession):
         run = self.run
         save_adapter(
             self.model, folder, base_model_path=run.model, rank=run.lora_rank,
-            alpha=run.lora_alpha, dropout=run.config.lora_dropout or 0.0,
+            alpha=run.lora_alpha, dropout=run.build.lora_dropout or 0.0,
         )  # fmt: skip
 
     def shaping(self) -> dict[str, Any]:
         """Every number that shaped the run, with the values twinrun resolved recorded."""
         return shaping_numbers(
-            self.cfg, resolved={"lora_targets": self.lora_targets, "max_length": self.max_length}
+            self.run.as_config(),
+            resolved={"lora_targets": self.lora_targets, "max_length": self.max_length},
         )
 
     def close(self) -> None:
@@ -130,13 +126,13 @@ def open_session(
     tokenizes and its SHA256 (the examples file by default; the text corpus for `tune text`);
     both are given the run."""
     # joins torchrun's process group, if any; rank 0 reports, the others only compute
-    device = distributed.setup(given.config.device)
-    run = given.with_config(device=device, quiet=given.config.quiet or not distributed.is_root())
-    cfg = run.config
+    device = distributed.setup(given.backend.device)
+    quiet = given.switches.quiet or not distributed.is_root()
+    run = given.with_switches(device=device, quiet=quiet)
     from twinrun.train.sharding import check_shard_base
 
-    check_shard_base(cfg)
-    if cfg.trace_step is not None and distributed.world().size > 1:
+    check_shard_base(run.backend)
+    if run.switches.trace_step is not None and distributed.world().size > 1:
         from twinrun.core.errors import ConfigError
 
         raise ConfigError(
@@ -144,7 +140,7 @@ def open_session(
             "only some of the step's forwards",
             "trace the step in a run without torchrun (its bytes are the same)",
         )
-    faults = parse_faults(cfg.inject, cfg.objective)
+    faults = parse_faults(run.switches.inject, run.objective)
     # the second writer stops here; under torchrun only rank 0 writes, so only it locks
     lock = acquire(run.output) if distributed.is_root() else None
     try:
@@ -162,39 +158,39 @@ def _open_locked(
     faults: Faults,
     lock: Path | None,
 ) -> tuple[Session, list[E]]:
-    cfg = run.config
-    if not cfg.resume:
-        check_output_dir(run.output, cfg.overwrite, config_inputs(cfg))
-    out = Path(run.output)
+    if not run.switches.resume:
+        check_output_dir(run.output, run.switches.overwrite, config_inputs(run.as_config()))
+    out, backend = Path(run.output), run.backend
     from twinrun.core.determinism import runtime_versions
     from twinrun.model.prelude import open_model
 
     p = open_model(
-        run.model, strict=cfg.strict, threads=cfg.threads, device=cfg.device,
-        cpu_kernels=cfg.cpu_kernels, adapter=cfg.init_adapter,
+        run.model, strict=backend.strict, threads=backend.threads, device=backend.device,
+        cpu_kernels=backend.cpu_kernels, adapter=run.build.init_adapter,
     )  # fmt: skip
     run, data = _read_data(run, p, encode, read)
-    cfg = run.config  # a resume that starts again is a fresh run
+    switches = run.switches  # a resume that starts again is a fresh run
     from twinrun.train.sharding import bound_allocator
 
     # before the base is built: a sharded base's gather buffers and blockwise attention's block
     # temporaries, once freed, go back to the system (the long-row peaks halve; same bytes)
-    bounded = cfg.shard_base or cfg.attention == "blockwise"
+    bounded = backend.shard_base or run.build.attention == "blockwise"
     allocator = bound_allocator() if bounded else {}
     model, params = _build_model(run, p)
     from twinrun.train.agreement import agreement_record
 
     # every process has the same settings and inputs (or every process stops), then rank 0 writes
     distributed.agree(
-        "waiting for every process to check its inputs", agreement_record(cfg, data.inputs)
+        "waiting for every process to check its inputs",
+        agreement_record(run.as_config(), data.inputs),
     )
     sharding: dict[str, int] = {}
-    if cfg.shard_base:  # after the agreement: every process shards, or none does
+    if backend.shard_base:  # after the agreement: every process shards, or none does
         from twinrun.train.sharding import shard_base
 
-        sharding = shard_base(model, params, cfg.device)
-    if not cfg.resume and distributed.is_root():
-        begin_output_dir(out, cfg.overwrite, data.inputs)  # the list of files, the inputs record
+        sharding = shard_base(model, params, backend.device)
+    if not switches.resume and distributed.is_root():  # the list of files, the inputs record
+        begin_output_dir(out, switches.overwrite, data.inputs)
     elif distributed.is_root():
         adopt_run_dir(out)  # a resume goes on listing what it writes
     session = Session(
@@ -236,17 +232,17 @@ def _read_data(
 ) -> tuple[ValidRun, RunData[E]]:
     """Read the data, check a resume against it, encode it and the evaluation rows; the run as
     it goes on (a resume killed before its first checkpoint starts again, `--overwrite`)."""
-    cfg, out = run.config, Path(run.output)
+    out = Path(run.output)
     rows, data_sha256 = read(run)
     eval_sha256 = eval_digest(run)
     inputs = run_inputs(run, data_sha256, eval_sha256)
     # a resume with other inputs is refused before they are tokenized (a changed tokenizer
     # would warn about rows first) and before any file is touched
-    if cfg.resume and check_resume(out, inputs) == 0:
+    if run.switches.resume and check_resume(out, inputs) == 0:
         # killed before its first checkpoint: start again from step 0
-        run = run.with_config(resume=False, overwrite=True)
-        check_output_dir(out, run.config.overwrite)  # its partial logs go; anything foreign stops
-    max_length = p.max_length(cfg.max_length)
+        run = run.with_switches(resume=False, overwrite=True)
+        check_output_dir(out, run.switches.overwrite)  # its partial logs go; anything foreign stops
+    max_length = p.max_length(run.build.max_length)
     encoded = encode(run, p.tok, rows, max_length)
     check_run_schedule(run, len(encoded))
     eval_rows = read_eval_rows(run, p.tok, max_length)
@@ -259,17 +255,18 @@ def _build_model(run: ValidRun, p: Prelude) -> tuple[CausalLM, Params]:
     from twinrun.model.build import FreshLora
     from twinrun.model.lora import lora_parameters
 
-    cfg = run.config
-    loading = Progress(1, "", quiet=cfg.quiet or not distributed.is_root())
-    loading.note(f"{cfg.objective}: loading {run.model} ...")  # a large model takes minutes
-    fresh = FreshLora(run.lora_rank, run.lora_alpha, run.seed, cfg.lora_targets)
-    if cfg.init_adapter is not None:  # its files and shape, before the model loads (minutes)
+    build, backend = run.build, run.backend
+    loading = Progress(1, "", quiet=run.switches.quiet or not distributed.is_root())
+    loading.note(f"{run.objective}: loading {run.model} ...")  # a large model takes minutes
+    fresh = FreshLora(run.lora_rank, run.lora_alpha, run.seed, build.lora_targets)
+    if build.init_adapter is not None:  # its files and shape, before the model loads (minutes)
         check_adapter_shape(run)
     model = p.build(
-        precision=run.precision, seed=run.seed, attention=cfg.attention,
-        lora=None if cfg.init_adapter is not None else fresh,
-        batch_invariant=cfg.batch_invariant, gradient_checkpointing=cfg.gradient_checkpointing,
-        shard_over=distributed.world().size if cfg.shard_base else None,
+        precision=run.precision, seed=run.seed, attention=build.attention,
+        lora=None if build.init_adapter is not None else fresh,
+        batch_invariant=backend.batch_invariant,
+        gradient_checkpointing=backend.gradient_checkpointing,
+        shard_over=distributed.world().size if backend.shard_base else None,
     )  # fmt: skip
     return model, lora_parameters(model)
 
@@ -292,7 +289,7 @@ def read_eval_rows(run: ValidRun, tok: CheckpointTokenizer, max_length: int) -> 
 
     raw = load_rows(run.record(Evaluation).eval_examples)
     templated = run.has(Examples) and run.record(Examples).templated
-    return encode_sft_rows(tok, raw[: run.config.eval_limit], templated, max_length)
+    return encode_sft_rows(tok, raw[: run.switches.eval_limit], templated, max_length)
 
 
 def check_adapter_shape(run: ValidRun) -> None:
@@ -302,14 +299,14 @@ def check_adapter_shape(run: ValidRun) -> None:
     from twinrun.core.errors import ConfigError
     from twinrun.train.init_adapter import check_init_adapter
 
-    cfg = run.config
-    adapter = check_init_adapter(cfg.init_adapter)  # type: ignore[arg-type]  # called when given
+    given = run.build.init_adapter
+    adapter = check_init_adapter(given)  # type: ignore[arg-type]  # called when given
     if (
         adapter.get("r") != run.lora_rank
         or float(adapter.get("lora_alpha", "nan")) != run.lora_alpha
     ):
         raise ConfigError(
-            f"adapter {cfg.init_adapter} has rank {adapter.get('r')} alpha "
+            f"adapter {given} has rank {adapter.get('r')} alpha "
             f"{adapter.get('lora_alpha')}, the run asks for rank {run.lora_rank} alpha "
             f"{run.lora_alpha}",
             "make the LoRA flags match the adapter",
@@ -329,7 +326,7 @@ def finish_session(
     if not distributed.is_root():
         return {}
     s.save_adapter(s.out)
-    if s.cfg.stop_after is not None:  # the steps run, not the steps planned
+    if s.run.switches.stop_after is not None:  # the steps run, not the steps planned
         summary = summary | {"steps": len(metrics), "planned_steps": summary.get("steps")}
     atomic_write_jsonl(s.out / "metrics.jsonl", metrics)
     adapter_sha = sha256_file(s.out / "adapter_model.safetensors")

@@ -43,13 +43,15 @@ from twinrun.core.errors import ConfigError
 from twinrun.train import distributed
 
 if TYPE_CHECKING:
+    from twinrun.config.resolved import Backend
     from twinrun.config.run import RunConfig
     from twinrun.model.build import CausalLM
     from twinrun.train.loop import Params
 
 
-def check_shard_base(cfg: RunConfig) -> None:
-    """What `--shard-base` needs, checked before anything is read or written."""
+def check_shard_base(cfg: Backend | RunConfig) -> None:
+    """What `--shard-base` needs, checked before anything is read or written (a run's backend,
+    or the config it is given as)."""
     if not cfg.shard_base:
         return
     if not distributed.launched():

@@ -70,7 +70,7 @@ class CaptureHook(Hook):
     def after_step(self, view: StepView, row: dict[str, Any]) -> None:
         if view.step in self.steps:
             self.after(view.step, row)
-            row.update(step_timing_fields(view, row, self.s.cfg.device))
+            row.update(step_timing_fields(view, row, self.s.run.backend.device))
 
     def files(self, step: int) -> list[Path]:
         out = self.s.out
@@ -80,9 +80,9 @@ class CaptureHook(Hook):
         return [out / n for n in names]
 
     def capture(self, view: StepView, outcome: StepOutcome) -> None:
-        s, cfg, step = self.s, self.s.cfg, view.step
+        s, run, step = self.s, self.s.run, view.step
         if outcome.batch is None:
-            raise ContractError(f"{cfg.objective} step {step} did not describe its optimizer batch")
+            raise ContractError(f"{run.objective} step {step} did not describe its optimizer batch")
         check_free(self.files(step))
         arrays = BatchArrays.from_batch(outcome.batch)
         validate(arrays)
@@ -95,11 +95,12 @@ class CaptureHook(Hook):
         from twinrun.config.contract import optimizer_contract
         from twinrun.core.determinism import runtime_versions
 
-        contract = optimizer_contract(cfg, cfg.objective, s.model_sha256, s.lora_targets)
-        tree = resolved_config(cfg)
+        settings = run.as_config()
+        contract = optimizer_contract(settings, run.objective, s.model_sha256, s.lora_targets)
+        tree = resolved_config(settings)
         manifest = {
             "format": mf.FORMAT,
-            "objective": cfg.objective,
+            "objective": run.objective,
             "step": step,
             "schedule": {"total_steps": view.total_steps, "lr": lr, "lr_bits": float_bits(lr)},
             "payload": {
@@ -134,13 +135,13 @@ class CaptureHook(Hook):
 
     def initial_state(self, view: StepView) -> dict[str, Any]:
         """Pins of the state the step starts from (written first when inside a run)."""
-        s, cfg, step = self.s, self.s.cfg, view.step
+        s, run, step = self.s, self.s.run, view.step
         head = dict(s.params).get(HEAD_PARAM)
         if not self.within_run:
             from twinrun.capture.state import read_trainer_state
 
-            assert cfg.init_adapter is not None  # a capture outside a run starts from one
-            adapter_dir = Path(cfg.init_adapter)
+            assert run.build.init_adapter is not None  # a capture outside a run starts from one
+            adapter_dir = Path(run.build.init_adapter)
             state = read_trainer_state(adapter_dir)
             pins: dict[str, Any] = {
                 "resume_step": state["step"],
@@ -173,9 +174,9 @@ class CaptureHook(Hook):
             {
                 "format": STATE_FORMAT,
                 "step": step - 1,
-                "seed": cfg.seed,
-                "lora_rank": cfg.lora_rank,
-                "lora_alpha": cfg.lora_alpha,
+                "seed": run.seed,
+                "lora_rank": run.lora_rank,
+                "lora_alpha": run.lora_alpha,
                 "captured_as": mf.stem(step),
             },
         )
@@ -198,12 +199,12 @@ class CaptureHook(Hook):
 
 def capture_hook(s: Session, total_steps: int) -> CaptureHook:
     """Capture the configured steps of this run (`capture_steps`, or step 0 for a v1 capture)."""
-    cfg = s.cfg
-    steps = set(cfg.capture_steps or [0])
+    capture_steps = s.run.switches.capture_steps
+    steps = set(capture_steps or [0])
     late = sorted(k for k in steps if k >= total_steps)
     if late:
         raise ConfigError(
             f"optimizer_batch.capture_steps {late} are past the run's {total_steps} steps",
             "capture steps that the run performs",
         )
-    return CaptureHook(s, steps, within_run=cfg.capture_steps is not None)
+    return CaptureHook(s, steps, within_run=capture_steps is not None)

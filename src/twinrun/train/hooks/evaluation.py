@@ -39,11 +39,11 @@ class EvaluationHook(Hook):
     def after_step(self, view: StepView, row: dict[str, Any]) -> None:
         if (view.step + 1) % self.every:
             return
-        cfg = self.s.cfg
+        backend = self.s.run.backend
         batches = list(
             score_batches(
-                self.s.model, self.rows, self.s.tok.pad_id, self.s.run.batch_size, cfg.device,
-                cfg.batch_invariant,
+                self.s.model, self.rows, self.s.tok.pad_id, self.s.run.batch_size, backend.device,
+                backend.batch_invariant,
             )
         )  # fmt: skip
         examples = [e for b in batches for e in b.examples()]

@@ -33,7 +33,7 @@ def train(run: RunConfig | ValidRun) -> dict[str, Any]:
                 f"unknown objective {run.objective!r}", f"use one of {', '.join(NAMES)}"
             )
         run = validate(run)
-    kind = RECIPES[run.config.objective]
+    kind = RECIPES[run.objective]
     data = kind.data(run)  # what the data needs is built (and checked) before anything is written
     session, encoded = open_session(run, data.encode, data.read)
     recipe = kind.open(session, encoded, data.context)

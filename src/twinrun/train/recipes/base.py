@@ -125,7 +125,7 @@ def dropout_for(s: ModelSession, step: int, rows: Iterable[RowKey]) -> AbstractC
     """
     from twinrun.model.dropout import RowDropout, lora_dropout
 
-    p = s.run.config.lora_dropout
+    p = s.run.build.lora_dropout
     return lora_dropout(RowDropout(p, s.run.seed, step, tuple(rows)) if p else None)
 
 

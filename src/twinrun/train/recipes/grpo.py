@@ -158,7 +158,7 @@ class GrpoRecipe(Recipe):
         every row is checked by it before the output directory is made."""
         name = given.record(Rollouts).env
         tools = tool_environment(given)
-        env = make_environment(name, given.config.env_args or {}) if tools is None else tools
+        env = make_environment(name, given.sampling.env_args or {}) if tools is None else tools
 
         def encode(run: ValidRun, tok: Any, raw: Any, max_len: int) -> list[SourcedRow]:
             templated = run.record(Examples).templated
@@ -186,9 +186,9 @@ class GrpoRecipe(Recipe):
         plans = [[state.example_at(seed, step * p + i) for i in range(p)] for step in range(steps)]
         recipe = cls(session, state, unseeded_plans(session.faults, plans, len(encoded)))
         recipe.objective_state = ObjectiveState(state.replay_state, state.set_replay_state)
-        if session.cfg.log_completions and is_root():
-            path = session.out / COMPLETIONS
-            recipe.transcripts = TranscriptLog(path, session.cfg.log_completions, session.tok)
+        logged = run.sampling.log_completions
+        if logged and is_root():
+            recipe.transcripts = TranscriptLog(session.out / COMPLETIONS, logged, session.tok)
         return recipe
 
     @classmethod
@@ -333,7 +333,7 @@ def sampled_rollouts(s: Session, state: GrpoState, step: int, examples: list[int
     b % world (draws are keyed by example and k, and a block is the same on any process, so a
     completion does not depend on the process that samples it) and the blocks are all-gathered."""
     stamped = s.faults.once("observation", step)  # the planted fault, not in a spike rerun
-    blocks = rollout_blocks(len(examples), s.cfg.rollout_block)
+    blocks = rollout_blocks(len(examples), s.run.sampling.rollout_block)
     with paced(s.model):  # a sharded base: every process runs as many forwards as the longest
         local = [
             collect_rollouts(
@@ -537,7 +537,7 @@ def policy_logprobs(
     logits (no grad). Only the kept positions' logits are made for the backward
     (`CausalLM.logits_at`: the output head runs on their hidden states alone), so a long
     multi-turn row, which trains a fraction of its positions, makes no [N, W, V] tensor for it."""
-    rows, logits = s.model.logits_at(ids, attn, kept_at(kept), s.run.config.diag)
+    rows, logits = s.model.logits_at(ids, attn, kept_at(kept), s.run.switches.diag)
     logp = rows_logprobs(rows, ids, kept, temperature)
     return logp, [] if logits is None else [logits]
 
@@ -567,8 +567,8 @@ def update_forwards(s: ModelSession, batch: list[Rollout], step: int) -> StepFor
     """The PPO-clip update on `batch`, in forwards of `batch_size` rows (replay runs this); with
     `--kl-beta`, each forward's rows run once more through the reference (the base, adapter
     off, no grad) for the KL term — a replay recomputes it from the same model."""
-    policy, device = s.run.record(PolicyUpdate), s.run.config.device
-    kl_beta = s.run.config.kl_beta
+    policy, device = s.run.record(PolicyUpdate), s.run.backend.device
+    kl_beta = s.run.sampling.kl_beta
     u = update_rows(s, batch)
     n, bs = len(batch), s.run.batch_size
     parts = []  # (loss, clipped, active) of this process's forwards (all without torchrun)

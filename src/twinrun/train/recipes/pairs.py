@@ -155,7 +155,7 @@ class PairRecipe(Recipe):
             from twinrun.model.reward_head import new_reward_head
 
             head = new_reward_head(session.model.hidden_size, session.run.seed)
-            head = head.to(session.run.config.device)
+            head = head.to(session.run.backend.device)
         return cls(session, encoded, epoch_plans(session, len(encoded)), head)
 
     @classmethod
@@ -243,8 +243,8 @@ def side_forward(
     None unless `reference`). With a head the values are its scores, else the sequence
     log-probs. `dropout`: the LoRA dropout of the policy's forward (the reference runs
     without)."""
-    ids, attn, mask = (t.to(s.run.config.device) for t in padded)
-    invariant = s.run.config.batch_invariant
+    ids, attn, mask = (t.to(s.run.backend.device) for t in padded)
+    invariant = s.run.backend.batch_invariant
     if head is not None:
         from twinrun.model.reward_head import scores
 

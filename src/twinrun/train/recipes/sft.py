@@ -101,7 +101,7 @@ def sft_forwards(
     """The forwards of one step over these rows (also what replay runs, and a text run's
     windows: `objective` names the batch); `padded` are the rows already padded (by
     `prepare`), else they are padded here."""
-    device = s.run.config.device
+    device = s.run.backend.device
     total = sum(r.targets for fw in forwards for r in fw)
     if padded is None:
         padded = [pad_rows(batch, s.tok.pad_id) for batch in forwards]
@@ -117,7 +117,7 @@ def sft_forwards(
             with dropout_for(s, step, rows):
                 logits = [s.model(ids, attn)]
             sums, _ = completion_nll(
-                logits[0], ids, mask, batch_invariant=s.run.config.batch_invariant
+                logits[0], ids, mask, batch_invariant=s.run.backend.batch_invariant
             )
         yield Forward(sums.sum() / total, sums / total, [ids], logits, padding=padding)
         if not padding:
@@ -153,9 +153,9 @@ def chunked_forward(
     model = s.model
     hidden = model.last_hidden(ids, attn)
     head = model.hf.get_output_embeddings()
-    invariant = bool(s.run.config.batch_invariant)
+    invariant = bool(s.run.backend.batch_invariant)
     sums, _ = chunked_completion_nll(hidden, head, ids, mask, invariant, model.autocast)
-    if not s.run.config.diag:
+    if not s.run.switches.diag:
         return sums, []
     with torch.no_grad(), model.autocast():
         return sums, [head(hidden).float()]

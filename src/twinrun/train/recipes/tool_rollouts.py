@@ -261,8 +261,9 @@ def episode_block(
         for run in start_episode(s, env, rows[e], e, ks, step, slot, stamped)
     ]
     prompt_lengths = [len(r.ids) for r in runs]
-    assert env.one_turn or s.cfg.max_turns is not None  # a tool run has it (check_tool_settings)
-    max_turns = 1 if env.one_turn else int(s.cfg.max_turns or 0)
+    sampling = s.run.sampling
+    assert env.one_turn or sampling.max_turns is not None  # a tool run has it (check_tool_settings)
+    max_turns = 1 if env.one_turn else int(sampling.max_turns or 0)
     try:
         for turn in range(max_turns):
             active = [r for r in runs if not r.done]
@@ -293,10 +294,14 @@ def close_quietly(episode: Episode) -> None:
 
 def tool_environment(run: ValidRun) -> ToolEnvironment | None:
     """The run's tool environment, or None for a single-turn one (`check_tool_settings`)."""
-    cfg = run.config
-    name, args = run.record(Rollouts).env, cfg.env_args or {}
-    env = tool_environment_of(name, args, cfg.tool_timeout or 60.0)  # one probe of a plugin
-    check_tool_settings(cfg, env is not None)
+    name, sampling = run.record(Rollouts).env, run.sampling
+    args = sampling.env_args or {}
+    env = tool_environment_of(name, args, sampling.tool_timeout or 60.0)  # one probe of a plugin
+    check_tool_settings(
+        env=name, max_turns=sampling.max_turns, tool_timeout=sampling.tool_timeout,
+        chat_template=run.record(Examples).chat_template, inject=run.switches.inject,
+        tool=env is not None,
+    )  # fmt: skip
     return env
 
 
