@@ -27,8 +27,12 @@ max). The goal is met by an engine whose accumulation-1 per-step overhead is <= 
 loads. Also recorded: the rows' size, the machine's load average, and (in this process) what
 one row costs to compute.
 
+`--smollm2` also measures `sync` against no `--diag` on SmolLM2-135M-Instruct (the first 32
+shipped examples, one epoch of 8 steps, the same settings otherwise), at both loads, the same
+number of rounds: where a step takes seconds, not milliseconds.
+
     python bench/diag_overhead.py [--rounds 5] [--steps 48] [--engines sync,thread] [--quick]
-                                  [--write/--no-write] [--render]
+                                  [--smollm2] [--write/--no-write] [--render]
 
 Writes bench/results/diag_overhead.json, bench/results/diag_overhead.md and the section between
 `<!-- diag_overhead:begin -->` and `<!-- diag_overhead:end -->` in docs/benchmarks.md (created if
@@ -121,10 +125,12 @@ main()
 # -- the parent ---------------------------------------------------------------------------------
 
 
-def tune_args(model: Path, out: Path, epochs: int, accumulation: int, diag: bool) -> list[str]:
+def tune_args(
+    model: Path, out: Path, epochs: int, accumulation: int, diag: bool, examples: Path = EXAMPLES
+) -> list[str]:
     s = SETTINGS
     args = [
-        "tune", "sft", "--model", str(model), "--examples", str(EXAMPLES), "--output", str(out),
+        "tune", "sft", "--model", str(model), "--examples", str(examples), "--output", str(out),
         "--seed", str(s["seed"]), "--epochs", str(epochs), "--batch-size", str(s["batch_size"]),
         "--accumulation", str(accumulation), "--learning-rate", str(s["learning_rate"]),
         "--warmup-steps", str(s["warmup_steps"]),
@@ -136,11 +142,12 @@ def tune_args(model: Path, out: Path, epochs: int, accumulation: int, diag: bool
 
 
 def run_once(
-    work: Path, model: Path, epochs: int, accumulation: int, mode: str, tag: str
-) -> dict[str, Any]:
+    work: Path, model: Path, epochs: int, accumulation: int, mode: str, tag: str,
+    examples: Path = EXAMPLES,
+) -> dict[str, Any]:  # fmt: skip
     """One fresh `twinrun tune sft` process in `mode` ("plain" or an engine)."""
     out = work / f"run_{tag}"
-    args = tune_args(model, out, epochs, accumulation, mode != "plain")
+    args = tune_args(model, out, epochs, accumulation, mode != "plain", examples)
     cmd = [sys.executable, "-c", LAUNCH, "sync" if mode == "plain" else mode, *args]
     log = work / f"log_{tag}.txt"
     t0 = time.perf_counter()
@@ -238,6 +245,33 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             }
         )
     return {"configs": configs}
+
+
+def measure_smollm2(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """`sync` against no `--diag` on SmolLM2-135M-Instruct (the first 32 shipped examples, one
+    epoch of 8 steps, the toy's other settings), at both loads, `args.rounds` rounds."""
+    from benchkit import smollm2_dir
+
+    model = smollm2_dir()
+    examples = work / "sft32.jsonl"
+    examples.write_text("".join(EXAMPLES.read_text().splitlines(keepends=True)[:32]))
+    rounds: dict[int, list[dict[str, Any]]] = {load: [] for load in LOADS}
+    modes = ["plain", "sync"]
+    for i in range(args.rounds):
+        for load in LOADS if i % 2 == 0 else LOADS[::-1]:
+            order = modes if i % 2 == 0 else modes[::-1]
+            with Load(load):
+                runs = {m: run_once(work, model, 1, 1, m, f"smol_l{load}_{i}_{m}", examples)
+                        for m in order}  # fmt: skip
+            rounds[load].append({"order": order, **runs})
+            said = ", ".join(f"{m} {1e3 * runs[m]['wall_s']:.0f} ms" for m in modes)
+            print(f"smollm2 load {load} round {i}: {said}", file=sys.stderr)
+    engines = argparse.Namespace(engines=["sync"])
+    return {
+        "examples": 32,
+        "loads": [{"load": load, "rounds": rounds[load],
+                   "summary": summarise(rounds[load], engines)} for load in LOADS],
+    }  # fmt: skip
 
 
 def summarise(rounds: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
@@ -394,6 +428,21 @@ def markdown(res: dict[str, Any]) -> str:
             "processes, a second share of the CPU taken from them (the scheduler shares CPU "
             "time per thread).",
         ]
+    if res.get("smollm2"):
+        lines += ["", "The same on SmolLM2-135M-Instruct (the first 32 shipped examples, one epoch "
+                  "of 8 steps, threads 1, LoRA rank 8 on q/k/v/o; per step `--diag` also digests "
+                  "4 rows × T × 49,152 logits and 4 × 921,600-float LoRA leaves):", "",
+                  "| load | per-step `wall_s`: without → with `--diag` | per-step overhead "
+                  "(pooled medians) | per-round (min – max) | whole-process CPU overhead |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for x in res["smollm2"]["loads"]:
+            w, cpu = x["summary"]["wall_s"], x["summary"]["process_cpu_s"]
+            ww = w["per_round_overhead"]["sync"]
+            lines.append(
+                f"| {x['load']} | {1e3 * w['median_s']['plain']:.0f} → "
+                f"{1e3 * w['median_s']['sync']:.0f} ms | **{pct(w['overhead']['sync'])}** | "
+                f"{pct(ww['min'])} – {pct(ww['max'])} | {pct(cpu['overhead']['sync'])} |"
+            )
     if res.get("note"):
         lines += ["", res["note"]]
     if res.get("quick"):
@@ -435,6 +484,7 @@ def main() -> None:
     ap.add_argument("--write", action=argparse.BooleanOptionalAction, default=None)
     ap.add_argument("--note", default="", help="a sentence added to the .md (e.g. how noisy)")
     ap.add_argument("--render", action="store_true", help="regenerate .md/docs from the JSON")
+    ap.add_argument("--smollm2", action="store_true", help="also measure SmolLM2 (sync only)")
     args = ap.parse_args()
     if args.render:
         res = json.loads((RESULTS / "diag_overhead.json").read_text(encoding="utf-8"))
@@ -454,6 +504,8 @@ def main() -> None:
     loadavg_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="diag_overhead_") as tmp:
         measured = measure(args, Path(tmp))
+        if args.smollm2:
+            measured["smollm2"] = measure_smollm2(args, Path(tmp))
     res: dict[str, Any] = {
         "benchmark": "diag_overhead",
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
