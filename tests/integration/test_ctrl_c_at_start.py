@@ -31,12 +31,8 @@ def default_sigint() -> None:  # a background job may inherit SIGINT ignored: gi
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-@pytest.mark.parametrize("delay", DELAYS)
-def test_ctrl_c_while_starting_is_one_line(
-    tmp_path: Path, toy_model_dir: Path, sft_examples: Path, delay: float
-) -> None:
-    out = tmp_path / "run"
-    args = sft_args(toy_model_dir, sft_examples, out, 1)
+def interrupted(args: list[str], delay: float) -> tuple[subprocess.Popen[str], str]:
+    """The run started through the console script's entry point, SIGINT `delay` s after it."""
     ready, started = os.pipe()
     proc = subprocess.Popen(
         [sys.executable, "-c", STARTED.format(fd=started), *args], stdout=subprocess.PIPE,
@@ -48,6 +44,32 @@ def test_ctrl_c_while_starting_is_one_line(
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     said, _ = proc.communicate(timeout=120)
+    return proc, said
+
+
+def in_the_harness(said: str) -> bool:
+    """Whether the signal landed in this test's own start-up string, between its write to the
+    pipe and the call of twinrun's entry point (a loaded machine can deschedule the child
+    there): Python's traceback ends in `<string>` with no twinrun frame — the test's race, not
+    twinrun's, so the attempt is repeated."""
+    return (
+        said.startswith("Traceback")
+        and 'File "<string>", line 1, in <module>' in said
+        and "twinrun" + os.sep not in said
+        and said.rstrip().endswith("KeyboardInterrupt")
+    )
+
+
+@pytest.mark.parametrize("delay", DELAYS)
+def test_ctrl_c_while_starting_is_one_line(
+    tmp_path: Path, toy_model_dir: Path, sft_examples: Path, delay: float
+) -> None:
+    out = tmp_path / "run"
+    args = sft_args(toy_model_dir, sft_examples, out, 1)
+    for _ in range(3):
+        proc, said = interrupted(args, delay)
+        if not in_the_harness(said):
+            break
     if proc.returncode == 0:  # the toy run finished before the signal came: nothing to see
         pytest.skip(f"the run finished within {delay} s")
     lines = said.strip().splitlines()
