@@ -143,6 +143,14 @@ def setup(device: str) -> str:
 
         check_cuda_device(device)  # one line where there is no CUDA, before any process group
         torch.cuda.set_device(device)
+    # torch.distributed.nn.functional takes the process group it finds at import as its
+    # functions' default group, and transformers imports it (through FSDP) while it loads a
+    # model. Imported after the group exists, those defaults would keep the group alive past
+    # `teardown`, and gloo's threads with it into the interpreter's shutdown, where a thread
+    # still releasing a collective's work aborts the process ("terminate called without an
+    # active exception") after a run that succeeded. Imported first, the defaults are None.
+    import torch.distributed.nn.functional  # noqa: F401
+
     timeout = timedelta(seconds=timeout_s())
     try:
         dist.init_process_group(backend=backend, timeout=timeout)
@@ -157,7 +165,9 @@ def setup(device: str) -> str:
 def teardown() -> None:
     """Leave the process group (at the end of a successful command): every process waits for the
     others first, so none closes its connections while a peer is still finishing a collective
-    (a process with no work of its own, e.g. no prompt group to sample, gets here first)."""
+    (a process with no work of its own, e.g. no prompt group to sample, gets here first). Nothing
+    else holds the group (see `setup`), so destroying it joins gloo's threads here, before the
+    interpreter shuts down."""
     if active():
         barrier("waiting for every process to finish")
         _dist().destroy_process_group()
