@@ -13,8 +13,8 @@ from twinrun.train import distributed
 
 
 def thread_names() -> list[str]:
-    here = f"/proc/{os.getpid()}/task"
-    return [open(f"{here}/{tid}/comm").read().strip() for tid in sorted(os.listdir(here))]
+    here = Path(f"/proc/{os.getpid()}/task")
+    return [(task / "comm").read_text().strip() for task in sorted(here.iterdir())]
 
 
 if __name__ == "__main__":
