@@ -19,6 +19,12 @@ How it is exact and still fast (a blocked Rump–Ogita–Oishi / ReproBLAS-style
 * Every exact block sum is added to a Python integer in units of 2^-2148 (the quantum of the
   square of the smallest float64 subnormal); the final division is correctly rounded.
 
+`sumsq` and the row checksums (`checksum_digest`, `checksum_digest_many`) first ask
+`twinrun.diag.extract.rounded_sumsq` for a CPU float32/float16/bfloat16 value: a few vector
+passes that bound the exact sum tightly enough to know how it rounds, which gives the same float
+without building the exact sum (nearly always; otherwise the exact path below decides).
+`SumSq`, which must merge, always keeps the exact sum.
+
 On the CPU (torch CPU tensors and numpy arrays) float32/float16/bfloat16 take a faster,
 data-independent path: each block of 8192 values is widened into one float64 buffer, squared
 (exact), and every square s is split by bit masking into hi (its top 25 significant bits) and
@@ -42,6 +48,8 @@ import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from twinrun.diag.extract import rounded_sumsq
 
 __all__ = [
     "SumSq",
@@ -101,31 +109,28 @@ class _Bins:
 
     `feed` widens each block of values into a per-thread float64 buffer, squares it, splits the
     squares into hi/lo and bins them (see the module docstring); only the bins (2 x 2048
-    floats per segment) are kept between calls. With `segments` > 1 each value also carries
-    its segment's key (segment * 2048, `feed(a, keys)`): one pass bins several leaves apart.
-    Every `_HB_FLUSH` values the bins are folded into integers; `settle_all()` returns each
-    segment's exact total in units of 2**-_Q and non-finite flags, and starts over."""
+    floats) are kept between calls. Every `_HB_FLUSH` values the bins are folded into the
+    integer; `settle()` returns the exact total in units of 2**-_Q and the non-finite flags,
+    and starts over."""
 
-    __slots__ = ("bh", "bl", "count", "totals", "nan", "inf", "segments")
+    __slots__ = ("bh", "bl", "count", "total", "nan", "inf")
 
-    def __init__(self, segments: int = 1) -> None:
+    def __init__(self) -> None:
         import numpy as np
 
-        self.segments = segments
-        self.bh = np.zeros(segments * _NBINS, dtype=np.float64)
-        self.bl = np.zeros(segments * _NBINS, dtype=np.float64)
+        self.bh = np.zeros(_NBINS, dtype=np.float64)
+        self.bl = np.zeros(_NBINS, dtype=np.float64)
         self.count = 0  # values in the bins
-        self.totals = [0] * segments
-        self.nan = [False] * segments
-        self.inf = [False] * segments
+        self.total = 0
+        self.nan = False
+        self.inf = False
 
-    def feed(self, a: Any, keys: Any = None) -> None:
-        """Add the squares of a 1-D float16/float32 numpy array (`a` is not kept); `keys`, when
-        given, holds each value's segment * 2048 (an int64 array as long as `a`)."""
+    def feed(self, a: Any) -> None:
+        """Add the squares of a 1-D float16/float32 numpy array (`a` is not kept)."""
         import numpy as np
 
         buf, k_all, h_all = _scratch_arrays()
-        n, nbins = a.shape[0], self.bh.shape[0]
+        n = a.shape[0]
         for off in range(0, n, _HB):
             nb = min(_HB, n - off)
             if self.count + nb > _HB_FLUSH:
@@ -135,55 +140,41 @@ class _Bins:
             np.multiply(s, s, out=s)  # exact: a float32 square has at most 48 significant bits
             bits = s.view(np.int64)
             np.right_shift(bits, 52, out=k)  # the biased exponent (squares are >= 0)
-            if keys is not None:
-                np.add(k, keys[off : off + nb], out=k)
             np.bitwise_and(bits, _HI_MASK, out=h.view(np.int64))  # hi: top 25 significant bits
             with np.errstate(invalid="ignore"):  # inf - inf = NaN in bin 2047: see _fold
                 np.subtract(s, h, out=s)  # lo = s - hi, exact, 0 <= lo < 2**(exponent-24)
-            self.bh += np.bincount(k, h, minlength=nbins)
-            self.bl += np.bincount(k, s, minlength=nbins)
+            self.bh += np.bincount(k, h, minlength=_NBINS)
+            self.bl += np.bincount(k, s, minlength=_NBINS)
             self.count += nb
 
     def _fold(self) -> None:
-        """Add the binned sums to `totals` exactly and empty the bins."""
-        import numpy as np
-
-        bh = self.bh.reshape(self.segments, _NBINS)
-        bl = self.bl.reshape(self.segments, _NBINS)
-        for seg in np.flatnonzero((bh[:, _NBINS - 1] != 0.0) | (bl[:, _NBINS - 1] != 0.0)).tolist():
-            if math.isnan(float(bh[seg, _NBINS - 1])):  # a NaN keeps its quiet bit in hi;
-                self.nan[seg] = True  # an inf's lo is NaN
+        """Add the binned sums to `total` exactly and empty the bins."""
+        top = _NBINS - 1
+        if self.bh[top] != 0.0 or self.bl[top] != 0.0:
+            if math.isnan(float(self.bh[top])):  # a NaN keeps its quiet bit in hi;
+                self.nan = True  # an inf's lo is NaN
             else:
-                self.inf[seg] = True
-            bh[seg, _NBINS - 1] = bl[seg, _NBINS - 1] = 0.0
+                self.inf = True
+            self.bh[top] = self.bl[top] = 0.0
         if self.count == 0:
             return
         lg = max(1, (self.count - 1).bit_length())
         w = 29 - lg  # w adjacent bins still sum exactly (module docstring); lg <= 21 here
         used = (_SQ_TOP // w) * w  # bins above _SQ_TOP hold no finite square of a float32
-        totals = self.totals
-        for bins in (bh, bl):
-            groups = bins[:, :used].reshape(self.segments, -1, w).sum(axis=2)
-            segs, _ = np.nonzero(groups)
-            for seg, v in zip(segs.tolist(), groups[groups != 0.0].tolist(), strict=True):
-                totals[seg] += _to_fixed(v, 0)
+        for bins in (self.bh, self.bl):
+            groups = bins[:used].reshape(-1, w).sum(axis=1)
+            for v in groups[groups != 0.0].tolist():
+                self.total += _to_fixed(v, 0)
         self.bh.fill(0.0)
         self.bl.fill(0.0)
         self.count = 0
 
-    def settle_all(self) -> list[tuple[int, bool, bool]]:
-        """Per segment: (exact total in units of 2**-_Q, any NaN, any inf) of everything fed;
-        starts over."""
-        self._fold()
-        out = list(zip(self.totals, self.nan, self.inf, strict=True))
-        self.totals = [0] * self.segments
-        self.nan = [False] * self.segments
-        self.inf = [False] * self.segments
-        return out
-
     def settle(self) -> tuple[int, bool, bool]:
-        """`settle_all` of a one-segment accumulator."""
-        return self.settle_all()[0]
+        """(exact total in units of 2**-_Q, any NaN, any inf) of everything fed; starts over."""
+        self._fold()
+        out = (self.total, self.nan, self.inf)
+        self.total, self.nan, self.inf = 0, False, False
+        return out
 
 
 def exact_value(n: int, nan: bool, inf: bool) -> float:
@@ -574,7 +565,17 @@ def sumsq(x: Any) -> float:
 
     Accepts torch tensors and numpy arrays of float32/float16/bfloat16/float64, integer and bool
     dtypes, and Python floats, ints and (nested) lists. NaN if any value is NaN, else inf if any
-    is infinite (or the exact sum exceeds the float64 range)."""
+    is infinite (or the exact sum exceeds the float64 range).
+
+    A CPU float32/float16/bfloat16 value (the usual leaf) is first tried by
+    `twinrun.diag.extract.rounded_sumsq`, which finds the same float in a few vector passes
+    without the exact sum whenever it can tell how that sum rounds (nearly always); the exact
+    path takes the rest. An accumulator (`SumSq`) always keeps the exact sum, to merge."""
+    host = _host_array(x)
+    if host is not None and host.dtype.kind == "f" and host.itemsize <= 4:
+        value = rounded_sumsq(host.reshape(-1))
+        if value is not None:
+            return value
     return SumSq().add(x).value()
 
 
@@ -693,7 +694,7 @@ def digest_many(xs: Iterable[Any]) -> str:
 def checksum_digest(x: Any) -> tuple[float, str]:
     """(`sumsq(x)`, `digest(x)`), converting a CPU tensor once for both."""
     v = _cpu_view(x)
-    return SumSq().add(v).value(), digest(v)
+    return sumsq(v), digest(v)
 
 
 def checksum_digest_many(xs: Iterable[Any]) -> tuple[float, str]:
@@ -718,10 +719,18 @@ def checksum_digest_many(xs: Iterable[Any]) -> tuple[float, str]:
                 h.update(v)
             if not _LITTLE:  # pragma: no cover - big-endian hosts take the general path
                 return checksum_digest_many(views)
-            acc = SumSq().add(np.concatenate(views, axis=None))
-            return acc.value(), h.hexdigest()
+            return sumsq(np.concatenate(views, axis=None)), h.hexdigest()
     views = [_cpu_view(x) for x in parts]
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and views and all(_narrow_array(v, numpy) for v in views):
+        flat = numpy.concatenate([v.reshape(-1) for v in views]) if len(views) > 1 else views[0]
+        return sumsq(flat), digest_many(views)
     acc = SumSq()
     for part in views:
         acc.add(part)
     return acc.value(), digest_many(views)
+
+
+def _narrow_array(v: Any, np: Any) -> bool:
+    """Whether `v` is a float32/float16 numpy array (what `sumsq` tries first by extraction)."""
+    return type(v) is np.ndarray and v.dtype.kind == "f" and v.itemsize <= 4

@@ -1,13 +1,12 @@
-"""Several multi-part float32 leaves kept in one flat buffer and checksummed in one pass.
+"""Several multi-part float32 leaves kept in one flat buffer and checksummed together.
 
 A training step's LoRA leaves (the gradients, both Adam moments, the parameters) are each made
 of many small float32 tensors. `FlatLeaves` copies all of their parts into one contiguous
 buffer with one call (a snapshot: the next step's in-place updates do not reach it), and
 computes every leaf's checksum and digest together:
 
-* the checksums in one binned pass over the whole buffer (`twinrun.diag.checksum`'s exact
-  float32 path), each value's bin offset by its leaf, so each leaf still gets its own exact
-  sum of squares;
+* each leaf's checksum over its own span of the buffer (`twinrun.diag.checksum.sumsq`: a few
+  vector passes over contiguous float32, the exact path only where those cannot decide);
 * each leaf's digest over its own span of the buffer, every part framed by its own shape.
 
 `FlatLeaves(...).leaf(i)` is what a row holds for leaf i; `DiagRecorder` computes the group the
@@ -22,22 +21,13 @@ import math
 import sys
 from typing import Any
 
-from twinrun.diag.checksum import (
-    _CHUNK,
-    _LITTLE,
-    _NBINS,
-    SumSq,
-    _Bins,
-    _header,
-    exact_value,
-)
+from twinrun.diag.checksum import _LITTLE, _header, sumsq
 
 __all__ = ["FlatLeaf", "FlatLeaves"]
 
 Shapes = tuple[tuple[int, ...], ...]
 _layouts: dict[Shapes, list[tuple[bytes, int, int]]] = {}
 _groups: dict[Any, tuple[list[Shapes], list[int]]] = {}
-_keys: dict[tuple[int, ...], Any] = {}
 
 
 class FlatLeaves:
@@ -131,15 +121,11 @@ class FlatLeaves:
 
     def _checksums(self) -> list[float]:
         a = self.array()
-        if a.shape[0] >= 2 * _CHUNK:  # large leaves: SumSq's chunked, threaded path per leaf
-            out, start = [], 0
-            for n in self.counts:
-                out.append(SumSq().add(a[start : start + n]).value())
-                start += n
-            return out
-        bins = _Bins(len(self.counts))
-        bins.feed(a, _segment_keys(tuple(self.counts)))
-        return [exact_value(*t) for t in bins.settle_all()]
+        out, start = [], 0
+        for n in self.counts:
+            out.append(sumsq(a[start : start + n]))
+            start += n
+        return out
 
     def _digests(self) -> list[str]:
         mv = memoryview(self.array()).cast("B")
@@ -165,19 +151,6 @@ class FlatLeaf:
     def checksum_digest(self) -> tuple[float, str]:
         """Exactly `checksum_digest_many` of the leaf's parts (as they were when copied)."""
         return self.group.results()[self.index]
-
-
-def _segment_keys(counts: tuple[int, ...]) -> Any:
-    """For leaves of these sizes laid end to end: each value's bin offset (leaf * 2048)."""
-    keys = _keys.get(counts)
-    if keys is None:
-        import numpy as np
-
-        keys = np.repeat(np.arange(len(counts), dtype=np.int64) * _NBINS, counts)
-        if len(_keys) >= 64:
-            _keys.clear()
-        _keys[counts] = keys
-    return keys
 
 
 def _flat_layout(shapes: Shapes) -> list[tuple[bytes, int, int]]:
