@@ -33,7 +33,7 @@ import math
 import threading
 from typing import Any
 
-__all__ = ["rounded_sumsq"]
+__all__ = ["rounded_sumsq", "rounded_sumsq_rows"]
 
 _BLOCK = 1 << 16  # values per block: 512 KiB of float64 squares, within a core's L2
 _scratch = threading.local()
@@ -50,63 +50,83 @@ def _buffers() -> tuple[Any, Any]:
     return bufs
 
 
-def _block_terms(x: Any, levels: int, terms: list[float]) -> float:
-    """Append one block's exact level sums and its remainders' float sum to `terms`; return the
-    block's bound, or a non-finite maximum."""
+class _Row:
+    """One sum being bounded: its exact level sums and float remainder sums (`terms`), its
+    blocks' bounds, and whether a value was NaN / infinite."""
+
+    __slots__ = ("terms", "bounds", "nan", "inf")
+
+    def __init__(self) -> None:
+        self.terms: list[float] = []
+        self.bounds: list[float] = []
+        self.nan = False
+        self.inf = False
+
+    def value(self) -> float | None:
+        """The float every value within the bounds of the terms rounds to, or None."""
+        if self.nan:
+            return math.nan
+        if self.inf:
+            return math.inf
+        low = math.fsum([*self.terms, *(-b for b in self.bounds)])
+        high = math.fsum([*self.terms, *self.bounds])
+        return low if low == high else None
+
+
+def _block(x: Any, levels: int, rows: list[_Row]) -> None:
+    """Add one block (`x`: rows x n, at most _BLOCK values) to each row's terms and bounds."""
     import numpy as np
 
     sq, tmp = _buffers()
-    n = x.shape[0]
-    s, t = sq[:n], tmp[:n]
+    r, n = x.shape
+    s, t = sq[: r * n].reshape(r, n), tmp[: r * n].reshape(r, n)
     s[...] = x  # widen: exact
     np.multiply(s, s, out=s)  # exact: at most 48 significant bits
-    m = float(s.max())
-    if not math.isfinite(m):
-        return m
-    if m == 0.0:
-        return 0.0
     lg = max(2, (n - 1).bit_length())  # n <= 2**lg
-    e = g = math.frexp(m)[1]  # every term < 2**e
-    for _ in range(levels):
-        g = e + lg - 53
-        sigma = math.ldexp(1.5, g + 52)
-        np.add(s, sigma, out=t)
-        np.subtract(t, sigma, out=t)  # every term rounded to a multiple of 2**g, exactly
-        terms.append(float(t.sum()))  # exact: every partial sum stays below 2**(g+53)
-        np.subtract(s, t, out=s)  # the remainders, |r| <= 2**(g-1)
-        e = g
-    terms.append(float(s.sum()))  # within gamma(n-1) * n * 2**(g-1) of their exact sum
-    return math.ldexp(float(n * n), g - 1 - 52)  # at least that: gamma(n-1) < n * 2**-53
+    es: list[int | None] = []
+    for row, m in zip(rows, s.max(axis=1).tolist(), strict=True):
+        row.nan |= math.isnan(m)
+        row.inf |= math.isinf(m)
+        es.append(math.frexp(m)[1] if math.isfinite(m) and m > 0.0 else None)  # all < 2**e
+    sigma = np.zeros((r, 1))  # 0 for a row of zeros (or a non-finite row: not used)
+    with np.errstate(invalid="ignore"):
+        for _ in range(levels):
+            for i, e in enumerate(es):
+                if e is not None:
+                    sigma[i, 0] = math.ldexp(1.5, e + lg - 53 + 52)  # g = e + lg - 53
+            np.add(s, sigma, out=t)
+            np.subtract(t, sigma, out=t)  # every term rounded to a multiple of 2**g, exactly
+            for row, q in zip(rows, t.sum(axis=1).tolist(), strict=True):
+                row.terms.append(q)  # exact: every partial sum stays below 2**(g+53)
+            np.subtract(s, t, out=s)  # the remainders, |r| <= 2**(g-1)
+            es = [None if e is None else e + lg - 53 for e in es]  # the next level: e = g
+        rests = s.sum(axis=1).tolist()  # within gamma(n-1) * n * 2**(g-1) of the exact sums
+    for row, rest, g in zip(rows, rests, es, strict=True):
+        if g is not None:
+            row.terms.append(rest)
+            row.bounds.append(math.ldexp(float(n * n), g - 53))  # > gamma(n-1) * n * 2**(g-1)
 
 
-def _decide(terms: list[float], bounds: list[float]) -> float | None:
-    """The float that every value within sum(bounds) of sum(terms) rounds to, or None."""
-    low = math.fsum([*terms, *(-b for b in bounds)])
-    high = math.fsum([*terms, *bounds])
-    return low if low == high else None
+def rounded_sumsq_rows(a: Any, levels: int = 1) -> list[float | None]:
+    """`rounded_sumsq` of each row of a 2-D float32/float16 numpy array, in the same passes
+    (several leaves of one length cost the passes of one)."""
+    r, n = a.shape
+    rows = [_Row() for _ in range(r)]
+    width = max(1, _BLOCK // max(r, 1))
+    for off in range(0, n, width):
+        _block(a[:, off : off + width], levels, rows)
+    out = [row.value() for row in rows]
+    if levels < 3:
+        for i, v in enumerate(out):
+            if v is None:
+                out[i] = rounded_sumsq_rows(a[i : i + 1], 3)[0]
+    return out
 
 
 def rounded_sumsq(a: Any, levels: int = 1) -> float | None:
     """The correctly rounded exact sum of squares of a 1-D float32/float16 numpy array, or None
-    when `levels` extraction levels (1 or more) cannot decide its rounding (the caller then
-    computes it exactly; see the module docstring). One thread: the passes are short, and
-    numpy's hand-offs of the GIL between threads would cost more than a second core gains."""
-    terms: list[float] = []
-    bounds: list[float] = []
-    nan = inf = False
-    for off in range(0, a.shape[0], _BLOCK):
-        b = _block_terms(a[off : off + _BLOCK], levels, terms)
-        if math.isnan(b):
-            nan = True
-        elif math.isinf(b):
-            inf = True
-        elif b:
-            bounds.append(b)
-    if nan:
-        return math.nan
-    if inf:
-        return math.inf
-    value = _decide(terms, bounds)
-    if value is None and levels < 3:
-        return rounded_sumsq(a, 3)
-    return value
+    when `levels` extraction levels (1 or more; 3 are tried before giving up) cannot decide its
+    rounding (the caller then computes it exactly; see the module docstring). One thread: the
+    passes are short, and numpy's hand-offs of the GIL between threads would cost more than a
+    second core gains."""
+    return rounded_sumsq_rows(a.reshape(1, -1), levels)[0]

@@ -7,6 +7,7 @@ computes every leaf's checksum and digest together:
 
 * each leaf's checksum over its own span of the buffer (`twinrun.diag.checksum.sumsq`: a few
   vector passes over contiguous float32, the exact path only where those cannot decide);
+  leaves of one length — the LoRA leaves — as the rows of one array, in the passes of one;
 * each leaf's digest over its own span of the buffer, every part framed by its own shape.
 
 `FlatLeaves(...).leaf(i)` is what a row holds for leaf i; `DiagRecorder` computes the group the
@@ -19,15 +20,18 @@ from __future__ import annotations
 import hashlib
 import math
 import sys
+import threading
 from typing import Any
 
 from twinrun.diag.checksum import _LITTLE, _header, sumsq
+from twinrun.diag.extract import rounded_sumsq_rows
 
 __all__ = ["FlatLeaf", "FlatLeaves"]
 
 Shapes = tuple[tuple[int, ...], ...]
 _layouts: dict[Shapes, list[tuple[bytes, int, int]]] = {}
 _groups: dict[Any, tuple[list[Shapes], list[int]]] = {}
+_workspace = threading.local()  # the buffer `results` copies into, and its views by layout
 
 
 class FlatLeaves:
@@ -37,8 +41,9 @@ class FlatLeaves:
     __slots__ = ("flat", "parts", "key", "shapes", "counts", "_results")
 
     def __init__(self, leaves: list[list[Any]], copy: bool = True) -> None:
-        """With `copy=False` the parts are not copied now: `copy_into` copies them later (what
-        a recorder that copies at the hand-over does), or the first `results` does."""
+        """With `copy=False` the parts are not copied now: the first `results` copies them into
+        a buffer this thread reuses (a row computed before the parts change needs no copy of
+        its own, and a fresh one each step costs the memory's page faults)."""
         parts = [p for leaf in leaves for p in leaf]
         self.flat: Any = None
         self.parts: list[Any] | None = parts
@@ -67,30 +72,6 @@ class FlatLeaves:
             self.flat = _flatten_dense_tensors(self.parts)
         self.parts = None
 
-    def copy_into(self, out: Any, views: dict[Any, list[Any]]) -> None:
-        """Copy the parts, laid end to end, into `out` (a 1-D float32 torch tensor as long as
-        the group) with one call; `views` caches the parts' views of `out` by layout. The
-        group itself keeps what it had."""
-        import torch
-
-        if self.parts is None:
-            out.copy_(torch.from_numpy(self.array()))
-            return
-
-        key = (out.data_ptr(), self.key)
-        dsts = views.get(key)
-        if dsts is None:
-            dsts, start = [], 0
-            for p in self.parts:
-                n = p.numel()
-                dsts.append(out[start : start + n].view(p.shape))
-                start += n
-            if len(views) >= 16:
-                views.clear()
-            views[key] = dsts
-        with torch.no_grad():
-            torch._foreach_copy_(dsts, self.parts)
-
     @staticmethod
     def fits(parts: list[Any]) -> bool:
         """Whether a leaf's `parts` can be kept flat: one or more float32 CPU tensors."""
@@ -116,19 +97,27 @@ class FlatLeaves:
     def results(self) -> list[tuple[float, str]]:
         """(checksum, digest) of every leaf, computed once."""
         if self._results is None:
-            self._results = list(zip(self._checksums(), self._digests(), strict=True))
+            if self.parts is None:
+                a = self.array()
+            else:
+                a = _in_workspace(self.parts, self.key, sum(self.counts))
+            self._results = list(zip(self._checksums(a), self._digests(a), strict=True))
         return self._results
 
-    def _checksums(self) -> list[float]:
-        a = self.array()
+    def _checksums(self, a: Any) -> list[float]:
+        counts = self.counts
+        if len(set(counts)) == 1 and counts[0] > 0:  # the LoRA leaves: one shape each
+            rows = rounded_sumsq_rows(a.reshape(len(counts), counts[0]))
+            return [sumsq(a[i * counts[0] : (i + 1) * counts[0]]) if v is None else v
+                    for i, v in enumerate(rows)]  # fmt: skip
         out, start = [], 0
-        for n in self.counts:
+        for n in counts:
             out.append(sumsq(a[start : start + n]))
             start += n
         return out
 
-    def _digests(self) -> list[str]:
-        mv = memoryview(self.array()).cast("B")
+    def _digests(self, a: Any) -> list[str]:
+        mv = memoryview(a).cast("B")
         out, base = [], 0
         for shapes, n in zip(self.shapes, self.counts, strict=True):
             pieces: list[bytes | memoryview] = [b"twinrun.tensors.v1\0"]
@@ -151,6 +140,30 @@ class FlatLeaf:
     def checksum_digest(self) -> tuple[float, str]:
         """Exactly `checksum_digest_many` of the leaf's parts (as they were when copied)."""
         return self.group.results()[self.index]
+
+
+def _in_workspace(parts: list[Any], key: Any, n: int) -> Any:
+    """The parts (`n` values, laid out as `key` says) copied end to end with one call into this
+    thread's reusable float32 buffer; a numpy view of the copy, valid until the thread's next
+    call."""
+    import torch
+
+    ws = _workspace.__dict__
+    if ws.get("buf") is None or ws["buf"].numel() < n:
+        ws["buf"], ws["views"] = torch.empty(max(n, 1), dtype=torch.float32), {}
+    buf, views = ws["buf"], ws["views"]
+    dsts = views.get(key)
+    if dsts is None:
+        dsts, start = [], 0
+        for p in parts:
+            dsts.append(buf[start : start + p.numel()].view(p.shape))
+            start += p.numel()
+        if len(views) >= 16:
+            views.clear()
+        views[key] = dsts
+    with torch.no_grad():
+        torch._foreach_copy_(dsts, parts)
+    return buf[:n].numpy()
 
 
 def _flat_layout(shapes: Shapes) -> list[tuple[bytes, int, int]]:
