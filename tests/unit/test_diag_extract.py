@@ -13,7 +13,8 @@ import torch
 
 from twinrun.diag import extract
 from twinrun.diag.checksum import SumSq, checksum_digest, checksum_digest_many, sumsq
-from twinrun.diag.extract import rounded_sumsq
+from twinrun.diag.extract import rounded_sumsq, rounded_sumsq_rows
+from twinrun.diag.flat import FlatLeaves
 
 
 def exact(a: np.ndarray) -> float:
@@ -124,3 +125,22 @@ def test_an_undecided_sum_goes_to_the_exact_path(monkeypatch) -> None:
     a = wide(500, 5)
     assert sumsq(a) == exact(a)
     assert checksum_digest_many([torch.from_numpy(a)])[0] == exact(a)
+
+
+def test_rows_are_summed_apart_in_one_set_of_passes() -> None:
+    rows = np.stack([wide(5000, 1), np.zeros(5000, np.float32), wide(5000, 2) * 1e-20,
+                     np.full(5000, np.inf, np.float32)])  # fmt: skip
+    got = rounded_sumsq_rows(rows)
+    assert got[:3] == [accumulator(rows[0]), 0.0, accumulator(rows[2])]
+    assert got[3] == math.inf
+    wide_rows = np.stack([wide(3 * B + 5, 3), wide(3 * B + 5, 4)])  # blocks narrower than a row
+    assert rounded_sumsq_rows(wide_rows) == [accumulator(r) for r in wide_rows]
+
+
+def test_flat_leaves_of_one_length_with_a_midpoint_among_them() -> None:
+    midpoint = torch.tensor([1.0, 2.0**-27, 2.0**-27])  # rounds to even: left undecided
+    other = torch.tensor([3.0, 4.0, 5.0])
+    leaves = [[midpoint], [other], [-midpoint]]
+    results = FlatLeaves(leaves, copy=False).results()
+    assert [c for c, _ in results] == [1.0, 50.0, 1.0]
+    assert results == [checksum_digest_many(parts) for parts in leaves]
