@@ -24,8 +24,11 @@ child, every thread: the total work, the final flush included). Step 0 (lazy imp
 state creation) is left out. For each figure: the pooled median of each mode (over steps and
 rounds), each engine's ratio to `plain`, and the spread of the per-round ratios (median, min,
 max). The goal is met by an engine whose accumulation-1 per-step overhead is <= 5% at both
-loads. Also recorded: the rows' size, the machine's load average, and (in this process) what
-one row costs to compute.
+loads. Each `sync` run also times the diag hook itself around its calls (the child writes the
+per-step sums to a file): its share of the rest of the same step, a figure two processes' noise
+cannot move (on a shared host, runs without and with `--diag` differ by +-25% from round to
+round), though blind to what the row's work costs the next step in cache. Also recorded: the
+rows' size, the machine's load average, and (in this process) what one row costs to compute.
 
 `--smollm2` also measures `sync` against no `--diag` on SmolLM2-135M-Instruct (the first 32
 shipped examples, one epoch of 8 steps, the same settings otherwise), at both loads, the same
@@ -116,6 +119,26 @@ if engine == "thread":
     hook.late_leaves = lambda view, copy=False: late(view, copy=True)
 elif engine != "sync":
     sys.exit(f"unknown engine {engine!r}")
+import os
+if os.environ.get("TWINRUN_BENCH_HOOK_LOG"):  # the diag hook's own time per step, in this run
+    import atexit, json, time
+    import twinrun.train.hooks.diag as hook
+    spent, steps = [0.0], []
+    forward, update = hook.DiagHook.after_forward, hook.DiagHook.after_update
+    def timed_forward(self, view, fw):
+        t = time.perf_counter()
+        forward(self, view, fw)
+        spent[0] += time.perf_counter() - t
+    def timed_update(self, view):
+        t = time.perf_counter()
+        update(self, view)
+        steps.append(spent[0] + time.perf_counter() - t)
+        spent[0] = 0.0
+    hook.DiagHook.after_forward, hook.DiagHook.after_update = timed_forward, timed_update
+    def write():
+        with open(os.environ["TWINRUN_BENCH_HOOK_LOG"], "w") as f:
+            json.dump(steps, f)
+    atexit.register(write)
 from twinrun.cli.main import main
 sys.argv[0] = "twinrun"
 main()
@@ -151,8 +174,10 @@ def run_once(
     cmd = [sys.executable, "-c", LAUNCH, "sync" if mode == "plain" else mode, *args]
     log = work / f"log_{tag}.txt"
     t0 = time.perf_counter()
+    hook_log = work / f"hook_{tag}.json"
+    env = {**os.environ, "TWINRUN_BENCH_HOOK_LOG": str(hook_log)} if mode == "sync" else None
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env)
         _, status, usage = os.wait4(proc.pid, 0)  # this child's own CPU time, not the load's
     process_s = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -173,6 +198,11 @@ def run_once(
     }
     if mode != "plain":
         res["diag_bytes_per_row"] = (out / "diag.jsonl").stat().st_size / n
+    if mode == "sync":  # the hook's share of each step, both from this run: hook / (wall - hook)
+        hooks = json.loads(hook_log.read_text())
+        pairs = [(w["wall_s"], h) for w, h in zip(steps, hooks, strict=True) if w["step"] > 0]
+        res["hook_s"] = statistics.median(h for _, h in pairs)
+        res["in_run_share"] = [round(h / (w - h), 5) for w, h in pairs]
     return res
 
 
@@ -295,6 +325,13 @@ def summarise(rounds: list[dict[str, Any]], args: argparse.Namespace) -> dict[st
                 for e in args.engines
             },
         }
+    if "sync" in args.engines:
+        shares = [r["sync"]["in_run_share"] for r in rounds]
+        summary["in_run"] = {
+            "share": statistics.median(x for per in shares for x in per),
+            "per_round": spread([round(statistics.median(per), 4) for per in shares]),
+            "hook_s": statistics.median(r["sync"]["hook_s"] for r in rounds),
+        }
     return summary
 
 
@@ -354,6 +391,26 @@ def pct(x: float) -> str:
     return f"{100 * x:+.1f}%"
 
 
+def in_run(loads: list[dict[str, Any]]) -> str:
+    """The hook's own time per step, measured inside the `sync` runs, per load (a sentence)."""
+    said = []
+    for x in loads:
+        r = x["summary"].get("in_run")
+        if r:
+            said.append(
+                f"{1e3 * r['hook_s']:.2f} ms per step, **{pct(r['share'])}** of the rest of the "
+                f"step at load {x['load']} (per round {pct(r['per_round']['min'])} – "
+                f"{pct(r['per_round']['max'])})"
+            )
+    if not said:
+        return ""
+    return (
+        "The diag hook's own time, timed inside each `sync` run around the hook (so free of "
+        "the noise between processes, but blind to what the row's work costs the next step in "
+        "cache): " + "; ".join(said) + " (median over steps)."
+    )
+
+
 def markdown(res: dict[str, Any]) -> str:
     m = res["machine"]
     engines = res["engines"]
@@ -407,14 +464,17 @@ def markdown(res: dict[str, Any]) -> str:
         f"and the RNG state, and appends a {row_kb:.1f} KB row (flushed; the same bytes with "
         "every engine).",
     ]
+    if in_run(first["loads"]):
+        lines += ["", in_run(first["loads"])]
     if res.get("row_profile_ms"):
         prof = res["row_profile_ms"]
         step_ms = 1e3 * first["loads"][0]["summary"]["wall_s"]["median_s"]["plain"]
         lines += [
             "",
             "What one row costs (ms, the median of 7 measurements in the benchmark process on "
-            "the toy's shapes; the four LoRA leaves in one flat buffer, checksummed in one "
-            "binned pass and hashed leaf by leaf over their spans):",
+            "the toy's shapes; the four LoRA leaves copied into one flat buffer, checksummed "
+            "as the rows of one array in one set of passes and hashed leaf by leaf over their "
+            "spans):",
             "",
             "| part | ms |",
             "|---|---|",
@@ -443,6 +503,8 @@ def markdown(res: dict[str, Any]) -> str:
                 f"{1e3 * w['median_s']['sync']:.0f} ms | **{pct(w['overhead']['sync'])}** | "
                 f"{pct(ww['min'])} – {pct(ww['max'])} | {pct(cpu['overhead']['sync'])} |"
             )
+        if in_run(res["smollm2"]["loads"]):
+            lines += ["", in_run(res["smollm2"]["loads"])]
     if res.get("note"):
         lines += ["", res["note"]]
     if res.get("quick"):
