@@ -196,7 +196,7 @@ def test_a_base_larger_than_the_cap_trains_sharded_and_one_process_is_refused(
     job = subprocess.run(
         cmd, env=env, capture_output=True, text=True, preexec_fn=capped(limit), timeout=300
     )
-    errors = [ln for ln in job.stderr.splitlines() if "error" in ln.lower()]
-    assert job.returncode == 0, "\n".join(errors[-10:])
+    # the workers' own last words come before torchrun's summary: show both
+    assert job.returncode == 0, job.stderr[-6000:]
     one = (tmp_path / "one" / ADAPTER).read_bytes()
     assert (tmp_path / "sharded" / ADAPTER).read_bytes() == one
