@@ -464,8 +464,8 @@ def markdown(res: dict[str, Any]) -> str:
         f"and the RNG state, and appends a {row_kb:.1f} KB row (flushed; the same bytes with "
         "every engine).",
     ]
-    if in_run(first["loads"]):
-        lines += ["", in_run(first["loads"])]
+    if said := in_run(first["loads"]):
+        lines += ["", said]
     if res.get("row_profile_ms"):
         prof = res["row_profile_ms"]
         step_ms = 1e3 * first["loads"][0]["summary"]["wall_s"]["median_s"]["plain"]
@@ -503,8 +503,8 @@ def markdown(res: dict[str, Any]) -> str:
                 f"{1e3 * w['median_s']['sync']:.0f} ms | **{pct(w['overhead']['sync'])}** | "
                 f"{pct(ww['min'])} – {pct(ww['max'])} | {pct(cpu['overhead']['sync'])} |"
             )
-        if in_run(res["smollm2"]["loads"]):
-            lines += ["", in_run(res["smollm2"]["loads"])]
+        if said := in_run(res["smollm2"]["loads"]):
+            lines += ["", said]
     if res.get("note"):
         lines += ["", res["note"]]
     if res.get("quick"):

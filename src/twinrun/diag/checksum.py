@@ -572,7 +572,7 @@ def sumsq(x: Any) -> float:
     without the exact sum whenever it can tell how that sum rounds (nearly always); the exact
     path takes the rest. An accumulator (`SumSq`) always keeps the exact sum, to merge."""
     host = _host_array(x)
-    if host is not None and host.dtype.kind == "f" and host.itemsize <= 4:
+    if host is not None and _narrow(host):
         value = rounded_sumsq(host.reshape(-1))
         if value is not None:
             return value
@@ -722,7 +722,7 @@ def checksum_digest_many(xs: Iterable[Any]) -> tuple[float, str]:
             return sumsq(np.concatenate(views, axis=None)), h.hexdigest()
     views = [_cpu_view(x) for x in parts]
     numpy = sys.modules.get("numpy")
-    if numpy is not None and views and all(_narrow_array(v, numpy) for v in views):
+    if numpy is not None and views and all(type(v) is numpy.ndarray and _narrow(v) for v in views):
         flat = numpy.concatenate([v.reshape(-1) for v in views]) if len(views) > 1 else views[0]
         return sumsq(flat), digest_many(views)
     acc = SumSq()
@@ -731,6 +731,6 @@ def checksum_digest_many(xs: Iterable[Any]) -> tuple[float, str]:
     return acc.value(), digest_many(views)
 
 
-def _narrow_array(v: Any, np: Any) -> bool:
-    """Whether `v` is a float32/float16 numpy array (what `sumsq` tries first by extraction)."""
-    return type(v) is np.ndarray and v.dtype.kind == "f" and v.itemsize <= 4
+def _narrow(a: Any) -> bool:
+    """Whether numpy array `a` holds float32/float16 (what `sumsq` tries first by extraction)."""
+    return a.dtype.kind == "f" and a.itemsize <= 4

@@ -23,7 +23,7 @@ import sys
 import threading
 from typing import Any
 
-from twinrun.diag.checksum import _LITTLE, _header, sumsq
+from twinrun.diag.checksum import _LITTLE, SumSq, _header, sumsq
 from twinrun.diag.extract import rounded_sumsq_rows
 
 __all__ = ["FlatLeaf", "FlatLeaves"]
@@ -108,8 +108,10 @@ class FlatLeaves:
         counts = self.counts
         if len(set(counts)) == 1 and counts[0] > 0:  # the LoRA leaves: one shape each
             rows = rounded_sumsq_rows(a.reshape(len(counts), counts[0]))
-            return [sumsq(a[i * counts[0] : (i + 1) * counts[0]]) if v is None else v
-                    for i, v in enumerate(rows)]  # fmt: skip
+            return [  # a row the extraction left undecided (a midpoint): the exact sum
+                SumSq().add(a[i * counts[0] : (i + 1) * counts[0]]).value() if v is None else v
+                for i, v in enumerate(rows)
+            ]
         out, start = [], 0
         for n in counts:
             out.append(sumsq(a[start : start + n]))
