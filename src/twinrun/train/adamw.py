@@ -22,6 +22,10 @@ from typing import Any
 
 import torch
 
+from twinrun.core.tiles import tiled, tiled_zeros
+
+MOMENTS = ("exp_avg", "exp_avg_sq")  # copied by `tile_states` (`load_state_dict` clones the rest)
+
 
 class AdamW:
     def __init__(
@@ -53,17 +57,12 @@ class AdamW:
         group = self.param_groups[0]
         lr, (beta1, beta2) = group["lr"], group["betas"]
         eps, weight_decay = group["eps"], group["weight_decay"]
+        self._create_states()
         for p in self.params:
             if p.grad is None:
                 continue
             grad = p.grad
-            state = self.state.get(p)
-            if state is None:
-                state = self.state[p] = {
-                    "step": torch.tensor(0.0, dtype=torch.float32),
-                    "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-                    "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
-                }
+            state = self.state[p]
             state["step"] += 1
             if weight_decay != 0:
                 p.mul_(1 - lr * weight_decay)
@@ -74,6 +73,20 @@ class AdamW:
             bias_correction2_sqrt = (1 - beta2**step) ** 0.5
             denom = (state["exp_avg_sq"].sqrt() / bias_correction2_sqrt).add_(eps)
             p.addcdiv_(state["exp_avg"], denom, value=-(lr / bias_correction1))
+
+    def _create_states(self) -> None:
+        """Zero state for every parameter with a gradient and no state yet: each moment of
+        those parameters in one buffer (see `twinrun.core.tiles`; the same values and bytes as
+        one `zeros_like` per parameter)."""
+        new = [p for p in self.params if p.grad is not None and p not in self.state]
+        if not new:
+            return
+        for p, m, v in zip(new, tiled_zeros(new), tiled_zeros(new), strict=True):
+            self.state[p] = {
+                "step": torch.tensor(0.0, dtype=torch.float32),
+                "exp_avg": m,
+                "exp_avg_sq": v,
+            }
 
     def state_dict(self) -> dict[str, Any]:
         """torch's layout: state by parameter index, one param group listing the indices."""
@@ -89,6 +102,16 @@ class AdamW:
         group["betas"] = tuple(group["betas"])
         self.param_groups = [group]
         self.state = {
-            self.params[int(i)]: {k: v.clone() for k, v in s.items()}
+            self.params[int(i)]: {k: v if k in MOMENTS else v.clone() for k, v in s.items()}
             for i, s in sd["state"].items()
         }
+        self.tile_states()
+
+    def tile_states(self) -> None:
+        """Each moment of every parameter copied into one buffer, as `step` creates them (after
+        a state was put in from elsewhere: a checkpoint, a capture); the same values."""
+        states = [self.state[p] for p in self.params if p in self.state]
+        for key in MOMENTS:
+            have = [s for s in states if key in s]
+            for s, t in zip(have, tiled([s[key] for s in have]), strict=True):
+                s[key] = t

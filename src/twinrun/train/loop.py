@@ -65,6 +65,7 @@ import torch
 
 from twinrun.config.schedule import lr_at
 from twinrun.core.progress import Progress
+from twinrun.core.tiles import tiled_zeros
 from twinrun.data.prefetch import Prefetcher
 from twinrun.train.adamw import AdamW
 
@@ -519,7 +520,7 @@ def clip_to_norm(grads: Sequence[torch.Tensor], norm: float, max_norm: float) ->
 def sum_in_forward_order(params: Params, per_forward: list[Parts]) -> list[torch.Tensor]:
     """zeros, + forward 0, + forward 1, ... (each forward's parts in order): the bits
     `.grad +=` gives in that order."""
-    total = [torch.zeros_like(p) for _, p in params]
+    total = tiled_zeros([p for _, p in params])  # one buffer: the same bits as zeros_like
     for parts in per_forward:
         for grads in parts:
             for acc, g in zip(total, grads, strict=True):

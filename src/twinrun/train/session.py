@@ -251,7 +251,8 @@ def _read_data(
 
 def _build_model(run: ValidRun, p: Prelude) -> tuple[CausalLM, Params]:
     """The model with fresh LoRA factors (or the `--init-adapter`, its files and shape checked
-    first) and its trainable parameters."""
+    first) and its trainable parameters, their data in one buffer (`twinrun.core.tiles`)."""
+    from twinrun.core.tiles import tile_parameters
     from twinrun.model.build import FreshLora
     from twinrun.model.lora import lora_parameters
 
@@ -268,7 +269,9 @@ def _build_model(run: ValidRun, p: Prelude) -> tuple[CausalLM, Params]:
         gradient_checkpointing=backend.gradient_checkpointing,
         shard_over=distributed.world().size if backend.shard_base else None,
     )  # fmt: skip
-    return model, lora_parameters(model)
+    params = lora_parameters(model)
+    tile_parameters([p for _, p in params])
+    return model, params
 
 
 def eval_digest(run: ValidRun) -> str | None:
