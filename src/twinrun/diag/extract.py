@@ -74,14 +74,19 @@ class _Row:
 
 
 def _block(x: Any, levels: int, rows: list[_Row]) -> None:
-    """Add one block (`x`: rows x n, at most _BLOCK values) to each row's terms and bounds."""
+    """Add one block (`x`: a rows x n array, or a list of rows of n values; at most _BLOCK
+    values) to each row's terms and bounds."""
     import numpy as np
 
     sq, tmp = _buffers()
-    r, n = x.shape
+    r, n = len(x), len(x[0])
     s, t = sq[: r * n].reshape(r, n), tmp[: r * n].reshape(r, n)
-    s[...] = x  # widen: exact
-    np.multiply(s, s, out=s)  # exact: at most 48 significant bits
+    # widened (exact), then squared in float64 (exact: at most 48 significant bits)
+    if isinstance(x, list):
+        for i, xi in enumerate(x):
+            np.square(xi, out=s[i], dtype=np.float64)
+    else:
+        np.square(x, out=s, dtype=np.float64)
     lg = max(2, (n - 1).bit_length())  # n <= 2**lg
     es: list[int | None] = []
     for row, m in zip(rows, s.max(axis=1).tolist(), strict=True):
@@ -108,18 +113,20 @@ def _block(x: Any, levels: int, rows: list[_Row]) -> None:
 
 
 def rounded_sumsq_rows(a: Any, levels: int = 1) -> list[float | None]:
-    """`rounded_sumsq` of each row of a 2-D float32/float16 numpy array, in the same passes
-    (several leaves of one length cost the passes of one)."""
-    r, n = a.shape
+    """`rounded_sumsq` of each row of a 2-D float32/float16 numpy array, or of each of a list
+    of 1-D arrays of one length, in the same passes (several leaves of one length cost the
+    passes of one)."""
+    r, n = len(a), len(a[0])
     rows = [_Row() for _ in range(r)]
     width = max(1, _BLOCK // max(r, 1))
     for off in range(0, n, width):
-        _block(a[:, off : off + width], levels, rows)
+        x = [ai[off : off + width] for ai in a] if isinstance(a, list) else a[:, off : off + width]
+        _block(x, levels, rows)
     out = [row.value() for row in rows]
     if levels < 3:
         for i, v in enumerate(out):
             if v is None:
-                out[i] = rounded_sumsq_rows(a[i : i + 1], 3)[0]
+                out[i] = rounded_sumsq_rows([a[i]], 3)[0]
     return out
 
 

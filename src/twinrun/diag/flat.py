@@ -38,15 +38,19 @@ class FlatLeaves:
     """The float32 CPU parts of several leaves, copied into one buffer (see the module
     docstring). `fits(parts)` says whether a leaf's parts can be kept this way."""
 
-    __slots__ = ("flat", "parts", "key", "shapes", "counts", "_results")
+    __slots__ = ("flat", "parts", "spans", "key", "shapes", "counts", "_results")
 
-    def __init__(self, leaves: list[list[Any]], copy: bool = True) -> None:
+    def __init__(
+        self, leaves: list[list[Any]], copy: bool = True, spans: list[Any] | None = None
+    ) -> None:
         """With `copy=False` the parts are not copied now: the first `results` copies them into
-        a buffer this thread reuses (a row computed before the parts change needs no copy of
-        its own, and a fresh one each step costs the memory's page faults)."""
+        a buffer this thread reuses (a row computed before the parts change needs no copy of its
+        own, and a fresh one each step costs the memory's page faults). `spans`: each leaf's
+        own buffer (see `over_tiles`), read in place."""
         parts = [p for leaf in leaves for p in leaf]
         self.flat: Any = None
         self.parts: list[Any] | None = parts
+        self.spans: list[Any] | None = spans
         if copy:
             self._copy()
         # the layout, computed once per set of shapes (the same at every step of a run)
@@ -71,6 +75,24 @@ class FlatLeaves:
         with torch.no_grad():
             self.flat = _flatten_dense_tensors(self.parts)
         self.parts = None
+
+    @classmethod
+    def over_tiles(cls, leaves: list[list[Any]]) -> FlatLeaves | None:
+        """The group read in place, when each leaf's parts are float32 CPU tensors that tile one
+        buffer of their own (`twinrun.core.tiles`: a training run's LoRA leaves): no copy; the
+        row must be computed before the parts change. None when any leaf's parts do not."""
+        torch = sys.modules.get("torch")
+        if torch is None or not _LITTLE or not leaves:
+            return None
+        from twinrun.core.tiles import span
+
+        spans = []
+        for leaf in leaves:
+            buf = span(leaf)
+            if buf is None or buf.dtype is not torch.float32 or not buf.is_cpu:
+                return None
+            spans.append(buf)
+        return cls(leaves, copy=False, spans=spans)
 
     @staticmethod
     def fits(parts: list[Any]) -> bool:
@@ -97,36 +119,38 @@ class FlatLeaves:
     def results(self) -> list[tuple[float, str]]:
         """(checksum, digest) of every leaf, computed once."""
         if self._results is None:
-            if self.parts is None:
-                a = self.array()
+            if self.spans is not None:
+                arrays = [t.numpy() for t in self.spans]
             else:
-                a = _in_workspace(self.parts, self.key, sum(self.counts))
-            self._results = list(zip(self._checksums(a), self._digests(a), strict=True))
+                if self.parts is None:
+                    a = self.array()
+                else:
+                    a = _in_workspace(self.parts, self.key, sum(self.counts))
+                arrays, start = [], 0
+                for n in self.counts:
+                    arrays.append(a[start : start + n])
+                    start += n
+            self._results = list(zip(self._checksums(arrays), self._digests(arrays), strict=True))
         return self._results
 
-    def _checksums(self, a: Any) -> list[float]:
+    def _checksums(self, arrays: list[Any]) -> list[float]:
         counts = self.counts
         if len(set(counts)) == 1 and counts[0] > 0:  # the LoRA leaves: one shape each
-            rows = rounded_sumsq_rows(a.reshape(len(counts), counts[0]))
+            rows = rounded_sumsq_rows(arrays)
             return [  # a row the extraction left undecided (a midpoint): the exact sum
-                SumSq().add(a[i * counts[0] : (i + 1) * counts[0]]).value() if v is None else v
-                for i, v in enumerate(rows)
+                SumSq().add(a).value() if v is None else v
+                for a, v in zip(arrays, rows, strict=True)
             ]
-        out, start = [], 0
-        for n in counts:
-            out.append(sumsq(a[start : start + n]))
-            start += n
-        return out
+        return [sumsq(a) for a in arrays]
 
-    def _digests(self, a: Any) -> list[str]:
-        mv = memoryview(a).cast("B")
-        out, base = [], 0
-        for shapes, n in zip(self.shapes, self.counts, strict=True):
+    def _digests(self, arrays: list[Any]) -> list[str]:
+        out = []
+        for shapes, a in zip(self.shapes, arrays, strict=True):
+            mv = memoryview(a).cast("B")
             pieces: list[bytes | memoryview] = [b"twinrun.tensors.v1\0"]
             for head, start, stop in _flat_layout(shapes):
-                pieces += (head, mv[base + start : base + stop])
+                pieces += (head, mv[start:stop])
             out.append(hashlib.sha256(b"".join(pieces)).hexdigest())
-            base += 4 * n
         return out
 
 

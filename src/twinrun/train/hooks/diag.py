@@ -59,7 +59,7 @@ class DiagHook(Hook):
             **outcome.leaves,
             "batch.tokens": [t for tokens, _ in forwards for t in tokens],
             "forward.logits": [t for _, logits in forwards for t in logits],
-            "loss": torch.tensor([outcome.loss], dtype=torch.float64),
+            "loss": [float(outcome.loss)],  # as a 1-element float64 tensor: the same digest
             **late_leaves(view),  # the live tensors: the row is written before they change
         }
         self.recorder.record_later(view.step, leaves)
@@ -90,7 +90,7 @@ def late_leaves(view: StepView, copy: bool = False) -> dict[str, Any]:
     ]
     return {
         **dict(zip(LORA_LEAVES, copied(parts, copy), strict=True)),
-        "lr": torch.tensor([view.lr], dtype=torch.float64),
+        "lr": [float(view.lr)],
         "rng.state": rng_state_leaf(),
     }
 
@@ -100,8 +100,12 @@ def copied(
 ) -> list[FlatLeaf | list[torch.Tensor]]:
     """A copy of each leaf's parts: the leaves whose parts are float32 CPU tensors (the usual
     LoRA leaves) share one flat buffer — one copy for all of them, and one checksum pass (see
-    diag/flat.py); any other leaf part by part. With `copy=False` nothing is copied now (the
-    group copies its parts into its flat buffer when the row is computed)."""
+    diag/flat.py); any other leaf part by part. With `copy=False` nothing is copied now: the
+    group reads the leaves' own buffers when their parts tile them (`FlatLeaves.over_tiles`),
+    else copies its parts into its flat buffer when the row is computed."""
+    tiles = None if copy else FlatLeaves.over_tiles(leaves)
+    if tiles is not None:
+        return [tiles.leaf(i) for i in range(len(leaves))]
     flat = [i for i, parts in enumerate(leaves) if FlatLeaves.fits(parts)]
     group = FlatLeaves([leaves[i] for i in flat], copy) if flat else None
     out: list[FlatLeaf | list[torch.Tensor]] = []
