@@ -41,6 +41,7 @@ only JSON).
 
 from __future__ import annotations
 
+import array
 import hashlib
 import math
 import struct
@@ -692,9 +693,89 @@ def digest_many(xs: Iterable[Any]) -> str:
 
 
 def checksum_digest(x: Any) -> tuple[float, str]:
-    """(`sumsq(x)`, `digest(x)`), converting a CPU tensor once for both."""
+    """(`sumsq(x)`, `digest(x)`), converting a CPU tensor once for both. A list of numbers is
+    taken as `numpy.asarray` of it."""
+    small = _small_values(x)
+    if small is not None:
+        return _small_checksum_digest(*small)
+    if isinstance(x, list | tuple):
+        import numpy as np
+
+        x = np.asarray(x)
     v = _cpu_view(x)
     return sumsq(v), digest(v)
+
+
+_ARRAYS_OK = (
+    sys.byteorder == "little" and array.array("q").itemsize == 8 == array.array("d").itemsize
+)
+_SMALL = 256  # values: below this a leaf is cheaper in Python than through numpy
+_INT64 = (-(1 << 63), 1 << 63)
+
+
+def _small_values(x: Any) -> tuple[str, tuple[int, ...], list[Any]] | None:
+    """(dtype name, shape, values) of a small CPU int64/float64 tensor or flat list of Python
+    ints (int64 range) or floats — a step's loss, learning rate, sampled indices, tokens; None
+    for anything else (the general path takes it)."""
+    if not _ARRAYS_OK:  # pragma: no cover - big-endian hosts take the general path
+        return None
+    if type(x) is list and 0 < len(x) <= _SMALL:
+        kind = type(x[0])
+        if kind is float and all(type(v) is float for v in x):
+            return "float64", (len(x),), x
+        if kind is int and all(type(v) is int and _INT64[0] <= v < _INT64[1] for v in x):
+            return "int64", (len(x),), x
+        return None
+    torch = sys.modules.get("torch")
+    if torch is None or type(x) is not torch.Tensor or x.numel() > _SMALL or x.numel() == 0:
+        return None
+    name = {torch.int64: "int64", torch.float64: "float64"}.get(x.dtype)
+    if name is None or not x.is_cpu:
+        return None
+    return name, tuple(x.shape), x.detach().reshape(-1).tolist()
+
+
+def _small_checksum_digest(
+    name: str, shape: tuple[int, ...], values: list[Any]
+) -> tuple[float, str]:
+    """`checksum_digest` of a small leaf (see `_small_values`), in Python: the same float (the
+    exact sum rounded once) and the same digest bytes."""
+    acc = SumSq()
+    h = hashlib.sha256(b"twinrun.tensor.v1\0")
+    _small_part(acc, h, name, shape, values)
+    return acc.value(), h.hexdigest()
+
+
+def _small_part(acc: SumSq, h: Any, name: str, shape: tuple[int, ...], values: list[Any]) -> None:
+    """Add a small part's squares to `acc` and its frame (header, bytes) to `h`."""
+    if name == "int64":
+        acc._n += sum(v * v for v in values) << _Q
+        data = array.array("q", values).tobytes()
+    else:
+        for v in values:
+            acc._add_float(v)
+        data = array.array("d", values).tobytes()
+    h.update(_header(name, shape, len(data)))
+    h.update(data)
+
+
+def _small_many(xs: list[Any]) -> tuple[float, str] | None:
+    """`checksum_digest_many` of parts that are all small (see `_small_values`, at most _SMALL
+    values in all), in Python; None otherwise."""
+    parts = []
+    for x in xs:
+        small = _small_values(x)
+        if small is None:
+            return None
+        parts.append(small)
+    if sum(len(values) for _, _, values in parts) > _SMALL:
+        return None
+    acc = SumSq()
+    h = hashlib.sha256(b"twinrun.tensors.v1\0")
+    h.update(len(parts).to_bytes(8, "big"))
+    for name, shape, values in parts:
+        _small_part(acc, h, name, shape, values)
+    return acc.value(), h.hexdigest()
 
 
 def checksum_digest_many(xs: Iterable[Any]) -> tuple[float, str]:
@@ -703,6 +784,9 @@ def checksum_digest_many(xs: Iterable[Any]) -> tuple[float, str]:
     moments, parameters) are checksummed as one concatenated array and framed in one tight
     loop: the per-part cost is a view and two hash updates."""
     parts = list(xs)
+    small = _small_many(parts) if 0 < len(parts) <= 8 else None
+    if small is not None:
+        return small
     torch = sys.modules.get("torch")
     if torch is not None and len(parts) > 1:
         f32 = torch.float32

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -145,10 +146,6 @@ def leaf_value(value: Any) -> LeafValue:
         return LeafValue(*value.checksum_digest())
     if _is_part_list(value):
         return LeafValue(*checksum_digest_many(value))
-    if isinstance(value, list | tuple):
-        import numpy as np
-
-        value = np.asarray(value)
     return LeafValue(*checksum_digest(value))
 
 
@@ -185,6 +182,39 @@ class StepRecord:
             "checksums": {k: encode_float(v.checksum) for k, v in self.leaves.items()},
             "digests": {k: v.digest for k, v in self.leaves.items()},
         }
+
+    def to_line(self) -> str:
+        """The row's line: `json.dumps(self.to_json(), allow_nan=False)`, built directly when
+        the phase and every leaf name are plain (printable ASCII, no quote or backslash), which
+        they are for the rows twinrun writes; through `json.dumps` otherwise."""
+        names = self.leaves.keys()
+        if not (_plain(self.phase) and all(_plain(k) for k in names)):
+            return json.dumps(self.to_json(), allow_nan=False)
+        checks = ", ".join(f'"{k}": {_number(v.checksum)}' for k, v in self.leaves.items())
+        digests = ", ".join(f'"{k}": "{v.digest}"' for k, v in self.leaves.items())
+        return (
+            f'{{"format": "{DIAG_FORMAT}", "step": {int(self.step)}, "phase": "{self.phase}", '
+            f'"checksums": {{{checks}}}, "digests": {{{digests}}}}}'
+        )
+
+
+_plain_names: set[str] = set()  # names checked plain already
+
+
+def _plain(name: str) -> bool:
+    """Whether `json.dumps` writes `name` as itself between quotes."""
+    if name in _plain_names:
+        return True
+    if not (name.isascii() and name.isprintable() and '"' not in name and "\\" not in name):
+        return False
+    if len(_plain_names) < 4096:
+        _plain_names.add(name)
+    return True
+
+
+def _number(x: float) -> str:
+    """A checksum as `json.dumps` writes `encode_float(x)`."""
+    return repr(float(x)) if math.isfinite(x) else json.dumps(encode_float(x))
 
 
 class DiagRecorder:
@@ -239,7 +269,7 @@ class DiagRecorder:
     def commit(self, row: StepRecord) -> dict[str, Any]:
         """Append the row as one line, written through to the OS; returns the JSON object."""
         obj = row.to_json()
-        data = (json.dumps(obj, allow_nan=False) + "\n").encode("utf-8")
+        data = (row.to_line() + "\n").encode("utf-8")
         fh = self._file()
         try:
             rest = memoryview(data)
