@@ -27,7 +27,11 @@ max). The goal is met by an engine whose accumulation-1 per-step overhead is <= 
 loads. Each `sync` run also times the diag hook itself around its calls (the child writes the
 per-step sums to a file): its share of the rest of the same step, a figure two processes' noise
 cannot move (on a shared host, runs without and with `--diag` differ by +-25% from round to
-round), though blind to what the row's work costs the next step in cache. Also recorded: the
+round), though blind to what the row's work costs the next step in cache. At accumulation 1 each
+round adds one `floor` run: a `--diag` run that, where the hook runs and just before it, times
+the SHA256 digests and exact sums of the row's two large leaves alone (the logits, the four LoRA
+leaves read in place) — the row's floor, with the caches as a step leaves them, as a share of
+the rest of the step (its wall less the hook and the floor). Also recorded: the
 rows' size, the machine's load average, and (in this process) what one row costs to compute.
 
 `--smollm2` also measures `sync` against no `--diag` on SmolLM2-135M-Instruct (the first 32
@@ -139,6 +143,29 @@ if os.environ.get("TWINRUN_BENCH_HOOK_LOG"):  # the diag hook's own time per ste
         with open(os.environ["TWINRUN_BENCH_HOOK_LOG"], "w") as f:
             json.dump(steps, f)
     atexit.register(write)
+if os.environ.get("TWINRUN_BENCH_FLOOR_LOG"):  # the row's floor, where the hook runs, before it
+    import atexit, hashlib, json, time
+    import twinrun.train.hooks.diag as hook
+    from twinrun.diag.extract import rounded_sumsq_rows
+    floors, inner = [], hook.DiagHook.after_update
+    def floored(self, view):
+        lora = [leaf.group.spans[leaf.index] for leaf in
+                [hook.late_leaves(view)[name] for name in hook.LORA_LEAVES]]
+        arrays = [t.numpy() for t in lora]
+        logits = [t.numpy().reshape(-1) for _, parts in self.forwards for t in parts]
+        t = time.perf_counter()
+        for a in arrays + logits:
+            hashlib.sha256(memoryview(a).cast("B")).digest()
+        rounded_sumsq_rows(arrays)
+        for a in logits:
+            rounded_sumsq_rows([a])
+        floors.append(time.perf_counter() - t)
+        inner(self, view)
+    hook.DiagHook.after_update = floored
+    def write_floors():
+        with open(os.environ["TWINRUN_BENCH_FLOOR_LOG"], "w") as f:
+            json.dump(floors, f)
+    atexit.register(write_floors)
 from twinrun.cli.main import main
 sys.argv[0] = "twinrun"
 main()
@@ -171,11 +198,15 @@ def run_once(
     """One fresh `twinrun tune sft` process in `mode` ("plain" or an engine)."""
     out = work / f"run_{tag}"
     args = tune_args(model, out, epochs, accumulation, mode != "plain", examples)
-    cmd = [sys.executable, "-c", LAUNCH, "sync" if mode == "plain" else mode, *args]
+    cmd = [sys.executable, "-c", LAUNCH, "sync" if mode in ("plain", "floor") else mode, *args]
     log = work / f"log_{tag}.txt"
     t0 = time.perf_counter()
-    hook_log = work / f"hook_{tag}.json"
-    env = {**os.environ, "TWINRUN_BENCH_HOOK_LOG": str(hook_log)} if mode == "sync" else None
+    hook_log, floor_log = work / f"hook_{tag}.json", work / f"floor_{tag}.json"
+    env = None
+    if mode in ("sync", "floor"):
+        env = {**os.environ, "TWINRUN_BENCH_HOOK_LOG": str(hook_log)}
+    if mode == "floor":
+        env["TWINRUN_BENCH_FLOOR_LOG"] = str(floor_log)
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env)
         _, status, usage = os.wait4(proc.pid, 0)  # this child's own CPU time, not the load's
@@ -203,6 +234,12 @@ def run_once(
         pairs = [(w["wall_s"], h) for w, h in zip(steps, hooks, strict=True) if w["step"] > 0]
         res["hook_s"] = statistics.median(h for _, h in pairs)
         res["in_run_share"] = [round(h / (w - h), 5) for w, h in pairs]
+    if mode == "floor":  # the floor's share of the step without the floor and the hook
+        hooks, floors = json.loads(hook_log.read_text()), json.loads(floor_log.read_text())
+        triples = [(w["wall_s"], h, f) for w, h, f in zip(steps, hooks, floors, strict=True)
+                   if w["step"] > 0]  # fmt: skip
+        res["floor_s"] = statistics.median(f for _, _, f in triples)
+        res["floor_share"] = [round(f / (w - h - f), 5) for w, h, f in triples]
     return res
 
 
@@ -255,6 +292,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for i in range(args.rounds):
             for load in LOADS if i % 2 == 0 else LOADS[::-1]:
                 order = modes[i % len(modes) :] + modes[: i % len(modes)]
+                if acc == 1 and "sync" in modes:  # the row's floor, in a run of its own
+                    order = [*order, "floor"]
                 with Load(load):
                     runs = {
                         m: run_once(work, model, epochs, acc, m, f"a{acc}_l{load}_{i}_{m}")
@@ -331,6 +370,13 @@ def summarise(rounds: list[dict[str, Any]], args: argparse.Namespace) -> dict[st
             "share": statistics.median(x for per in shares for x in per),
             "per_round": spread([round(statistics.median(per), 4) for per in shares]),
             "hook_s": statistics.median(r["sync"]["hook_s"] for r in rounds),
+        }
+    if all("floor" in r for r in rounds):
+        shares = [r["floor"]["floor_share"] for r in rounds]
+        summary["floor"] = {
+            "share": statistics.median(x for per in shares for x in per),
+            "per_round": spread([round(statistics.median(per), 4) for per in shares]),
+            "floor_s": statistics.median(r["floor"]["floor_s"] for r in rounds),
         }
     return summary
 
@@ -412,6 +458,25 @@ def in_run(loads: list[dict[str, Any]]) -> str:
     )
 
 
+def floor(loads: list[dict[str, Any]]) -> str:
+    """The row's floor per load, from the `floor` runs (a sentence)."""
+    said = [
+        f"{1e3 * r['floor_s']:.2f} ms, **{pct(r['share'])}** of the rest of the step at load "
+        f"{x['load']} (per round {pct(r['per_round']['min'])} – {pct(r['per_round']['max'])})"
+        for x in loads
+        if (r := x["summary"].get("floor"))
+    ]
+    if not said:
+        return ""
+    return (
+        "The row's floor: the SHA256 digests and the exact sums of squares of its two large "
+        "leaves alone (the logits and the four LoRA leaves, read in place: no framing, no "
+        "row), timed in one more `--diag` run per round where the hook runs, just before it, "
+        "so with the caches as a training step leaves them: " + "; ".join(said) + " (median "
+        "over steps). Whatever the rest of the row costs comes on top of this."
+    )
+
+
 def markdown(res: dict[str, Any]) -> str:
     m = res["machine"]
     engines = res["engines"]
@@ -466,6 +531,8 @@ def markdown(res: dict[str, Any]) -> str:
         "every engine).",
     ]
     if said := in_run(first["loads"]):
+        lines += ["", said]
+    if said := floor(first["loads"]):
         lines += ["", said]
     if res.get("row_profile_ms"):
         prof = res["row_profile_ms"]
