@@ -31,7 +31,7 @@ round), though blind to what the row's work costs the next step in cache. At acc
 round adds one `floor` run: a `--diag` run that, where the hook runs and just before it, times
 the SHA256 digests and exact sums of the row's two large leaves alone (the logits, the four LoRA
 leaves read in place) — the row's floor, with the caches as a step leaves them, as a share of
-the rest of the step (its wall less the hook and the floor). Also recorded: the
+the rest of the step (its wall less the hook and all the floor run adds). Also recorded: the
 rows' size, the machine's load average, and (in this process) what one row costs to compute.
 
 `--smollm2` also measures `sync` against no `--diag` on SmolLM2-135M-Instruct (the first 32
@@ -148,7 +148,8 @@ if os.environ.get("TWINRUN_BENCH_FLOOR_LOG"):  # the row's floor, where the hook
     import twinrun.train.hooks.diag as hook
     from twinrun.diag.extract import rounded_sumsq_rows
     floors, inner = [], hook.DiagHook.after_update
-    def floored(self, view):
+    def floored(self, view):  # logs (floor, all this wrapper adds to the step before the hook)
+        t0 = time.perf_counter()
         lora = [leaf.group.spans[leaf.index] for leaf in
                 [hook.late_leaves(view)[name] for name in hook.LORA_LEAVES]]
         arrays = [t.numpy() for t in lora]
@@ -159,7 +160,8 @@ if os.environ.get("TWINRUN_BENCH_FLOOR_LOG"):  # the row's floor, where the hook
         rounded_sumsq_rows(arrays)
         for a in logits:
             rounded_sumsq_rows([a])
-        floors.append(time.perf_counter() - t)
+        t1 = time.perf_counter()
+        floors.append((t1 - t, t1 - t0))
         inner(self, view)
     hook.DiagHook.after_update = floored
     def write_floors():
@@ -234,12 +236,12 @@ def run_once(
         pairs = [(w["wall_s"], h) for w, h in zip(steps, hooks, strict=True) if w["step"] > 0]
         res["hook_s"] = statistics.median(h for _, h in pairs)
         res["in_run_share"] = [round(h / (w - h), 5) for w, h in pairs]
-    if mode == "floor":  # the floor's share of the step without the floor and the hook
+    if mode == "floor":  # the floor's share of the step less the hook and what the bench added
         hooks, floors = json.loads(hook_log.read_text()), json.loads(floor_log.read_text())
-        triples = [(w["wall_s"], h, f) for w, h, f in zip(steps, hooks, floors, strict=True)
-                   if w["step"] > 0]  # fmt: skip
-        res["floor_s"] = statistics.median(f for _, _, f in triples)
-        res["floor_share"] = [round(f / (w - h - f), 5) for w, h, f in triples]
+        rows = [(w["wall_s"], h, f, added) for w, h, (f, added)
+                in zip(steps, hooks, floors, strict=True) if w["step"] > 0]  # fmt: skip
+        res["floor_s"] = statistics.median(f for _, _, f, _ in rows)
+        res["floor_share"] = [round(f / (w - h - added), 5) for w, h, f, added in rows]
     return res
 
 
