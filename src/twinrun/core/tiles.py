@@ -84,8 +84,9 @@ def span(parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
     for p in parts:
         if p.dtype != dtype or p.data_ptr() != at or not p.is_contiguous():
             return None
-        at += p.numel() * size
-        n += p.numel()
+        k = p.numel()
+        at += k * size
+        n += k
     if len(parts) > 1 and (
         first.untyped_storage().data_ptr() != last.untyped_storage().data_ptr()
         or first.device != last.device

@@ -24,7 +24,7 @@ import torch
 
 from twinrun.core.tiles import tiled, tiled_zeros
 
-MOMENTS = ("exp_avg", "exp_avg_sq")  # copied by `tile_states` (`load_state_dict` clones the rest)
+MOMENTS = ("exp_avg", "exp_avg_sq")  # copied by `_tile_states` (`load_state_dict` clones the rest)
 
 
 class AdamW:
@@ -105,9 +105,9 @@ class AdamW:
             self.params[int(i)]: {k: v if k in MOMENTS else v.clone() for k, v in s.items()}
             for i, s in sd["state"].items()
         }
-        self.tile_states()
+        self._tile_states()
 
-    def tile_states(self) -> None:
+    def _tile_states(self) -> None:
         """Each moment of every parameter copied into one buffer, as `step` creates them (after
         a state was put in from elsewhere: a checkpoint, a capture); the same values."""
         states = [self.state[p] for p in self.params if p in self.state]
