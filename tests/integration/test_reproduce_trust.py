@@ -126,3 +126,39 @@ def test_other_readers_never_import_a_sidecar_plugin(
     run_cli([a.format(**where) for a in argv])  # whatever it says, it runs no plugin
     capsys.readouterr()
     assert not marker.exists() and "marker_env_xyz" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("env", "args"),
+    [
+        ("twinrun.core.fileio:atomic_write_text", {"path": "{site}/evil.pth", "text": "import os"}),
+        ("twinrun.core.fileio:atomic_write_json", {"path": "{site}/evil.pth", "obj": {}}),
+        ("twinrun.core.owned:remove", {"entries": ["{site}/victim.txt"]}),
+    ],
+)
+def test_no_file_or_flag_makes_twinrun_write_through_its_own_functions(
+    grpo_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], env: str,
+    args: dict[str, object], toy_model_dir: Path,
+) -> None:  # fmt: skip
+    """A forged sidecar, the command line and a TOML config naming a twinrun function that
+    writes or deletes: one line, exit 2, and the file is neither written nor removed."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "victim.txt").write_text("keep me")
+    filled = json.loads(json.dumps(args).replace("{site}", str(site)))
+    run = forged(grpo_run, tmp_path, env=env, env_args=filled)
+    for extra in ((), ("--env", env)):
+        rc, lines = reproduce(run, tmp_path / "again", capsys, *extra)
+        assert rc == 2 and len(lines) == 1 and env in lines[0], lines
+    arith = tmp_path / "arith.jsonl"
+    arith.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
+    argv = run_args("grpo", toy_model_dir, arith, tmp_path / "cli")
+    argv[argv.index("--env") + 1] = env
+    argv += [f"--env-arg={k}={json.dumps(v)}" for k, v in filled.items()]
+    capsys.readouterr()
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "twinrun's own modules are not plugins" in err[0], err
+    assert sorted(p.name for p in site.iterdir()) == ["victim.txt"]
+    assert (site / "victim.txt").read_text() == "keep me"
+    assert not (tmp_path / "again").exists() and not (tmp_path / "cli").exists()

@@ -1,6 +1,8 @@
-"""Plugin trust (issue 35 item 2): a module of an installed distribution is a plugin only when
-that distribution declares it under `twinrun.environments`; the standard library never is; the
-user's own modules on the path and twinrun's own are. Nothing named is imported or called."""
+"""Plugin trust: a module of an installed distribution is a plugin only when a distribution
+installed in the site folders declares it under `twinrun.environments` (a forged `.dist-info` in
+the current directory declares nothing); the standard library never is; the user's own modules on
+the path are; of twinrun's own modules only its declared factories are (no module is trusted as a
+whole). Nothing named is imported or called."""
 
 from __future__ import annotations
 
@@ -78,6 +80,7 @@ def test_untrusted_plugin_refused_and_nothing_runs(
 
 
 def _fake_distribution(root: Path, declare: bool) -> None:
+    root.mkdir(parents=True, exist_ok=True)
     pkg = root / "fakedist_envs_xyz"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
@@ -118,8 +121,9 @@ def fresh_import(monkeypatch: pytest.MonkeyPatch):
 def test_installed_distribution_needs_entry_point(
     declare: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_import: None
 ) -> None:
-    _fake_distribution(tmp_path, declare)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    site = tmp_path / "lib" / "site-packages"  # an absolute site folder on the path
+    _fake_distribution(site, declare)
+    monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
     name = "fakedist_envs_xyz.envs:make"
     if declare:
@@ -140,7 +144,72 @@ def test_user_module_on_path_still_a_plugin(
     assert check_plugin_name("my_own_envs_xyz:make", {}) == ("my_own_envs_xyz", "make")
 
 
-def test_twinrun_own_environment_accepted() -> None:
+def test_a_declared_twinrun_factory_is_accepted() -> None:
     assert check_plugin_name("twinrun.golden.shaped_env:make", {})[0] == (
         "twinrun.golden.shaped_env"
     )
+
+
+def _twinrun_writers(tmp_path: Path) -> list[tuple[str, dict[str, object]]]:
+    """twinrun's own functions that write, delete or run, each with arguments that would leave
+    (or remove) a marker file."""
+    marker = str(tmp_path / "ran")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    return [
+        ("twinrun.core.fileio:atomic_write_text", {"path": marker, "text": "import os"}),
+        ("twinrun.core.fileio:atomic_write_bytes", {"path": marker, "data": "x"}),
+        ("twinrun.core.fileio:atomic_write_json", {"path": marker, "obj": {}}),
+        ("twinrun.core.fileio:atomic_write_jsonl", {"path": marker, "rows": []}),
+        ("twinrun.core.owned:remove", {"entries": [str(victim)]}),
+        ("twinrun.harness:execute", {"run": ["touch", marker], "log_dir": str(tmp_path)}),
+        ("twinrun.golden.shaped_env:Shaped", {}),  # a declared module, an undeclared factory
+        ("twinrun.cli.main:run_cli", {"argv": ["toy-model", marker, "--seed", "0"]}),
+    ]
+
+
+@pytest.mark.parametrize("index", range(8))
+def test_no_twinrun_function_is_a_plugin(
+    index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from twinrun.rl.tool_envs import make_tool_environment
+
+    monkeypatch.chdir(tmp_path)
+    name, args = _twinrun_writers(tmp_path)[index]
+    makers = (lambda: make_environment(name, args), lambda: make_tool_environment(name, args, 5.0))
+    for make in makers:
+        with pytest.raises(EnvironmentPluginError) as info:
+            make()
+        line = str(info.value)
+        assert "\n" not in line and name in line and "twinrun's own modules" in line
+    assert not (tmp_path / "ran").exists()
+    assert (tmp_path / "victim.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["victim.txt"]
+
+
+def test_a_forged_dist_info_in_the_current_directory_declares_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m twinrun` puts the current directory on the path: a `.dist-info` there that
+    claims to be numpy and declares `numpy:load` an environment is not an installed
+    distribution, and the pickle never loads."""
+    marker = tmp_path / "ran"
+    payload = tmp_path / "evil.pkl"
+    payload.write_bytes(pickle.dumps(_Marker(str(marker))))
+    info = tmp_path / "numpy-99.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: numpy\nVersion: 99.0\n")
+    (info / "top_level.txt").write_text("numpy\n")
+    (info / "entry_points.txt").write_text("[twinrun.environments]\nload = numpy:load\n")
+    monkeypatch.chdir(tmp_path)
+    for entry in (str(tmp_path), ""):  # the absolute form `python -m` uses, and the relative
+        monkeypatch.setattr(sys, "path", [entry, *sys.path])
+        importlib.invalidate_caches()
+        from importlib import metadata
+
+        assert any(
+            ep.value == "numpy:load" for ep in metadata.entry_points(group="twinrun.environments")
+        )  # fmt: skip  (the forged entry point is visible: the rule, not luck, refuses it)
+        with pytest.raises(EnvironmentPluginError, match="entry point"):
+            make_environment("numpy:load", {"file": str(payload), "allow_pickle": True})
+        assert not marker.exists()

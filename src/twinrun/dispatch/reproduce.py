@@ -152,13 +152,14 @@ _NOT_TRAIN = frozenset(
 
 def recorded_plugin(cfg: RunConfig) -> str | None:
     """The plugin `module.path:factory` the run's `env` names, or None for a built-in
-    environment, a reward source, a tool environment or twinrun's own module."""
-    from twinrun.rl.environments import _PLUGIN, environment_kind
+    environment, a reward source, a tool environment or a factory twinrun declares. Any other
+    function, twinrun's own included, is a plugin the user must name."""
+    from twinrun.rl.environments import _PLUGIN, DECLARED_FACTORIES, environment_kind
 
     env = getattr(cfg, "env", None)
     if not isinstance(env, str) or environment_kind(env) != "plugin" or not _PLUGIN.match(env):
         return None
-    return None if env.split(".")[0].split(":")[0] == "twinrun" else env
+    return None if env in DECLARED_FACTORIES else env
 
 
 def check_named_plugin(cfg: RunConfig, named: str | None) -> None:

@@ -37,12 +37,16 @@ the user's own choosing runs. The rule, checked in this order:
 2. the module resolves (`plugin_spec`: found by the import system's finders without executing
    any module; all `twinrun explain` checks, it never imports a plugin) and is trusted
    (`check_plugin_trust`, from the top-level package's spec and installed metadata, before any
-   import): twinrun's own modules and the user's own modules on the path are plugins; a
-   built-in/frozen module or one under the standard library's directory is refused; a module of an
-   installed distribution (`importlib.metadata.packages_distributions()` of its top-level
-   package, or found under site-packages/dist-packages) is a plugin only when that distribution
-   declares it under the `twinrun.environments` entry point group (`module:factory` or `module`),
-   so `numpy:load` and `torch.serialization:load` are refused. The submodule of a package is
+   import): the user's own modules on the path are plugins; of twinrun's own modules only the
+   factories it declares (`DECLARED_FACTORIES`) are — no module is trusted as a whole, so
+   `twinrun.core.fileio:atomic_write_text` is refused; a built-in/frozen module or one under the
+   standard library's directory is refused; a module of an installed distribution
+   (`importlib.metadata.packages_distributions()` of its top-level package, or found under
+   site-packages/dist-packages) is a plugin only when a distribution installed in the
+   environment's site folders declares it under the `twinrun.environments` entry point group
+   (`module:factory` or `module`), so `numpy:load` and `torch.serialization:load` are refused,
+   and a forged `.dist-info` in the current directory or a relative `sys.path` entry declares
+   nothing. The submodule of a package is
    located one level at a time with the finders, never by `importlib.util.find_spec` (which would
    import, and run, the parent package);
 3. (`twinrun run` / `tune grpo` only) the module is imported, and `factory` must be a Python
@@ -400,6 +404,9 @@ def check_plugin_name(name: str, args: Mapping[str, Any] | None = None) -> tuple
 
 
 ENTRY_POINT_GROUP = "twinrun.environments"
+# twinrun's own factories that are environments (the golden suite's); every other function of a
+# twinrun module is refused as a plugin, however harmless its module looks
+DECLARED_FACTORIES = frozenset({"twinrun.golden.shaped_env:make"})
 
 
 def _under(path: str, roots: set[str]) -> bool:
@@ -425,9 +432,34 @@ def _installed_roots() -> tuple[set[str], set[str]]:
     installed |= {
         os.path.realpath(p)
         for p in sys.path
-        if p and os.path.basename(p.rstrip(os.sep)) in ("site-packages", "dist-packages")
+        if p
+        and os.path.isabs(p)
+        and os.path.basename(p.rstrip(os.sep)) in ("site-packages", "dist-packages")
     }
     return stdlib, installed
+
+
+def _installed_entry_points(installed: set[str]) -> list[Any]:
+    """The `twinrun.environments` entry points of distributions installed in the environment's
+    site folders: a distribution found in the current directory, a relative `sys.path` entry or
+    anywhere else on the path declares nothing (a forged `.dist-info` beside the user's files
+    would otherwise name `numpy:load` a plugin)."""
+    import os
+    from importlib import metadata
+
+    cwd = os.path.realpath(os.getcwd())
+    found = []
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        if dist is None:
+            continue
+        try:
+            where = os.path.realpath(str(dist.locate_file("")))
+        except Exception:  # a distribution of another kind, with no location
+            continue
+        if where != cwd and _under(where, installed):
+            found.append(ep)
+    return found
 
 
 def check_plugin_trust(
@@ -444,7 +476,14 @@ def check_plugin_trust(
 
     top = module_name.split(".")[0]
     if top == "twinrun":
-        return
+        if f"{module_name}:{factory_name}" in DECLARED_FACTORIES:
+            return
+        raise EnvironmentPluginError(
+            f"environment plugin {name!r}: twinrun's own modules are not plugins (only the "
+            "environments it declares are, by name)",
+            f"name a built-in environment ({', '.join(BUILTIN_ENVIRONMENTS + TOOL_ENVIRONMENTS)})"
+            " or a factory defined in your own module",
+        )
     origin = top_spec.origin or ""
     locations = list(top_spec.submodule_search_locations or ())
     where = [origin] if origin and origin not in ("built-in", "frozen") else []
@@ -464,10 +503,9 @@ def check_plugin_trust(
         dists = []
     if not dists and not any(_under(p, installed) for p in where):
         return  # the user's own module on the path
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        dist = getattr(ep, "dist", None)
-        dist_name = getattr(dist, "name", None) if dist is not None else None
-        if dists and dist_name is not None and dist_name not in dists:
+    for ep in _installed_entry_points(installed):
+        dist_name = ep.dist.name if ep.dist is not None else None
+        if dists and dist_name not in dists:
             continue
         if ep.module == module_name and ep.attr in (None, factory_name):
             return
