@@ -1,8 +1,10 @@
 """The architecture as CI enforces it: the import layers and cycles (import-linter, configured in
-pyproject.toml), a clean type check of src/ (mypy), and no unexplained `# type: ignore`."""
+pyproject.toml), a clean type check of src/ (mypy), no unexplained `# type: ignore`, and every
+process twinrun starts started with the user's environment."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -87,3 +89,34 @@ def test_nothing_points_at_a_document_users_cannot_see() -> None:
         if re.search(rf"\b{word}\b", line)
     ]
     assert hits == []
+
+
+SPAWNS = {"run", "Popen", "call", "check_call", "check_output", "execv", "execve", "execvp",
+          "execvpe", "spawnv", "spawnve", "system", "popen", "fork", "forkpty"}  # fmt: skip
+
+
+def test_every_process_twinrun_starts_gets_the_user_s_environment() -> None:
+    """A child run takes the portable pin this process set for the user's own setting unless it
+    is started with `env=user_environment()` (twinrun.core.portable); no other way to start
+    one (`os.system`, `exec*`, `fork`, multiprocessing) is used."""
+    spawns, wrong = [], []
+    for path in sorted((SRC / "twinrun").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                assert not any(n.startswith("multiprocessing") for n in names), path
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            owner = node.func.value
+            if not (isinstance(owner, ast.Name) and owner.id in ("subprocess", "os")):
+                continue
+            if node.func.attr not in SPAWNS:
+                continue
+            where = f"{path.relative_to(ROOT)}:{node.lineno}"
+            spawns.append(where)
+            env = [k.value for k in node.keywords if k.arg == "env"]
+            if not (env and ast.unparse(env[0]) == "user_environment()"):
+                wrong.append(where)
+    assert len(spawns) >= 2  # check's runs and evidence's replays
+    assert wrong == []

@@ -1,11 +1,14 @@
 """Every config in examples/ runs: each trainer's writes its run directory, and the capture
-source, its pinned replays and `twinrun evidence --require A --require B` pass, in-process."""
+source, its pinned replays and `twinrun evidence --require A --require B` pass, in-process; the
+commands of docs/capture.md §4 pass gate B on the native kernels, as a user's shell runs them."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import runpy
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -97,3 +100,45 @@ def test_capture_replay_evidence(repo_like: Path, capsys: pytest.CaptureFixture[
         for d in ("runs/examples/source", "runs/examples/replay-1", "runs/examples/replay-2")
     }
     assert len(final) == 1
+
+
+@pytest.mark.slow  # six twinrun processes
+def test_the_documented_evidence_commands_pass_gate_b_on_native_kernels(repo_like: Path) -> None:
+    """docs/capture.md §4, each command its own process from a shell that sets nothing (the
+    native kernels): `evidence … --repeat 1 … --require B` starts its replay with the user's
+    environment, not the portable pin its own start-up set, so the replay runs the kernels its
+    source ran, records them, and writes its bytes."""
+    shell = {k: v for k, v in os.environ.items()
+             if k not in ("ATEN_CPU_CAPABILITY", "TWINRUN_CPU_KERNELS")}  # fmt: skip
+    shell["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), shell.get("PYTHONPATH", "")])
+
+    def twinrun(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "twinrun", *args], env=shell,
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        assert done.returncode == 0, (args, done.stdout[-2000:], done.stderr[-2000:])
+        return done.stdout
+
+    twinrun("init-adapter", "runs/examples/init", "--model", "runs/toy", "--seed", "5",
+            "--lora-rank", "4", "--lora-alpha", "8")  # fmt: skip
+    twinrun("run", "examples/capture-source.toml", "--quiet")
+    pin = [sys.executable, "examples/pin_replay.py", "runs/examples/source",
+           "examples/capture-replay.toml", "runs/examples/replay.toml"]  # fmt: skip
+    subprocess.run(pin, env=shell, check=True, capture_output=True)
+    twinrun("run", "runs/examples/replay.toml", "--quiet")
+    report = json.loads(twinrun("evidence", "runs/examples/source", "runs/examples/replay-1",
+                                "--repeat", "1", "runs/examples/replay.toml", "--require", "B",
+                                "--json"))  # fmt: skip
+    assert report["gates"]["B"]["ok"], report["gates"]["B"]
+    runs = ("source", "replay-1", "replay-1.repeat-1")
+    kernels = [
+        json.loads((repo_like / "runs/examples" / r / "twinrun.json").read_text())["determinism"][
+            "cpu_kernels"
+        ]
+        for r in runs
+    ]
+    fresh = subprocess.run([sys.executable, "-c", "import torch; "
+                            "print(torch.backends.cpu.get_cpu_capability())"],
+                           env=shell, capture_output=True, text=True, check=True)  # fmt: skip
+    assert {(k["mode"], k["aten_capability"]) for k in kernels} == {
+        ("native", fresh.stdout.strip())
+    }

@@ -4,15 +4,19 @@ and tiny stand-in trainers), the report, --keep, --json and the exit codes."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from twinrun.cli.main import run_cli
+from twinrun.core import portable
 
 # A stand-in trainer: `python -c FAKE SEED OUT [MODE]` writes 3 metrics rows; the loss depends on
 # the seed unless MODE is "seedless"; "nothing" writes no metrics; "fail" exits 3 with stderr.
+# It writes OUT/env.json: the ATEN_CPU_CAPABILITY it was started with (None: unset).
 FAKE = """
 import json, os, sys, time
 seed, out = int(sys.argv[1]), sys.argv[2]
@@ -23,6 +27,8 @@ if mode == "fail":
     print("RuntimeError: planted failure", file=sys.stderr)
     sys.exit(3)
 os.makedirs(out)
+with open(os.path.join(out, "env.json"), "w") as f:  # what the child was started with
+    json.dump({"ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY")}, f)
 if mode != "nothing":
     k = 0 if mode == "seedless" else seed
     with open(os.path.join(out, "metrics.jsonl"), "w") as f:
@@ -185,6 +191,9 @@ def test_deterministic_sft_passes_quick_on_its_first_three_steps(
     assert [r["step"] for r in quick_rows] == [0, 1, 2] and quick_rows[0]["loss"] == loss0
     side = json.loads((keep / "seed-0-a" / "twinrun.json").read_text())  # a real run
     assert side["train"]["stop_after"] == 3
+    # a portable command's runs pin the portable kernels themselves (the check passes no pin)
+    kernels = side["determinism"]["cpu_kernels"]
+    assert (kernels["mode"], kernels["aten_capability"]) == ("portable", "AVX2")
     assert (side["metrics"]["steps"], side["metrics"]["planned_steps"]) == (3, 8)
     # the quick steps are the full run's steps: same lr (8-step schedule) and loss bits
     full = tmp_path / "full"
@@ -211,3 +220,74 @@ def test_quick_refuses_what_it_cannot_budget(
 ) -> None:
     rc, out, err = check(capsys, "--quick", "--", *cmd)
     assert rc == 2 and err.startswith(message) and len(err.strip().splitlines()) == 1
+
+
+PIN = "ATEN_CPU_CAPABILITY"
+
+
+def as_the_cli_starts(monkeypatch: pytest.MonkeyPatch, user_set: str | None) -> None:
+    """This process as `twinrun check` is at start-up: the user's ATEN_CPU_CAPABILITY (None:
+    unset), then the portable pin (`pin_environment`), which keeps a value the user set."""
+    monkeypatch.setattr(portable, "_pinned_here", {})
+    monkeypatch.setenv(PIN, user_set or "")  # restored after the test, whatever the pin sets
+    if user_set is None:
+        monkeypatch.delenv(PIN)
+    portable.pin_environment()
+    assert os.environ[PIN] == (user_set or "avx2")
+
+
+@pytest.mark.parametrize("user_set", [None, "avx2", "default"])
+def test_check_s_runs_get_the_user_s_environment_not_the_pin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    user_set: str | None,
+) -> None:  # fmt: skip
+    """The portable pin `twinrun check` set at its start-up is not the user's setting: its runs
+    are started without it (a native command then runs the machine's kernels, a portable one
+    pins them itself); a value the user set reaches every run unchanged."""
+    as_the_cli_starts(monkeypatch, user_set)
+    rc, out, err = check(capsys, "--keep", str(tmp_path / "keep"), "--", *fake())
+    assert rc == 0, out + err
+    for name in ("seed-0-a", "seed-0-b", "seed-1"):
+        seen = json.loads((tmp_path / "keep" / name / "env.json").read_text())
+        assert seen == {PIN: user_set}, name
+    assert os.environ[PIN] == (user_set or "avx2")  # this process keeps its own pin
+
+
+@pytest.mark.slow  # three real SFT runs and one direct run
+def test_check_s_native_runs_run_what_the_command_runs_directly(
+    tmp_path: Path, toy_model_dir: Path, sft_examples: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """`check --quick` of a native command: each run records the kernels and writes the adapter
+    bytes the same command writes run directly from the user's shell (on an AVX-512 machine the
+    pin inherited as the user's setting gave AVX2 kernels and other bytes; on an AVX2-only one
+    the kernels agree either way, and the environment test above holds the difference)."""
+    as_the_cli_starts(monkeypatch, None)
+    cmd = sft_cmd(toy_model_dir, sft_examples, "--cpu-kernels", "native", "--epochs", "2")
+    keep = tmp_path / "keep"
+    rc, out, err = check(capsys, "--quick", "--keep", str(keep), "--", *cmd)
+    assert rc == 0, out + err
+    direct = tmp_path / "direct"
+    argv = [a.replace("{seed}", "0").replace("{out}", str(direct)) for a in cmd]
+    shell = {k: v for k, v in os.environ.items() if k != PIN}  # the user's: no pin
+    done = subprocess.run([*argv, "--stop-after", "3"], env=shell, capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    def ran(run: Path) -> tuple[str, str, str]:
+        side = json.loads((run / "twinrun.json").read_text())
+        kernels = side["determinism"]["cpu_kernels"]
+        return kernels["mode"], kernels["aten_capability"], side["adapter"]["sha256"]
+
+    mode, capability, adapter = ran(direct)
+    assert mode == "native" and capability == kernels_of_a_fresh_process(shell)
+    assert ran(keep / "seed-0-a") == ran(keep / "seed-0-b") == (mode, capability, adapter)
+    assert ran(keep / "seed-1")[:2] == (mode, capability)
+
+
+def kernels_of_a_fresh_process(env: dict[str, str]) -> str:
+    """The CPU capability torch chooses in a fresh process started with `env`."""
+    code = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    return done.stdout.strip()

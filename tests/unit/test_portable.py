@@ -28,6 +28,26 @@ def test_pinning_keeps_what_the_user_set_and_unpinning_takes_back_only_its_own(
     assert "ATEN_CPU_CAPABILITY" not in os.environ and os.environ["MKL_CBWR"] == "AVX2"
 
 
+def test_a_child_gets_the_user_s_environment_not_the_pin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`user_environment`: this process's environment less what `pin_environment` set here; a
+    value the user set, and everything else, passes through."""
+    monkeypatch.setattr(portable, "_pinned_here", {})
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    monkeypatch.setenv("TWINRUN_TEST_OTHER", "kept")
+    portable.pin_environment()
+    child = portable.user_environment()
+    assert "ATEN_CPU_CAPABILITY" not in child and child["TWINRUN_TEST_OTHER"] == "kept"
+    assert os.environ["ATEN_CPU_CAPABILITY"] == "avx2"  # this process keeps its pin
+    portable.unpin_environment()
+    for users in ("avx2", "avx512"):  # set by the user: never taken for the pin
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", users)
+        portable.pin_environment()
+        assert portable.user_environment()["ATEN_CPU_CAPABILITY"] == users
+    monkeypatch.setattr(portable, "_pinned_here", {"ATEN_CPU_CAPABILITY": "avx2"})
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # changed since the pin: not the pin's
+    assert portable.user_environment()["ATEN_CPU_CAPABILITY"] == "default"
+
+
 def test_this_process_reads_back_portable() -> None:
     """The suite pins the environment before torch loads (tests/conftest.py)."""
     portable.establish_kernels("portable")

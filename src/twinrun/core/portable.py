@@ -25,6 +25,7 @@ MKL's branch (`MKL_CBWR`) no longer matters and is left to the user; it is recor
 capability variable must be in the environment before torch runs its first kernel. The CLI pins
 it at start-up (`pin_environment`), before torch is imported; `establish_kernels` reads every
 setting back and refuses with one line when torch already chose another path in this process.
+The processes twinrun starts get the user's environment (`user_environment`), not the pin.
 `native` pins nothing, gives torch its own kernels back and records what is in effect.
 """
 
@@ -95,6 +96,20 @@ def unpin_environment() -> None:
         if os.environ.get(name) == value:
             del os.environ[name]
         del _pinned_here[name]
+
+
+def user_environment() -> dict[str, str]:
+    """The environment the user's command had: this process's, less what `pin_environment` set
+    here. Every twinrun child is started with it (`check`'s runs, `evidence --repeat`'s
+    replays): a native child then runs the machine's own kernels as the same command run
+    directly does, a portable one pins them itself at its start-up, and a value the user set
+    passes through. A pin inherited as if the user had set it would hold a native child to the
+    portable mode's AVX2 kernels."""
+    env = dict(os.environ)
+    for name, value in _pinned_here.items():
+        if env.get(name) == value:
+            del env[name]
+    return env
 
 
 def cpu_model() -> str:

@@ -38,6 +38,7 @@ from typing import Any
 
 from twinrun.core.errors import ConfigError, DataError, OutputError, TwinrunError
 from twinrun.core.owned import Layout
+from twinrun.core.portable import user_environment
 from twinrun.diag.compare import divergence_line
 from twinrun.diag.metrics_file import read_metrics
 from twinrun.diag.recorded import recorded_between
@@ -210,9 +211,10 @@ def failure(run: PlannedRun, status: int, tail: list[str], log_dir: Path) -> Run
 
 
 def execute(run: PlannedRun, log_dir: Path, timeout: float | None = None) -> RunResult:
-    """Run one planned command (shell=False), its stdout and stderr written to
-    `log_dir/<label>.stdout.log` and `.stderr.log`. RunFailed when it cannot start, times out
-    or exits non-zero."""
+    """Run one planned command (shell=False) in the user's environment (never the portable
+    pin this process set: a native command runs the kernels it runs on its own), its stdout
+    and stderr written to `log_dir/<label>.stdout.log` and `.stderr.log`. RunFailed when it
+    cannot start, times out or exits non-zero."""
     log_dir.mkdir(parents=True, exist_ok=True)
     so, se = log_dir / f"{run.label}.stdout.log", log_dir / f"{run.label}.stderr.log"
     start = time.perf_counter()
@@ -220,7 +222,7 @@ def execute(run: PlannedRun, log_dir: Path, timeout: float | None = None) -> Run
         with open(so, "wb") as fo, open(se, "wb") as fe:
             proc = subprocess.run(
                 list(run.argv), stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
-                timeout=timeout, check=False,
+                timeout=timeout, check=False, env=user_environment(),
             )  # fmt: skip
     except FileNotFoundError as exc:
         raise RunFailed(

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from twinrun.config.toml import load_toml
+from twinrun.core.portable import user_environment
 from twinrun.replay.evidence import EvidenceInputError
 
 
@@ -36,7 +37,8 @@ def repeat_replays(config: Path, n: int) -> list[Path]:
             str(target),
             "--quiet",
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        # the user's environment: a native replay runs the kernels its source ran
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=user_environment())
         if proc.returncode != 0:
             tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise EvidenceInputError(f"repeated replay {target} failed: {tail}")
