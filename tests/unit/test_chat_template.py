@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -33,6 +33,9 @@ def refused(template: str) -> str:
 
 
 def test_a_loop_that_prints_nothing_is_stopped_by_the_time_limit() -> None:
+    """10^10 iterations (hours) stop at the 0.5 s limit: the limit's own line, after at least
+    0.5 s; the subprocess's 120 s timeout is the only upper bound, far from both (a busy
+    machine took 6.3 s)."""
     code = textwrap.dedent("""
         import time
         from twinrun.model import chat_template
@@ -47,12 +50,12 @@ def test_a_loop_that_prints_nothing_is_stopped_by_the_time_limit() -> None:
     """)
     try:
         res = subprocess.run([sys.executable, "-c", code], env=os.environ | {"PYTHONPATH": SRC},
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
     except subprocess.TimeoutExpired:
         pytest.fail("the looping template was not stopped")
     assert res.returncode == 0, res.stderr
     seconds, line = res.stdout.strip().split(" ", 1)
-    assert float(seconds) < 5
+    assert float(seconds) >= 0.5  # it ran to the limit
     assert line == (
         "the chat template of toy ran past the time limit of 0.5 s — fix the chat template, "
         "or use --chat-template off"
@@ -80,9 +83,14 @@ def test_the_deadline_stops_a_loop_off_the_main_thread(monkeypatch: pytest.Monke
 
 
 def test_a_value_of_3e9_characters_is_refused_before_it_is_built() -> None:
-    t0 = time.monotonic()
-    line = refused("{{ 'x' * 3000000000 }}")
-    assert time.monotonic() - t0 < 1
+    """Counted in bytes, not seconds: the refusal allocates nothing near the value's 3 GB."""
+    tracemalloc.start()
+    try:
+        line = refused("{{ 'x' * 3000000000 }}")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, peak
     assert "built a value of more than 4194304 characters" in line
 
 

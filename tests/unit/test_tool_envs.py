@@ -177,7 +177,11 @@ def test_builtins_take_no_arguments_and_single_turn_names_are_refused() -> None:
 
 # --- plugins -----------------------------------------------------------------------------
 
-PLUGIN = '''
+SLOW_S = 600  # the slow tool's and the slow reset's sleep: far past any timeout tested
+
+PLUGIN = (
+    f"SLOW_S = {SLOW_S}\n"
+    + '''
 import dataclasses
 import time
 
@@ -214,7 +218,7 @@ class Counter:
         raise RuntimeError(f"tool failed: {why}\\nsecond line")
 
     def slow(self) -> str:
-        time.sleep(3)
+        time.sleep(SLOW_S)
         return "late"
 
     def reward(self):
@@ -259,7 +263,7 @@ class Secretive:
 
 class SlowReset:
     def reset(self):
-        time.sleep(3)
+        time.sleep(SLOW_S)
 
 
 def broken_factory(api_key):
@@ -359,6 +363,7 @@ class PositionalOnly:
     def positional(self, x, /) -> str:
         return x
 '''
+)
 
 
 @pytest.fixture
@@ -442,11 +447,13 @@ def test_a_raising_tool_is_a_failed_call_and_the_episode_goes_on(plugins: str) -
 
 
 def test_a_tool_past_the_timeout_is_an_error_naming_it(plugins: str) -> None:
+    """The slow tool and reset take SLOW_S (600 s, on a daemon thread left behind); the call
+    ends at the 0.2 s timeout, so far below SLOW_S that no load makes the bound fail."""
     ep = episode(f"{plugins}:Counter", timeout=0.2)
     began = time.monotonic()
     with pytest.raises(ToolEnvironmentError) as info:
         ep.answer(call("slow", {}))
-    assert time.monotonic() - began < 2.0
+    assert time.monotonic() - began < SLOW_S / 2  # it did not wait for the tool
     assert info.value.message == (
         f"environment '{plugins}:Counter': tool 'slow' did not return within 0.2 s"
     )
