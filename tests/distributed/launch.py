@@ -18,6 +18,12 @@ import twinrun
 SRC = Path(twinrun.__file__).resolve().parents[1]
 ROOT = SRC.parent
 MANY = Path(__file__).with_name("run_many.py")
+# The collective timeout of a job whose test holds that no process waited for a peer (the
+# product's default): far from the ~20 s a failing job takes on 2 idle cores, and from what it
+# takes on a busy machine, so `job.seconds < FAULT_TIMEOUT_S` fails only when a process waited.
+# Other jobs keep 60 s: a hang fails sooner.
+FAULT_TIMEOUT_S = 300
+FAULT_ENV = {"TWINRUN_DIST_TIMEOUT_S": str(FAULT_TIMEOUT_S)}
 
 
 def free_port() -> int:

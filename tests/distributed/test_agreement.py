@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.launch import torchrun
+from tests.distributed.launch import FAULT_ENV, FAULT_TIMEOUT_S, torchrun
 from tests.integration.toy_runs import run_args, write_examples
 
 PER_RANK = Path(__file__).with_name("per_rank.py")
@@ -19,9 +19,6 @@ def torch_has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-TIMEOUT_S = 60  # TWINRUN_DIST_TIMEOUT_S of the jobs (tests/distributed/launch.py)
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +62,10 @@ def test_a_rank_with_other_settings_stops_every_process(data: Path, toy_model_di
         other = change(other, flag, str(data / value) if flag == "--examples" else value)
     spec = data / "ranks.json"
     spec.write_text(json.dumps([args, other]))
-    job = torchrun(2, [str(PER_RANK), str(spec)], paths=(data,))
+    job = torchrun(2, [str(PER_RANK), str(spec)], paths=(data,), env=FAULT_ENV,
+                   timeout=FAULT_TIMEOUT_S + 120)  # fmt: skip
     assert job.returncode != 0
-    assert job.seconds < TIMEOUT_S  # every rank stopped at the check, none waited for a peer
+    assert job.seconds < FAULT_TIMEOUT_S  # every rank stopped at the check, none waited
     ours = [line for line in job.stderr.splitlines() if line.startswith("twinrun: ")]
     assert len(ours) == 2, job.stderr[-2000:]
     for line in ours:  # each rank's one line, the same on every rank

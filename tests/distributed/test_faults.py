@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.launch import torchrun
+from tests.distributed.launch import FAULT_ENV, FAULT_TIMEOUT_S, torchrun
 from tests.integration.toy_runs import run_args, write_examples
 
 FAILING_ENV = '''
@@ -41,7 +41,6 @@ def make(**args):
     return FailsOnOneRank(**args)
 '''
 MODULE = "twinrun_dist_failing_env"
-TIMEOUT_S = 60  # TWINRUN_DIST_TIMEOUT_S of the jobs (tests/distributed/launch.py)
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +60,10 @@ def test_a_failing_rank_ends_every_process(
     args = [*args[: args.index("--env") + 1], f"{MODULE}:make", *args[args.index("--env") + 2 :]]
     # sharded: rank 1 fails in a step's rollouts (past the rows' check), inside the lockstep
     args += ["--shard-base", "--rollout-block", "1", "--env-arg", "after=4"] if shard else []
-    job = torchrun(2, ["-m", "twinrun", *args, "--env-arg", f"mode={mode}"], paths=(data,))
+    job = torchrun(2, ["-m", "twinrun", *args, "--env-arg", f"mode={mode}"], paths=(data,),
+                   env=FAULT_ENV, timeout=FAULT_TIMEOUT_S + 120)  # fmt: skip
     assert job.returncode != 0
-    assert job.seconds < TIMEOUT_S  # torchrun ended rank 0 without waiting for the timeout
+    assert job.seconds < FAULT_TIMEOUT_S  # rank 0 ended without waiting for the timeout
     ours = [line for line in job.stderr.splitlines() if line.startswith("twinrun: ")]
     cause = (
         f"twinrun: error: environment '{MODULE}:make': reward raised ValueError: "
@@ -76,7 +76,7 @@ def test_a_failing_rank_ends_every_process(
         r"twinrun: error: rank 0 of 2: (waiting for every process to check its inputs|"
         r"gathering the rollouts|a step of the sharded base|waiting for the other processes' "
         r"forwards) failed: another process stopped "
-        f"or did not answer within {TIMEOUT_S} s"
+        f"or did not answer within {FAULT_TIMEOUT_S} s"
     )
     # rank 1's own line (it raised); rank 0's one line, unless torchrun ended it first
     assert all(line == cause or consequence.match(line) for line in ours), ours

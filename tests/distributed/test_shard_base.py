@@ -23,7 +23,14 @@ from pathlib import Path
 import pytest
 
 from tests.capture_helpers import Capture, metrics, write_toml
-from tests.distributed.launch import MANY, free_port, launch_env, torchrun_many
+from tests.distributed.launch import (
+    FAULT_ENV,
+    FAULT_TIMEOUT_S,
+    MANY,
+    free_port,
+    launch_env,
+    torchrun_many,
+)
 from tests.distributed.runs import (
     OneProcess,
     replays_twice_gate_b,
@@ -196,12 +203,17 @@ def rank_pid(parent: int, rank: int) -> int:
     raise AssertionError(f"no worker of rank {rank} under {parent}")
 
 
-def start_long_sft(base: OneProcess, out: Path) -> subprocess.Popen[str]:
-    """The long sft run, sharded on 2 processes, once its step 3 is checkpointed."""
-    cmd, env = launch_env(2, ["-m", "twinrun", *long_sft(base, out), "--shard-base"],
-                          (base.data,))  # fmt: skip
-    job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
+def start_long_sft(
+    base: OneProcess, out: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """The long sft run, sharded on 2 processes, once its step 3 is checkpointed (600 s at
+    most: a hang, far from the seconds it takes)."""
+    cmd, full_env = launch_env(2, ["-m", "twinrun", *long_sft(base, out), "--shard-base"],
+                               (base.data,), env)  # fmt: skip
+    job = subprocess.Popen(
+        cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 600
     while not (out / "checkpoints" / "step-000003").is_dir():
         assert job.poll() is None and time.monotonic() < deadline, "the run never reached step 3"
         time.sleep(0.05)
@@ -210,15 +222,15 @@ def start_long_sft(base: OneProcess, out: Path) -> subprocess.Popen[str]:
 
 def test_a_killed_rank_ends_every_sharded_process(one_process: OneProcess, tmp_path: Path) -> None:
     """SIGKILL of rank 1 while the sharded steps run: torchrun ends rank 0 long before the
-    collective timeout (60 s here); no adapter or sidecar is written, and the checkpoints
-    there are whole (a 1-process resume from the newest runs to the end)."""
+    collective timeout (FAULT_TIMEOUT_S here); no adapter or sidecar is written, and the
+    checkpoints there are whole (a 1-process resume from the newest runs to the end)."""
     out = tmp_path / "killed"
-    job = start_long_sft(one_process, out)
+    job = start_long_sft(one_process, out, FAULT_ENV)
     t0 = time.monotonic()
     os.kill(rank_pid(job.pid, 1), signal.SIGKILL)
-    _, stderr = job.communicate(timeout=90)
+    _, stderr = job.communicate(timeout=FAULT_TIMEOUT_S + 120)
     assert job.returncode != 0 and "Signal 9 (SIGKILL)" in stderr
-    assert time.monotonic() - t0 < 60
+    assert time.monotonic() - t0 < FAULT_TIMEOUT_S  # rank 0 did not wait for the timeout
     assert not (out / "adapter_model.safetensors").exists()
     assert not (out / "twinrun.json").exists()
     assert run_cli([*long_sft(one_process, out), "--resume"]) == 0
