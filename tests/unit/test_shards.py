@@ -1,19 +1,22 @@
 """Sharded loading's parts on one process: the rows a process owns are `torch.chunk`'s (what
 FSDP2 keeps), the header-only span reader reads each tensor's exact bytes and refuses a damaged
-header in one line, the up-front memory check refuses in one line naming both sizes (a cgroup's
-limit less what the group holds beside its page cache), the
-allocator setting is what the sidecar records, and `from_root` without a process group is
-the computation itself."""
+header, or spans set onto another tensor's (as the library refuses them), in one line, the
+up-front memory check refuses in one line naming both sizes (a cgroup's limit less what the
+group holds beside its page cache), the allocator setting is what the sidecar records, and
+`from_root` without a process group is the computation itself."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import struct
 from pathlib import Path
 
 import pytest
 import torch
 
 from twinrun.core.errors import DataError, ModelError
-from twinrun.core.safetensors_io import read_span, tensor_spans
+from twinrun.core.safetensors_io import check_header, read_span, tensor_spans
 from twinrun.model import shards
 from twinrun.train import distributed, sharding
 
@@ -103,3 +106,38 @@ def test_the_allocator_setting_is_recorded(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_from_root_without_a_process_group_computes() -> None:
     assert distributed.from_root(lambda: "digest", "hashing") == "digest"
+
+
+WEIGHTS = "model.safetensors"
+
+
+def overlapping(toy: Path, out: Path) -> Path:
+    """The toy's weights with layer 1's q_proj spans set onto layer 0's (same shape)."""
+    raw = (toy / WEIGHTS).read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    q0, q1 = (f"model.layers.{i}.self_attn.q_proj.weight" for i in (0, 1))
+    header[q1]["data_offsets"] = header[q0]["data_offsets"]
+    text = json.dumps(header).encode()
+    out.mkdir()
+    for path in toy.iterdir():
+        if path.name != WEIGHTS:
+            shutil.copy(path, out / path.name)
+    (out / WEIGHTS).write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n :])
+    return out
+
+
+def test_spans_set_onto_another_tensors_are_refused_in_one_line(
+    toy_model_dir: Path, tmp_path: Path
+) -> None:
+    model = overlapping(toy_model_dir, tmp_path / "model")
+    with pytest.raises(ModelError) as err:
+        tensor_spans(model / WEIGHTS, "model weights", shards.HINT, ModelError)
+    line = err.value.one_line()
+    assert "\n" not in line
+    assert "is not a readable safetensors file" in line
+    assert "tensor byte spans leave a gap or overlap" in line
+    with pytest.raises(ModelError):  # the one-process reader (the library) refuses it too
+        check_header(model / WEIGHTS, "model weights", "h", ModelError)
+    with pytest.raises(ModelError, match="gap or overlap"):  # as the memory check reads them
+        shards.check_fits(model, torch.float32, 2)
