@@ -168,6 +168,7 @@ def _open_locked(
         run.model, strict=backend.strict, threads=backend.threads, device=backend.device,
         cpu_kernels=backend.cpu_kernels, adapter=run.build.init_adapter,
     )  # fmt: skip
+    check_base_fits(run)
     run, data = _read_data(run, p, encode, read)
     switches = run.switches  # a resume that starts again is a fresh run
     from twinrun.train.sharding import bound_allocator
@@ -247,6 +248,16 @@ def _read_data(
     check_run_schedule(run, len(encoded))
     eval_rows = read_eval_rows(run, p.tok, max_length)
     return run, RunData(encoded, data_sha256, eval_sha256, eval_rows, max_length, inputs)
+
+
+def check_base_fits(run: ValidRun) -> None:
+    """The memory refusal (`model.shards.check_fits`), from the weights' headers alone, before a
+    byte of the base is read: the model's SHA256 comes after it, and reads every byte."""
+    from twinrun.model.build import PRECISIONS
+    from twinrun.model.shards import check_fits
+
+    world = distributed.world().size if run.backend.shard_base else 1
+    check_fits(run.model, PRECISIONS[run.precision], world)
 
 
 def _build_model(run: ValidRun, p: Prelude) -> tuple[CausalLM, Params]:
