@@ -1,6 +1,7 @@
 """Processes agree before they train: a rank started with another seed, another examples file
 and without --diag stops every process, with one line naming the rank and each setting, before
-anything is written."""
+anything is written; so does a sharded rank given another model, or seeing other bytes at the
+same path (the rows it reads are checked against rank 0's hash)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tests.distributed.launch import FAULT_ENV, FAULT_TIMEOUT_S, torchrun
 from tests.integration.toy_runs import run_args, write_examples
 
 PER_RANK = Path(__file__).with_name("per_rank.py")
+OTHER_BYTES = Path(__file__).with_name("other_bytes.py")
 
 
 def torch_has_cuda() -> bool:
@@ -77,6 +79,57 @@ def test_a_rank_with_other_settings_stops_every_process(data: Path, toy_model_di
     assert "internal error" not in job.stderr
     written = sorted(p.name for p in out.iterdir()) if out.exists() else []
     assert written == []
+
+
+def test_a_sharded_rank_given_another_model_stops_every_process(
+    data: Path, toy_model_dir: Path
+) -> None:
+    """--shard-base: rank 1 is given another checkpoint with the same config, tokenizer and
+    header (a toy of another seed), so only the weights' bytes differ; the rows it reads are
+    not the bytes rank 0 hashed, and every process stops in the same one line before anything
+    is written (tests/unit/test_shard_digests.py: other bytes at the same path, the pieces)."""
+    from twinrun.model.toy import write_toy_checkpoint
+
+    other_model = data / "toy-seed-1"
+    write_toy_checkpoint(other_model, seed=1)
+    out = data / "sharded-out"
+    args = run_args("sft", toy_model_dir, data / "sft8.jsonl", out, "--shard-base")
+    spec = data / "ranks-model.json"
+    spec.write_text(json.dumps([args, change(args, "--model", str(other_model))]))
+    job = torchrun(2, [str(PER_RANK), str(spec)], paths=(data,))
+    assert job.returncode != 0
+    ours = [line for line in job.stderr.splitlines() if line.startswith("twinrun: ")]
+    assert len(ours) == 2 and ours[0] == ours[1], job.stderr[-2000:]
+    assert ours[0].startswith(
+        "twinrun: error: rank 1 of 2 read other bytes of the base than rank 0 hashed "
+        "(model.safetensors, model.embed_tokens.weight rows "
+    ), ours[0]
+    assert "Expected sha256 " in ours[0] and "  Got " in ours[0]
+    assert "internal error" not in job.stderr  # (torchrun's own summary is a traceback)
+    assert not out.exists() or sorted(out.iterdir()) == []
+
+
+def test_a_sharded_rank_seeing_other_bytes_at_the_same_path_stops_every_process(
+    data: Path, toy_model_dir: Path
+) -> None:
+    """--shard-base, the same command on both ranks, but rank 1 reads other bytes at the model's
+    path (tests/distributed/other_bytes.py flips a byte of each range it reads): its first
+    piece is not the bytes rank 0 hashed, and every process stops in the same one line before
+    anything is written."""
+    out = data / "same-path-out"
+    args = run_args("sft", toy_model_dir, data / "sft8.jsonl", out, "--shard-base")
+    spec = data / "runs-same-path.json"
+    spec.write_text(json.dumps([args]))
+    job = torchrun(2, [str(OTHER_BYTES), str(spec)], paths=(data,))
+    assert job.returncode != 0
+    ours = [line for line in job.stderr.splitlines() if line.startswith("twinrun: ")]
+    assert len(ours) == 2 and ours[0] == ours[1], job.stderr[-2000:]
+    assert ours[0].startswith(
+        "twinrun: error: rank 1 of 2 read other bytes of the base than rank 0 hashed "
+        "(model.safetensors, "
+    ), ours[0]
+    assert "internal error" not in job.stderr
+    assert not out.exists() or sorted(out.iterdir()) == []
 
 
 @pytest.mark.skipif(torch_has_cuda(), reason="this machine has CUDA: --device cuda would run")

@@ -298,3 +298,26 @@ def test_reward_step_inside_a_run_restores_head_and_adam(
     after = tmp_path / "src" / "optimizer_batch_step_000001.final"
     assert sha(tmp_path / "rep" / "final" / head) == sha(after / head)
     assert sha(after / head) != sha(state / head)
+
+
+def test_a_replay_refuses_a_base_that_cannot_fit_before_hashing_it(
+    grpo_capture: Capture,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The memory refusal comes from the weights' headers, before the checks hash the base (an
+    instrumented hasher and span reader count no byte of it)."""
+    from tests.unit.test_shards import Counted
+    from twinrun.model import shards
+
+    model = Path(grpo_capture.source["model"]["path"])
+    monkeypatch.setattr(shards, "data_limit_bytes", lambda: (10_000, "RLIMIT_DATA"))
+    counted = Counted(monkeypatch, model)
+    out = tmp_path / "replay"
+    assert run_config(tmp_path / "replay.toml", grpo_capture.replay_config(out)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("twinrun: error: the base needs 0.00 GB; this process may use"), err
+    assert counted.hashed == 0 and counted.spans == 0
+    assert not out.exists()

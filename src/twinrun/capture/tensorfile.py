@@ -22,6 +22,7 @@ import numpy as np
 
 from twinrun.core.errors import DataError
 from twinrun.core.jsonlimits import Limits, parse_json
+from twinrun.core.safetensors_io import tiling_problem
 
 DTYPES: dict[str, np.dtype] = {"I64": np.dtype("<i8"), "F64": np.dtype("<f8"), "U8": np.dtype("u1"),
           "F32": np.dtype("<f4")}  # fmt: skip
@@ -64,13 +65,9 @@ def read(data: bytes | memoryview) -> tuple[dict[str, np.ndarray], dict[str, str
         spans.append((begin, end))
         view = np.frombuffer(data, dtype=dtype, count=count, offset=start + begin)
         tensors[name] = view.reshape(shape)
-    position = 0
-    for begin, end in sorted(spans):
-        if begin != position:
-            raise DataError("tensor byte spans leave a gap or overlap")
-        position = end
-    if position != body:
-        raise DataError("bytes after the last tensor")
+    problem = tiling_problem(spans, body)
+    if problem is not None:
+        raise DataError(problem)
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise DataError("safetensors metadata must map strings to strings")
     return tensors, meta

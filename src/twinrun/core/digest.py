@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +40,23 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_files(paths: list[Path], root: Path) -> str:
-    """One digest over several files: each framed by its path relative to `root` and its size."""
+def sha256_files(
+    paths: list[Path], root: Path, taps: Mapping[Path, Callable[[bytes], None]] | None = None
+) -> str:
+    """One digest over several files: each framed by its path relative to `root` and its size.
+    `taps`: a file's tap is given every chunk of it as it is hashed, in order (a second digest
+    of the same bytes in the same pass: `model.shard_digests`)."""
     h = hashlib.sha256()
     for p in sorted(paths):
         rel = p.relative_to(root).as_posix().encode()
         h.update(len(rel).to_bytes(8, "big") + rel)
+        tap = (taps or {}).get(p)
         with open_hashed(p) as fh:
             h.update(os.fstat(fh.fileno()).st_size.to_bytes(8, "big"))
             while chunk := fh.read(CHUNK):
                 h.update(chunk)
+                if tap is not None:
+                    tap(chunk)
     return h.hexdigest()
 
 

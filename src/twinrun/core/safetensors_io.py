@@ -16,8 +16,10 @@ recorded before it is written (a capture's payload and state). Both serialize th
 `core.safetensors_bytes`: the library's bytes with the metadata keys sorted, the tensors in the
 library's order, so identical tensors and metadata give identical bytes on every call.
 
-Reading part of a file: `tensor_spans(path, ...)` gives each tensor's dtype, shape and absolute
-byte span from the header alone, and `read_span(path, offset, out)` reads exactly those bytes of
+Reading part of a file: `read_header(path, ...)` gives the header's bytes and each tensor's
+dtype, shape and absolute byte span from the header alone (`tensor_spans`: the spans), the spans
+held to tile the data section as the library holds them (`tiling_problem`, which the capture
+reader applies too), and `read_span(path, offset, out)` reads exactly those bytes of
 the file into `out` (a writable buffer): what a process of a sharded base reads of its rows
 (`model/shards.py`), and the one place such reads happen (tests wrap it to see every range).
 
@@ -116,14 +118,32 @@ ITEMSIZE = {
 MAX_HEADER = 100 * 2**20
 
 
-def tensor_spans(
+class Header(NamedTuple):
+    prefix: bytes  # the file's first bytes: the 8-byte length, then the JSON header
+    spans: dict[str, TensorSpan]  # each tensor's dtype, shape and absolute byte span
+
+
+def tiling_problem(spans: list[tuple[int, int]], body: int) -> str | None:
+    """What is wrong with tensor byte spans [begin, end) that must tile a data section of `body`
+    bytes exactly — no gap, no overlap, nothing after the last — as the safetensors library
+    demands of a file it opens (the one-process loader); None when they do."""
+    position = 0
+    for begin, end in sorted(spans):
+        if begin != position:
+            return "tensor byte spans leave a gap or overlap"
+        position = end
+    return "bytes after the last tensor" if position != body else None
+
+
+def read_header(
     path: str | os.PathLike[str], what: str, hint: str, error: type[TwinrunError] = DataError
-) -> dict[str, TensorSpan]:
-    """Each tensor's dtype, shape and absolute byte span in `path`, from its header alone — no
-    memory map (the library maps the whole file, which a capped process may not be allowed to),
-    nothing past the header read. `error(...)` as `read_safetensors` raises it for a header that is
-    cut short, not JSON, or names a span that does not fit its shape or the file; a `.weight` or
-    `.bias` tensor must be floating point (as `check_header`)."""
+) -> Header:
+    """The header of `path` (its bytes, and each tensor's span), read alone: no memory map (the
+    library maps the whole file, which a capped process may not be allowed to), nothing past
+    the header read. `error(...)` as `read_safetensors` raises it for a header that is cut
+    short, not JSON, or whose spans do not fit their shapes or do not tile the data section
+    (`tiling_problem`: a tensor's bytes set onto another's); a `.weight` or `.bias` tensor must
+    be floating point (as `check_header`)."""
     try:
         with open(path, "rb") as raw:
             size = os.fstat(raw.fileno()).st_size
@@ -133,7 +153,8 @@ def tensor_spans(
             (n,) = struct.unpack("<Q", prefix)
             if n > min(size - 8, MAX_HEADER):
                 raise ValueError("header length runs past the end of the file")
-            header = json.loads(raw.read(n))
+            prefix += raw.read(n)
+        header = json.loads(prefix[8:])
         if not isinstance(header, dict):
             raise ValueError("header is not a JSON object")
         header.pop("__metadata__", None)
@@ -148,12 +169,24 @@ def tensor_spans(
             if end - begin != math.prod(shape) * itemsize:
                 raise ValueError(f"tensor {name!r}: shape {list(shape)} does not fill its span")
             spans[name] = TensorSpan(str(info["dtype"]), shape, start + begin, end - begin)
+        ranges = [(s.offset - start, s.offset - start + s.length) for s in spans.values()]
+        problem = tiling_problem(ranges, size - start)
+        if problem is not None:
+            raise ValueError(problem)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise _bad(str(path), what, exc, hint, error) from exc
     for name, span in sorted(spans.items()):
         if name.endswith(WEIGHT_SUFFIXES) and span.dtype not in FLOAT_DTYPES:
             raise error(f"{path}: {what} {name} is {span.dtype}, not floating point", hint)
-    return spans
+    return Header(prefix, spans)
+
+
+def tensor_spans(
+    path: str | os.PathLike[str], what: str, hint: str, error: type[TwinrunError] = DataError
+) -> dict[str, TensorSpan]:
+    """Each tensor's dtype, shape and absolute byte span in `path`, from its header alone
+    (`read_header`, every check included)."""
+    return read_header(path, what, hint, error).spans
 
 
 def read_span(path: str | os.PathLike[str], offset: int, out: memoryview) -> None:

@@ -16,6 +16,7 @@ same digest, and swapping any file the loader reads changes it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -151,10 +152,13 @@ def model_files(model_dir: str | os.PathLike[str]) -> list[Path]:
     return sorted({*configs, *tokenizer_files(root), *shard_files(root)})
 
 
-def model_sha256(model_dir: str | os.PathLike[str]) -> str:
-    """One digest over exactly the files the loader reads (see `model_files`)."""
+def model_sha256(
+    model_dir: str | os.PathLike[str], taps: Mapping[Path, Callable[[bytes], None]] | None = None
+) -> str:
+    """One digest over exactly the files the loader reads (see `model_files`); `taps` as
+    `core.digest.sha256_files` takes them."""
     from twinrun.core.digest import sha256_files
 
     root = Path(model_dir)
     check_model_dir(root)
-    return sha256_files(model_files(root), root)
+    return sha256_files(model_files(root), root, taps)

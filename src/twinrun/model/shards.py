@@ -11,7 +11,8 @@ Sharded loading, in three parts (train/sharding.py calls them in this order):
 3. `fill_shards(hf, dir, rank, world)`: each process reads, for each weight, exactly the bytes of
    its own rows — a safetensors tensor is row-major, so rows [a, b) of a tensor whose data
    starts at byte s are the bytes [s + a·row, s + b·row) — straight into its shard
-   (`core.safetensors_io.read_span`, the one read; a cast to bf16 reads into a buffer first).
+   (`core.safetensors_io.read_span`, the one read; a cast to bf16 reads into a buffer first),
+   each read hashed as read against rank 0's digests of the same bytes (`model/shard_digests.py`).
    Tied weights (embeddings and output head) are one parameter, filled once from whichever name
    the checkpoint holds. Non-persistent buffers (the rotary frequencies) are computed as
    transformers computes them when it loads (`_init_weights` of their module).
@@ -36,30 +37,41 @@ import re
 import resource
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from twinrun.core.errors import ModelError
-from twinrun.core.safetensors_io import TensorSpan, read_span, tensor_spans
+from twinrun.core.safetensors_io import Header, TensorSpan, read_header, read_span
 
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
           "F64": torch.float64}  # fmt: skip
 HINT = "re-download or re-save the checkpoint"
 GB = 1e9
 
+if TYPE_CHECKING:
+    from twinrun.model.shard_digests import ReadCheck
 
-def weight_spans(model_dir: str | os.PathLike[str]) -> dict[str, tuple[Path, TensorSpan]]:
-    """Every tensor of the checkpoint's safetensors files: its file and span (headers only)."""
+
+def weight_headers(model_dir: str | os.PathLike[str]) -> dict[Path, Header]:
+    """The header of each of the checkpoint's safetensors files (read and checked alone)."""
     from twinrun.model.loading import shard_files
 
-    spans: dict[str, tuple[Path, TensorSpan]] = {}
-    for path in shard_files(model_dir):
-        if path.suffix != ".safetensors":
-            continue
-        for name, span in tensor_spans(path, "model weights", HINT, ModelError).items():
-            spans[name] = (path, span)
-    return spans
+    return {
+        path: read_header(path, "model weights", HINT, ModelError)
+        for path in shard_files(model_dir)
+        if path.suffix == ".safetensors"
+    }
+
+
+def weight_spans(
+    headers: dict[Path, Header] | str | os.PathLike[str],
+) -> dict[str, tuple[Path, TensorSpan]]:
+    """Every tensor of the checkpoint's safetensors files (`weight_headers`, or the checkpoint
+    directory whose headers to read): its file and span."""
+    if not isinstance(headers, dict):
+        headers = weight_headers(headers)
+    return {name: (path, span) for path, h in headers.items() for name, span in h.spans.items()}
 
 
 def base_bytes_at(spans: Iterable[TensorSpan], dtype: torch.dtype) -> int:
@@ -190,14 +202,25 @@ def _non_persistent_buffers(hf: Any) -> list[tuple[str, Any]]:
     return out
 
 
-def fill_shards(hf: Any, model_dir: str | os.PathLike[str], rank: int, world: int) -> None:
+def fill_shards(
+    hf: Any,
+    model_dir: str | os.PathLike[str],
+    rank: int,
+    world: int,
+    check: ReadCheck | None = None,
+) -> None:
     """Fill every base weight's local shard (its rows, see the module docstring) from the
     checkpoint, persistent buffers whole, and compute the non-persistent buffers; ModelError
     when a weight is missing, has another shape, or the checkpoint holds tensors the model has
-    no place for."""
+    no place for. `check` is given each header parsed and every byte read, as read
+    (`model.shard_digests`)."""
     from torch.distributed.tensor import DTensor
 
-    spans = weight_spans(model_dir)
+    headers = weight_headers(model_dir)
+    if check is not None:
+        for path, header in headers.items():
+            check.header(path, header.prefix)
+    spans = weight_spans(headers)
     root = Path(model_dir)
     used: set[str] = set()
     aliases: dict[int, list[str]] = {}
@@ -217,7 +240,8 @@ def fill_shards(hf: Any, model_dir: str | os.PathLike[str], rank: int, world: in
         name = names[0]
         used.update(n for n in aliases[key] if n in spans)
         local = p.to_local() if isinstance(p, DTensor) else p
-        _fill(local, tuple(p.shape), name, spans[name], rank, world, sharded=isinstance(p, DTensor))
+        sharded = isinstance(p, DTensor)
+        _fill(local, tuple(p.shape), name, spans[name], rank, world, sharded=sharded, check=check)
     for module_name, module in hf.named_modules():
         for buf_name, buf in module._buffers.items():
             name = checkpoint_name(f"{module_name}.{buf_name}" if module_name else buf_name)
@@ -229,7 +253,7 @@ def fill_shards(hf: Any, model_dir: str | os.PathLike[str], rank: int, world: in
                     "check that the checkpoint is complete and config.json is its own",
                 )
             used.add(name)
-            _fill(buf, tuple(buf.shape), name, spans[name], 0, 1, sharded=False)
+            _fill(buf, tuple(buf.shape), name, spans[name], 0, 1, sharded=False, check=check)
     out, into = hf.get_output_embeddings(), hf.get_input_embeddings()
     if getattr(hf.config, "tie_word_embeddings", False) and out is not None:
         if out.weight is not into.weight:  # one parameter, sharded and filled once
@@ -269,6 +293,7 @@ def _fill(
     world: int,
     *,
     sharded: bool,
+    check: ReadCheck | None,
 ) -> None:
     path, span = where
     if span.shape != shape:
@@ -291,8 +316,12 @@ def _fill(
     direct = local.dtype == src_dtype and local.device.type == "cpu" and local.is_contiguous()
     with torch.no_grad():
         if direct:
-            read_span(path, offset, _bytes_of(local.detach().view(-1).view(torch.uint8)))
-            return
-        raw = torch.empty(length, dtype=torch.uint8)
-        read_span(path, offset, _bytes_of(raw))
-        local.copy_(raw.view(src_dtype).view(local.shape))
+            into = _bytes_of(local.detach().view(-1).view(torch.uint8))
+            read_span(path, offset, into)
+        else:
+            raw = torch.empty(length, dtype=torch.uint8)
+            into = _bytes_of(raw)
+            read_span(path, offset, into)
+            local.copy_(raw.view(src_dtype).view(local.shape))
+        if check is not None:  # the bytes as read (before a cast)
+            check.read(path, offset, into)

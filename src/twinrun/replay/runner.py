@@ -83,6 +83,7 @@ class Built:
 
 def replay(run: TomlRun) -> dict[str, Any]:
     """Verify, then perform exactly one optimizer update; returns the sidecar record."""
+    check_base_fits(run)
     _, v = run_checks(run, stop=True)
     assert v.decoded is not None
     valid = v.replay()  # the captured objective's run, as the contract check resolved it
@@ -98,6 +99,17 @@ def replay(run: TomlRun) -> dict[str, Any]:
     atomic_write_jsonl(out / "metrics.jsonl", [row])
     atomic_write_json(out / RESOLVED, resolved_tree(run))
     return write_sidecar(v, out, row, built.provenance, runtime_versions(), final_sha)
+
+
+def check_base_fits(run: TomlRun) -> None:
+    """The memory refusal (`model.shards.check_fits`), from the weights' headers alone, before
+    the checks hash every byte of the base (a missing model directory: the checks name it)."""
+    from twinrun.model.build import PRECISIONS
+    from twinrun.model.shards import check_fits
+
+    model, dtype = Path(run.pins().model), PRECISIONS.get(str(run.cfg.precision))
+    if model.is_dir() and dtype is not None:
+        check_fits(model, dtype, 1)
 
 
 def replay_inputs(v: Verified) -> dict[str, Any]:

@@ -22,10 +22,16 @@ DIGESTS = {
 PATHS = ("model", "examples", "corpus", "eval_examples", "init_adapter", "output")
 
 
-def agreement_record(cfg: RunConfig, inputs: dict[str, Any]) -> dict[str, Any]:
+def agreement_record(
+    cfg: RunConfig, inputs: dict[str, Any], model_outline: str | None = None
+) -> dict[str, Any]:
     """This process's settings and input digests, every value printable: `--env-arg` values (they
     may hold secrets, and the sidecar records them redacted) are compared by their SHA256, and a
-    CUDA device by its kind (each process has its own `cuda:LOCAL_RANK`)."""
+    CUDA device by its kind (each process has its own `cuda:LOCAL_RANK`). `model_outline`: under
+    `--shard-base` the inputs hold rank 0's model SHA256 on every process, and what this process
+    compares as its `model sha256` is its own digest of the model's files beside the weights
+    and of the weights' headers (`model.shard_digests.outline_sha256`; the weights' bytes are
+    checked as each process reads its rows)."""
     record = {k: v for k, v in inputs["train"].items() if k not in PATHS}
     if "device" in record and str(record["device"]).startswith("cuda"):
         record["device"] = "cuda"
@@ -36,4 +42,6 @@ def agreement_record(cfg: RunConfig, inputs: dict[str, Any]) -> dict[str, Any]:
     record["shard_base"] = bool(cfg.shard_base)
     for key, name in DIGESTS.items():
         record[name] = inputs.get(key)
+    if model_outline is not None:
+        record[DIGESTS["model_sha256"]] = model_outline
     return record

@@ -19,8 +19,10 @@ rate, examples file or model stops every process with one line naming the rank a
 (one torchrun command per node makes such a mix a real mistake).
 
 A sharded base (`--shard-base`) is hashed once: rank 0 computes the model's SHA256 over every
-byte of its files, as one process does, and broadcasts it (`from_root`); the other processes
-read only their own rows of the weights (train/sharding.py).
+byte of its files, as one process does, and the SHA256 of each process's rows in the same pass,
+and broadcasts them (`from_root`); each process agrees on the files beside the weights and the
+weights' headers (its `model sha256` here), then hashes the rows it reads as it reads them, and
+`first_problem` stops every process when one read other bytes (model/shard_digests.py).
 
 Faults: every collective runs under the process group's timeout (`TWINRUN_DIST_TIMEOUT_S`,
 default 300 s); a peer that died or stopped answering turns into a `DistributedError` (one
@@ -236,6 +238,23 @@ def disagreement(records: Sequence[Mapping[str, Any]]) -> str | None:
                 f"rank 0: {shown}{more}"
             )
     return None
+
+
+def first_problem(what: str, problem: str | None, hint: str) -> None:
+    """All-gather each process's `problem` (None: it has none) and raise, on every process, the
+    same ConfigError naming the first rank that has one: none goes on alone (nothing written by
+    rank 0 while another stops). Without a process group: raise this process's own."""
+    if not active():
+        if problem is not None:
+            raise ConfigError(f"this process {problem}", hint)
+        return
+    me = world()
+    gathered: list[Any] = [None] * me.size
+    with collective(what):
+        _dist().all_gather_object(gathered, problem)
+    for rank, found in enumerate(gathered):
+        if found is not None:
+            raise ConfigError(f"rank {rank} of {me.size} {found}", hint)
 
 
 def from_root(compute: Callable[[], T], what: str) -> T:

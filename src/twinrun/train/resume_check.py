@@ -19,7 +19,6 @@ from twinrun.config.run import shaping_numbers
 from twinrun.core.digest import sha256_dir, sha256_files
 from twinrun.core.errors import ConfigError, DataError
 from twinrun.model.loading import model_sha256, tokenizer_files
-from twinrun.train import distributed
 from twinrun.train.outputs import INPUTS, INPUTS_FORMAT
 from twinrun.train.outputs import SIDECAR as FINISHED
 
@@ -32,19 +31,21 @@ DIGESTS = (
 
 
 def run_inputs(
-    run: ValidRun, data_sha256: str | None, eval_sha256: str | None = None
+    run: ValidRun,
+    data_sha256: str | None,
+    eval_sha256: str | None = None,
+    model_digest: str | None = None,
 ) -> dict[str, Any]:
     """What shapes the run's bytes, as recorded and as compared on resume (`data_sha256`: the
-    examples file's or the text corpus's; `eval_sha256`: the evaluation examples')."""
+    examples file's or the text corpus's; `eval_sha256`: the evaluation examples';
+    `model_digest`: the model's SHA256 when it is computed already — a sharded base's, by rank 0,
+    `model.shard_digests`)."""
     model, adapter = Path(run.model), run.build.init_adapter
     tok_files = tokenizer_files(model)
     return {
         "format": INPUTS_FORMAT,
         "train": shaping_numbers(run.as_config()),
-        # a sharded base is hashed once, by rank 0 (its other processes read only their rows)
-        "model_sha256": distributed.from_root(lambda: model_sha256(model), "hashing the model")
-        if run.backend.shard_base
-        else model_sha256(model),
+        "model_sha256": model_digest or model_sha256(model),
         "tokenizer_sha256": sha256_files(tok_files, model) if tok_files else None,
         "data_sha256": data_sha256,
         "eval_sha256": eval_sha256,

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from twinrun.data.examples import EncodedRow
     from twinrun.model.build import CausalLM
     from twinrun.model.prelude import Prelude
+    from twinrun.model.shard_digests import BaseDigests
     from twinrun.model.tokens import CheckpointTokenizer
     from twinrun.train.loop import Params
 
@@ -168,6 +169,7 @@ def _open_locked(
         run.model, strict=backend.strict, threads=backend.threads, device=backend.device,
         cpu_kernels=backend.cpu_kernels, adapter=run.build.init_adapter,
     )  # fmt: skip
+    check_base_fits(run)
     run, data = _read_data(run, p, encode, read)
     switches = run.switches  # a resume that starts again is a fresh run
     from twinrun.train.sharding import bound_allocator
@@ -182,13 +184,13 @@ def _open_locked(
     # every process has the same settings and inputs (or every process stops), then rank 0 writes
     distributed.agree(
         "waiting for every process to check its inputs",
-        agreement_record(run.as_config(), data.inputs),
+        agreement_record(run.as_config(), data.inputs, data.base_outline),
     )
     sharding: dict[str, int] = {}
     if backend.shard_base:  # after the agreement: every process shards, or none does
         from twinrun.train.sharding import shard_base
 
-        sharding = shard_base(model, params, backend.device)
+        sharding = shard_base(model, params, backend.device, data.base)
     if not switches.resume and distributed.is_root():  # the list of files, the inputs record
         begin_output_dir(out, switches.overwrite, data.inputs)
     elif distributed.is_root():
@@ -222,6 +224,8 @@ class RunData(Generic[E]):
     eval_rows: list[EncodedRow]
     max_length: int
     inputs: dict[str, Any]  # the run's inputs record (train/resume_check.py `run_inputs`)
+    base: BaseDigests | None = None  # `--shard-base`: rank 0's pass (model/shard_digests.py)
+    base_outline: str | None = None  # `--shard-base`: this process's digest of the model's outline
 
 
 def _read_data(
@@ -235,7 +239,14 @@ def _read_data(
     out = Path(run.output)
     rows, data_sha256 = read(run)
     eval_sha256 = eval_digest(run)
-    inputs = run_inputs(run, data_sha256, eval_sha256)
+    base, outline = None, None
+    if run.backend.shard_base:  # rank 0 hashes every byte; each process hashes what it reads
+        from twinrun.model.shard_digests import base_digests, outline_sha256
+
+        size = distributed.world().size
+        base = distributed.from_root(lambda: base_digests(run.model, size), "hashing the model")
+        outline = outline_sha256(run.model)
+    inputs = run_inputs(run, data_sha256, eval_sha256, base.sha256 if base else None)
     # a resume with other inputs is refused before they are tokenized (a changed tokenizer
     # would warn about rows first) and before any file is touched
     if run.switches.resume and check_resume(out, inputs) == 0:
@@ -246,7 +257,19 @@ def _read_data(
     encoded = encode(run, p.tok, rows, max_length)
     check_run_schedule(run, len(encoded))
     eval_rows = read_eval_rows(run, p.tok, max_length)
-    return run, RunData(encoded, data_sha256, eval_sha256, eval_rows, max_length, inputs)
+    return run, RunData(
+        encoded, data_sha256, eval_sha256, eval_rows, max_length, inputs, base, outline
+    )
+
+
+def check_base_fits(run: ValidRun) -> None:
+    """The memory refusal (`model.shards.check_fits`), from the weights' headers alone, before a
+    byte of the base is read: the model's SHA256 comes after it, and reads every byte."""
+    from twinrun.model.build import PRECISIONS
+    from twinrun.model.shards import check_fits
+
+    world = distributed.world().size if run.backend.shard_base else 1
+    check_fits(run.model, PRECISIONS[run.precision], world)
 
 
 def _build_model(run: ValidRun, p: Prelude) -> tuple[CausalLM, Params]:

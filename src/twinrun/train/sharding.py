@@ -20,9 +20,11 @@ Lockstep, in two forms:
 Loading: under `--shard-base` the base is built on the meta device (`model.build`, nothing of
 the weights read), LoRA applied to it, then `shard_base` shards it and `materialise` gives each
 process memory for its own shards only and reads its rows of every weight from the safetensors
-files (`model/shards.py`): no process ever holds, or reads, the whole base. The model's SHA256 is
-computed once, by rank 0 over every byte of the files (the 1-process digest), and broadcast
-(`train/resume_check.py`, `distributed.from_root`). `bound_allocator` fixes glibc's mmap
+files (`model/shards.py`): no process ever holds the whole base. The model's SHA256 is
+computed once, by rank 0 over every byte of the files (the 1-process digest), with the SHA256
+of each process's rows of each tensor from the same pass, and broadcast (`distributed.from_root`);
+every process hashes the rows it reads as it reads them and all stop, in one line, when one
+read other bytes (`model/shard_digests.py`). `bound_allocator` fixes glibc's mmap
 threshold before the base is built, so the all-gather buffers FSDP frees go back to the system
 (recorded in the sidecar's runtime).
 
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     from twinrun.config.resolved import Backend
     from twinrun.config.run import RunConfig
     from twinrun.model.build import CausalLM
+    from twinrun.model.shard_digests import BaseDigests
     from twinrun.train.loop import Params
 
 
@@ -107,10 +110,14 @@ def forward_slots(n: int, model: CausalLM) -> list[tuple[int, bool]]:
     return real + [(again, True)] * (most - len(real))
 
 
-def shard_base(model: CausalLM, params: Params, device: str) -> dict[str, int]:
+def shard_base(
+    model: CausalLM, params: Params, device: str, expected: BaseDigests | None = None
+) -> dict[str, int]:
     """Shard `model`'s frozen base over every process with FSDP2, the LoRA factors replicated
-    (`model.sharded`: its forwards run in lockstep from now on). Returns what the sidecar
-    records: the processes and this process's bytes of base weights before and after."""
+    (`model.sharded`: its forwards run in lockstep from now on); a base on the meta device is
+    then read, each process's bytes checked against rank 0's pass (`expected`). Returns what
+    the sidecar records: the processes and this process's bytes of base weights before and
+    after."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -123,18 +130,26 @@ def shard_base(model: CausalLM, params: Params, device: str) -> dict[str, int]:
             fully_shard(layer, mesh=mesh, ignored_params=ignored)
         fully_shard(model.hf, mesh=mesh, ignored_params=ignored)
     if model.on_meta is not None:
-        materialise(model, params, me.rank, me.size, torch.device(device))
+        materialise(model, params, me.rank, me.size, torch.device(device), expected)
     model.sharded = True
     return {"shard_base_processes": me.size, "base_bytes": whole,
             "base_bytes_here": base_bytes(model)}  # fmt: skip
 
 
 def materialise(
-    model: CausalLM, params: Params, rank: int, size: int, device: torch.device
+    model: CausalLM,
+    params: Params,
+    rank: int,
+    size: int,
+    device: torch.device,
+    expected: BaseDigests | None = None,
 ) -> None:
     """Give a base built on the meta device its memory — only this process's shards, FSDP's
-    padded chunks — and read its rows of every weight from the checkpoint (`model/shards.py`);
-    the LoRA factors (real already) move to `device`."""
+    padded chunks — and read its rows of every weight from the checkpoint (`model/shards.py`),
+    each byte hashed as read and checked against rank 0's pass (`expected`,
+    `model/shard_digests.py`): a process that read other bytes stops every process in one
+    line; the LoRA factors (real already) move to `device`."""
+    from twinrun.model.shard_digests import ReadCheck
     from twinrun.model.shards import fill_shards
 
     root = model.on_meta
@@ -144,7 +159,13 @@ def materialise(
         return torch.empty_like(t, device=device) if t.is_meta else t
 
     model.hf._apply(give_memory)  # FSDP's `_apply` re-pads its shards after (`reset_sharded_param`)
-    fill_shards(model.hf, root, rank, size)
+    check = ReadCheck(expected, root) if expected is not None else None
+    fill_shards(model.hf, root, rank, size, check)
+    distributed.first_problem(
+        "checking what every process read of the base",
+        check.problem if check is not None else None,
+        "give every process the same --model, with the same bytes at that path on every node",
+    )
     for _, p in params:
         if p.device != device:
             p.data = p.data.to(device)
