@@ -134,6 +134,25 @@ def show_warning(
     say(f"twinrun: warning: {message} ({category.__name__})")
 
 
+MEMORY_WORDS = ("Cannot allocate memory", "failed to map segment", "can't start new thread")
+MEMORY_LINE = (
+    "twinrun: error: out of memory ({what}) — free memory, or raise this process's memory limit "
+    "(ulimit -v), and rerun"
+)
+
+
+def memory_line(exc: BaseException) -> str | None:
+    """The one line for a memory limit met anywhere (Python's MemoryError, an OS error ENOMEM, a
+    library that could not map a file or start a thread), or None for any other failure."""
+    if isinstance(exc, MemoryError):
+        return MEMORY_LINE.format(what="MemoryError")
+    if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+        return MEMORY_LINE.format(what="ENOMEM")
+    if any(words in str(exc) for words in MEMORY_WORDS):
+        return MEMORY_LINE.format(what=type(exc).__name__)
+    return None
+
+
 def os_error_line(exc: OSError) -> str:
     """An OS error that escaped a command: what failed, on which path."""
     where = exc.filename if exc.filename is not None else "an output or input path"
@@ -149,6 +168,7 @@ def os_error_line(exc: OSError) -> str:
 
 def run_cli(args: list[str] | None = None) -> int:
     """Run the CLI and return the exit code (used by tests in-process and by `main`)."""
+    from twinrun.core import redact  # noqa: F401  # imported now: `say` needs no memory later
     from twinrun.core.errors import ConfigError, TwinrunError
 
     try:
@@ -185,13 +205,17 @@ def run_cli(args: list[str] | None = None) -> int:
             raise
         if SIGINT_SEEN:
             return interrupted()
-        say(os_error_line(exc))
+        say(memory_line(exc) or os_error_line(exc))
         return 2
     except Exception as exc:  # a bug, not a user error: still one line unless debugging
         if debug_enabled():
             raise
         if SIGINT_SEEN:  # an import or a load a Ctrl-C cut short (ImportError and the like)
             return interrupted()
+        memory = memory_line(exc)  # the environment too: a memory limit, not a bug
+        if memory is not None:
+            say(memory)
+            return 2
         from twinrun.core.safetensors_io import disk_error
 
         disk = disk_error(exc, "an output path")  # e.g. safetensors' own "No space left"

@@ -254,3 +254,31 @@ def iter_jsonl(
     for lineno, body in reading.iter_lines(p, what, limits.max_bytes, limits.max_file_bytes):
         if body.strip():
             yield lineno, parse_json(body, f"{p}:{lineno}", limits)
+
+
+#: the sections of a run's sidecar (`twinrun.json`) that are JSON objects whenever present
+SIDECAR_SECTIONS = (
+    "train", "model", "data", "adapter", "determinism", "runtime", "metrics", "inputs", "eval",
+    "replay", "reward_head", "tokenizer", "init_adapter",
+)  # fmt: skip
+
+
+def check_sidecar(record: Any, where: str) -> dict[str, Any]:
+    """`record` when it is a JSON object whose sections (`SIDECAR_SECTIONS`, where present) are
+    objects too; one DataError naming the first that is not, so that no reader of a sidecar
+    meets a list where it reads a section."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: a sidecar must be a JSON object", "point at a twinrun run")
+    for name in SIDECAR_SECTIONS:
+        if name in record and not isinstance(record[name], dict):
+            raise DataError(
+                f"{where}: the sidecar's {name} section is a {_json_kind(record[name])}, "
+                "not an object",
+                "give the directory a run wrote, with its twinrun.json unedited",
+            )
+    return record
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)

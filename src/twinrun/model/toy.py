@@ -232,7 +232,10 @@ def write_toy_checkpoint(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
-        _write_into(tmp, seed, size)
+        from twinrun.core.safetensors_io import library_writes
+
+        with library_writes(out):  # a full disk names the output, not the temporary folder
+            _write_into(tmp, seed, size)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)
