@@ -289,3 +289,79 @@ def test_a_json_array_row_over_the_byte_limit_is_named(tmp_path: Path) -> None:
     with pytest.raises(DataError) as err:
         load_rows(p, Limits(**{**EXAMPLES.__dict__, "max_bytes": 100}))
     assert err.value.one_line() == f"{p}[1]: a row over the limit of 100 bytes — shorten the row"
+
+
+# -- a row's length, before the tokenizer (issue 50, item 5) -----------------------------------
+
+
+def counted_tokenizer(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size (messages, or characters of plain text) of every conversation the tokenizer is
+    asked to tokenize, from now on."""
+    from twinrun.model.tokens import CheckpointTokenizer
+
+    sizes: list[int] = []
+    chat, plain = CheckpointTokenizer._chat_ids, CheckpointTokenizer._plain_ids
+
+    def chat_ids(self: CheckpointTokenizer, messages: list, *args: object, **kw: object) -> list:
+        sizes.append(len(messages))
+        return chat(self, messages, *args, **kw)  # type: ignore[arg-type]
+
+    def plain_ids(self: CheckpointTokenizer, text: str) -> list[int]:
+        sizes.append(len(text))
+        return plain(self, text)
+
+    monkeypatch.setattr(CheckpointTokenizer, "_chat_ids", chat_ids)
+    monkeypatch.setattr(CheckpointTokenizer, "_plain_ids", plain_ids)
+    return sizes
+
+
+def test_rows_of_10000_messages_are_refused_before_the_tokenizer(
+    tmp_path: Path, toy_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    turns = [{"role": ("user", "assistant")[i % 2], "content": f"hi {i}"} for i in range(10_000)]
+    examples = tmp_path / "long.jsonl"
+    examples.write_text(f"{json.dumps({'messages': turns})}\n" * 4)
+    sizes = counted_tokenizer(monkeypatch)
+    out = tmp_path / "out"
+    args = sft_args(toy_model_dir, examples, out, 1)
+    args[args.index("--warmup-steps") + 1] = "0"
+    assert run_cli(args) == 2
+    line = one_line(capsys)
+    assert f"{examples}:1: at least " in line and "(10000 messages, " in line, line
+    assert "over the row limit of 2048 (--max-length, else the model's positions)" in line
+    assert max(sizes, default=0) <= 3  # only the tokenizer's 3-message probes, never a row
+    assert not out.exists()
+
+
+def test_a_row_of_many_characters_is_refused_before_the_tokenizer(
+    tmp_path: Path, toy_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    examples = tmp_path / "wide.jsonl"
+    examples.write_text(json.dumps({"prompt": "a" * 200_000, "completion": "b"}) + "\n")
+    sizes = counted_tokenizer(monkeypatch)
+    out = tmp_path / "out"
+    args = sft_args(toy_model_dir, examples, out, 1, "--batch-size", "1")
+    args[args.index("--chat-template") + 1] = "off"
+    args[args.index("--warmup-steps") + 1] = "0"
+    assert run_cli(args) == 2
+    assert "(2 messages, 200001 characters), over the row limit of 2048" in one_line(capsys)
+    assert sizes == []
+    assert not out.exists()
+
+
+def test_the_token_floor_never_exceeds_the_tokens(toy_model_dir: Path) -> None:
+    """The floor is a bound, not a guess: on every shipped row, with and without the template,
+    it is at most the row's real token count (and the template's turn floor is not 0)."""
+    from twinrun.data.examples import encode_sft_row, load_rows, sft_row_text, shipped_examples
+    from twinrun.model.tokens import load_tokenizer
+
+    tok = load_tokenizer(toy_model_dir)
+    assert tok.turn_tokens_floor >= 1 and tok.longest_token_chars >= 1
+    rows = load_rows(shipped_examples("sft.jsonl"))
+    for row in rows:
+        for templated in (True, False):
+            conversation, _ = sft_row_text(row, templated)
+            tokens = len(encode_sft_row(tok, row, templated).input_ids)
+            assert 0 < tok.token_floor(conversation, templated) <= tokens, row.where
