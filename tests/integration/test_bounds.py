@@ -365,3 +365,24 @@ def test_the_token_floor_never_exceeds_the_tokens(toy_model_dir: Path) -> None:
             conversation, _ = sft_row_text(row, templated)
             tokens = len(encode_sft_row(tok, row, templated).input_ids)
             assert 0 < tok.token_floor(conversation, templated) <= tokens, row.where
+
+
+# -- evidence --repeat (issue 50, item 5) --------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [101, 10**30])
+def test_evidence_repeat_is_capped_before_any_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], n: int
+) -> None:
+    from twinrun.replay.repeat import MAX_REPEAT
+
+    started: list[object] = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: started.append(a))
+    before = sorted(tmp_path.rglob("*"))
+    code = run_cli(["evidence", str(tmp_path / "source"), "--repeat", str(n),
+                    str(tmp_path / "replay.toml")])  # fmt: skip
+    assert code == 2
+    line = one_line(capsys)
+    assert f"is more than the cap of {MAX_REPEAT} replays" in line, line
+    assert f"give N <= {MAX_REPEAT}" in line and len(line) < 200
+    assert started == [] and sorted(tmp_path.rglob("*")) == before
