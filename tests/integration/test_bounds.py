@@ -386,3 +386,86 @@ def test_evidence_repeat_is_capped_before_any_replay(
     assert f"is more than the cap of {MAX_REPEAT} replays" in line, line
     assert f"give N <= {MAX_REPEAT}" in line and len(line) < 200
     assert started == [] and sorted(tmp_path.rglob("*")) == before
+
+
+# -- a JSON array is streamed (issue 50, item 5) --------------------------------------------------
+
+
+ARRAY_TEXTS = [
+    '[{"a": 1.5e10, "b": -0.25E-3, "c": 123456789}, {"d": "é😀\\u00e9 \\"q\\""}]',
+    '\ufeff  [\n  {"x": [1, 2, {"y": null}]},\n\t{"z": true} , {"w": false}\n]\n  ',
+    "[" + ",".join(f'{{"n": {i}, "s": "{"😀" * (i % 5)}"}}' for i in range(300)) + "]",
+    "[]",
+]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64, 1 << 20])
+def test_a_streamed_json_array_reads_the_same_values_at_any_chunk_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Chunk ends fall inside numbers (1.5e|10), multi-byte characters, escapes and the BOM:
+    every element is the one json.loads reads."""
+    from twinrun.core import jsonarray
+    from twinrun.core.jsonlimits import EXAMPLES
+
+    monkeypatch.setattr(jsonarray, "CHUNK", chunk)
+    for n, text in enumerate(ARRAY_TEXTS):
+        p = tmp_path / f"a{n}.json"
+        p.write_text(text, encoding="utf-8")
+        got = [v for _, v in jsonarray.iter_json_array(p, "examples file", EXAMPLES)]
+        assert got == json.loads(text.removeprefix("\ufeff")), (chunk, n)
+
+
+@pytest.mark.parametrize("chunk", [3, 1 << 20])
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('[{"a": 1},\n {"b": 2},\n {"c" 3}]', "not valid JSON (Expecting ':' delimiter at line 3"),
+        ('[{"a": 1},\n {"b": 2}\n {"c": 3}]', "expected ',' or ']' at line 3"),
+        ('[{"a": 1}] x', "extra data after the array"),
+        ('[{"a": 1}', "not valid JSON"),
+        (b'[{"a": "\xff"}]', "not UTF-8 text"),
+        ('{"a": 1}', "not a JSON array"),
+    ],
+)
+def test_a_streamed_json_array_says_where_it_is_wrong(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int, text: str | bytes, says: str
+) -> None:
+    from twinrun.core import jsonarray
+    from twinrun.core.errors import DataError
+    from twinrun.core.jsonlimits import EXAMPLES
+
+    monkeypatch.setattr(jsonarray, "CHUNK", chunk)
+    p = tmp_path / "a.json"
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(DataError) as err:
+        list(jsonarray.iter_json_array(p, "examples file", EXAMPLES))
+    assert says in err.value.one_line(), err.value.one_line()
+
+
+def test_a_json_array_holds_a_chunk_of_text_not_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted, not timed: a 4 MB array (with a character outside Latin-1, which makes a
+    Python string 4 bytes a character) is read holding at most two chunks and a row of text."""
+    from twinrun.core import jsonarray
+    from twinrun.data.examples import load_rows
+
+    held: list[int] = []
+    more = jsonarray._Text.more
+
+    def counted(self: jsonarray._Text, keep: int) -> int:
+        moved = more(self, keep)
+        held.append(len(self.text))
+        return moved
+
+    monkeypatch.setattr(jsonarray, "CHUNK", 64 << 10)
+    monkeypatch.setattr(jsonarray._Text, "more", counted)
+    row = json.dumps({"prompt": "What is 2 + 2? 😀", "completion": " 4"})
+    p = tmp_path / "big.json"
+    p.write_text("[" + ",".join([row] * 80_000) + "]", encoding="utf-8")
+    assert p.stat().st_size > 4_000_000
+    rows = load_rows(p)
+    assert len(rows) == 80_000 and rows[-1].data["completion"] == " 4"
+    assert len(held) > 60  # read in chunks
+    assert max(held) <= 2 * (64 << 10) + len(row) + jsonarray.LOOKAHEAD

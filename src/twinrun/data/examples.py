@@ -18,7 +18,8 @@ from typing import Any, Protocol
 from twinrun.core import reading
 from twinrun.core.digest import sha256_file
 from twinrun.core.errors import DataError
-from twinrun.core.jsonlimits import EXAMPLES, Limits, iter_json_array, iter_jsonl, read_limited
+from twinrun.core.jsonarray import iter_json_array
+from twinrun.core.jsonlimits import EXAMPLES, Limits, iter_jsonl, read_limited
 from twinrun.data.datasets_source import other_format, read_source, source_kind, source_sha256
 
 
@@ -112,11 +113,8 @@ def _read_rows(p: Path, limits: Limits) -> list[SourcedRow]:
     rows: list[SourcedRow] = []
     if p.suffix.lower() == ".csv":
         rows = csv_rows(p, limits)
-    elif head.lstrip().startswith(b"["):  # parsed one element at a time, up to the row cap
-        data = read_limited(p, "examples file", limits.max_file_bytes)
-        items = iter_json_array(data, str(p), limits)
-        del data  # held by the parse alone, which lets it go once decoded
-        for i, item in items:
+    elif head.lstrip().startswith(b"["):  # streamed one element at a time, up to the row cap
+        for i, item in iter_json_array(p, "examples file", limits):
             _row_cap(p, i, limits)
             rows.append(_as_object(item, f"{p}[{i}]"))
     else:
