@@ -203,3 +203,41 @@ def test_an_mcp_schema_that_is_not_plain_json_is_one_line(bad: object) -> None:
     assert (
         "list_tools schema of tool 'look' holds NaN, Infinity or a value that is not JSON" in line
     )
+
+
+# -- a full disk while the file list is appended leaves nothing unlisted -------------------------
+
+
+def test_a_full_disk_appending_the_list_leaves_no_unlisted_folder(
+    tmp_path: Path, finished_run: Path, toy_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """The disk fills up as the list gains the first checkpoint's line: the run stops in one
+    line, no `checkpoints/` folder exists that the list does not name, and `--overwrite` then
+    clears the run (it is all twinrun's) instead of blaming the user."""
+    from twinrun.core import ledger
+    from twinrun.core.errors import write_failed
+
+    append = ledger._append
+
+    def full(root: Path, record: dict[str, str]) -> None:
+        if record.get("path", "").startswith("checkpoints/"):
+            raise write_failed(root / LEDGER, OSError(errno.ENOSPC, "No space left on device"))
+        append(root, record)
+
+    monkeypatch.setattr(ledger, "_append", full)
+    out = tmp_path / "run"
+    args = sft_args(toy_model_dir, finished_run.parent / "sft4.jsonl", out, 1,
+                    "--checkpoint-every", "1")  # fmt: skip
+    args[args.index("--warmup-steps") + 1] = "0"
+    args[args.index("--batch-size") + 1] = "2"  # 2 steps: a checkpoint after the first
+    assert run_cli(args) == 2
+    line = one_line(capsys.readouterr().err)
+    assert f"cannot write {out / LEDGER}: No space left on device" in line, line
+    assert not (out / "checkpoints").exists()
+    listed = read_listed(out)
+    assert listed is not None
+    assert all(ledger.covered(p.relative_to(out).as_posix(), listed) for p in out.rglob("*"))
+    monkeypatch.setattr(ledger, "_append", append)  # space again
+    assert run_cli([*args, "--overwrite"]) == 0, capsys.readouterr().err
+    assert (out / "checkpoints").is_dir() and (out / "twinrun.json").is_file()
