@@ -241,3 +241,41 @@ def test_a_full_disk_appending_the_list_leaves_no_unlisted_folder(
     monkeypatch.setattr(ledger, "_append", append)  # space again
     assert run_cli([*args, "--overwrite"]) == 0, capsys.readouterr().err
     assert (out / "checkpoints").is_dir() and (out / "twinrun.json").is_file()
+
+
+# -- Ctrl-C that a library's __del__ swallows ----------------------------------------------------
+
+
+def test_ctrl_c_swallowed_by_a_del_during_export_ends_interrupted(
+    tmp_path: Path, finished_run: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """The Ctrl-C lands in a library's `__del__` while the export is written: Python drops the
+    KeyboardInterrupt there, and export used to finish with exit 0. Now the export stops before
+    its output is placed: one line, exit 130, no output and no temporary folder."""
+    import signal
+
+    import twinrun.cli.main as cli_main
+    from twinrun.core import interrupts
+    from twinrun.model import export
+
+    class Handle:
+        def __del__(self) -> None:
+            cli_main._note_sigint(signal.SIGINT, None)  # the CLI's handler, as Ctrl-C runs it
+
+    write = export._write_export
+
+    def write_then_collect(*args: object) -> object:
+        info = write(*args)  # type: ignore[arg-type]
+        Handle()  # dropped at once: its __del__ raises KeyboardInterrupt, which Python ignores
+        return info
+
+    monkeypatch.setattr(export, "_write_export", write_then_collect)
+    monkeypatch.setattr(cli_main, "SIGINT_SEEN", [])
+    monkeypatch.setattr(interrupts, "SEEN", [])
+    out = tmp_path / "merged"
+    assert run_cli(["export", str(finished_run), "--output", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert "Exception ignored" not in err and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == cli_main.INTERRUPTED_LINE
+    assert list(tmp_path.iterdir()) == []

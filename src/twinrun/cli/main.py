@@ -48,8 +48,26 @@ class StartInterrupted(Exception):
 
 
 def _note_sigint(signum: int, frame: Any) -> None:
+    from twinrun.core import interrupts
+
     SIGINT_SEEN.append(True)
+    interrupts.note()  # for the writers' last check: a library may swallow what is raised
     signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt, as Python's own
+
+
+def _quiet_swallowed_interrupt(hook: Any) -> Any:
+    """`sys.unraisablehook` that prints nothing for a noted Ctrl-C raised where Python cannot
+    propagate it (a library's `__del__`): the command stops at its writer's next check and
+    says so in one line. Anything else goes to `hook`."""
+
+    def unraisable(info: Any) -> None:
+        from twinrun.core import interrupts
+
+        if isinstance(info.exc_value, KeyboardInterrupt) and interrupts.SEEN:
+            return
+        hook(info)
+
+    return unraisable
 
 
 def interrupted() -> int:
@@ -175,9 +193,16 @@ def run_cli(args: list[str] | None = None) -> int:
         nul = next((i for i, a in enumerate(args or []) if "\0" in a), None)
         if nul is not None:  # only in-process: an OS command line cannot hold one
             raise ConfigError(f"argument {nul + 1} contains a NUL byte", "remove it")
-        with warnings.catch_warnings():
-            warnings.showwarning = show_warning
-            rv = cli.main(args=args, prog_name="twinrun", standalone_mode=False)
+        hook, sys.unraisablehook = (
+            sys.unraisablehook,
+            _quiet_swallowed_interrupt(sys.unraisablehook),
+        )
+        try:
+            with warnings.catch_warnings():
+                warnings.showwarning = show_warning
+                rv = cli.main(args=args, prog_name="twinrun", standalone_mode=False)
+        finally:
+            sys.unraisablehook = hook
     except StartInterrupted:
         return interrupted()
     except TwinrunError as exc:

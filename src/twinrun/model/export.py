@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from twinrun.core import interrupts
 from twinrun.core.errors import ConfigError, DataError, ModelError, OutputError
 from twinrun.core.fileio import atomic_write_json, fsync_dir
 from twinrun.core.jsonlimits import check_sidecar, load_json_file
@@ -169,6 +170,7 @@ def export_merged(run: str | os.PathLike[str], output: str | os.PathLike[str],
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         info = _write_export(merged, tokenizer, run_dir, record, base, tmp, out)
+        interrupts.check()  # a Ctrl-C a library's __del__ swallowed stops it here, not placed
         remove(earlier)  # the earlier export's own files, deepest first; DIR stays, empty
         os.replace(tmp, out)  # a rename over the emptied directory
         fsync_dir(out.parent)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twinrun.core import interrupts
 from twinrun.core.errors import OutputError
 from twinrun.core.fileio import fsync_dir
 from twinrun.core.owned import Layout, remove, survey
@@ -244,6 +245,7 @@ def write_toy_checkpoint(
             with open(f, "rb+") as fh:
                 os.fsync(fh.fileno())
         fsync_dir(tmp)
+        interrupts.check()  # a Ctrl-C a library swallowed stops it before the output is placed
         _check_out_dir(out, overwrite)
         trash: Path | None = None
         if out.exists():
