@@ -96,6 +96,23 @@ def test_diff_names_a_list_shaped_section_in_one_line(tmp_path: Path, finished_r
         recorded_between(finished_run, run)
 
 
+def test_resume_from_an_inputs_record_whose_train_is_a_list_is_one_line(
+    tmp_path: Path, finished_run: Path, toy_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = copy_run(finished_run, tmp_path / "run")
+    (run / "twinrun.json").unlink()  # a run stopped before it finished: --resume reads its record
+    record = json.loads((run / "twinrun.inputs.json").read_text())
+    record["train"] = [1, "a"]
+    (run / "twinrun.inputs.json").write_text(json.dumps(record))
+    before = tree(tmp_path)
+    args = sft_args(toy_model_dir, finished_run.parent / "sft4.jsonl", run, 1, "--resume")
+    args[args.index("--warmup-steps") + 1] = "0"
+    assert run_cli(args) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "the inputs record's train section is a list, not an object" in line, line
+    assert tree(tmp_path) == before
+
+
 # -- a file list nested 100,000 deep ------------------------------------------------------------
 
 

@@ -198,18 +198,18 @@ SIDECAR_SECTIONS = (
 )  # fmt: skip
 
 
-def check_sidecar(record: Any, where: str) -> dict[str, Any]:
+def check_sidecar(record: Any, where: str, what: str = "sidecar") -> dict[str, Any]:
     """`record` when it is a JSON object whose sections (`SIDECAR_SECTIONS`, where present) are
-    objects too; one DataError naming the first that is not, so that no reader of a sidecar
-    meets a list where it reads a section."""
+    objects too; one DataError naming the first that is not, so that no reader of a sidecar (or
+    of a run's inputs record, `what`) meets a list where it reads a section."""
     if not isinstance(record, dict):
-        raise DataError(f"{where}: a sidecar must be a JSON object", "point at a twinrun run")
+        raise DataError(f"{where}: a {what} must be a JSON object", "point at a twinrun run")
     for name in SIDECAR_SECTIONS:
         if name in record and not isinstance(record[name], dict):
             raise DataError(
-                f"{where}: the sidecar's {name} section is a {_json_kind(record[name])}, "
+                f"{where}: the {what}'s {name} section is a {_json_kind(record[name])}, "
                 "not an object",
-                "give the directory a run wrote, with its twinrun.json unedited",
+                f"give the directory a run wrote, with its {Path(where).name} unedited",
             )
     return record
 
