@@ -289,3 +289,183 @@ def test_a_json_array_row_over_the_byte_limit_is_named(tmp_path: Path) -> None:
     with pytest.raises(DataError) as err:
         load_rows(p, Limits(**{**EXAMPLES.__dict__, "max_bytes": 100}))
     assert err.value.one_line() == f"{p}[1]: a row over the limit of 100 bytes — shorten the row"
+
+
+# -- a row's length, before the tokenizer (issue 50, item 5) -----------------------------------
+
+
+def counted_tokenizer(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size (messages, or characters of plain text) of every conversation the tokenizer is
+    asked to tokenize, from now on."""
+    from twinrun.model.tokens import CheckpointTokenizer
+
+    sizes: list[int] = []
+    chat, plain = CheckpointTokenizer._chat_ids, CheckpointTokenizer._plain_ids
+
+    def chat_ids(self: CheckpointTokenizer, messages: list, *args: object, **kw: object) -> list:
+        sizes.append(len(messages))
+        return chat(self, messages, *args, **kw)  # type: ignore[arg-type]
+
+    def plain_ids(self: CheckpointTokenizer, text: str) -> list[int]:
+        sizes.append(len(text))
+        return plain(self, text)
+
+    monkeypatch.setattr(CheckpointTokenizer, "_chat_ids", chat_ids)
+    monkeypatch.setattr(CheckpointTokenizer, "_plain_ids", plain_ids)
+    return sizes
+
+
+def test_rows_of_10000_messages_are_refused_before_the_tokenizer(
+    tmp_path: Path, toy_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    turns = [{"role": ("user", "assistant")[i % 2], "content": f"hi {i}"} for i in range(10_000)]
+    examples = tmp_path / "long.jsonl"
+    examples.write_text(f"{json.dumps({'messages': turns})}\n" * 4)
+    sizes = counted_tokenizer(monkeypatch)
+    out = tmp_path / "out"
+    args = sft_args(toy_model_dir, examples, out, 1)
+    args[args.index("--warmup-steps") + 1] = "0"
+    assert run_cli(args) == 2
+    line = one_line(capsys)
+    assert f"{examples}:1: at least " in line and "(10000 messages, " in line, line
+    assert "over the row limit of 2048 (--max-length, else the model's positions)" in line
+    assert max(sizes, default=0) <= 3  # only the tokenizer's 3-message probes, never a row
+    assert not out.exists()
+
+
+def test_a_row_of_many_characters_is_refused_before_the_tokenizer(
+    tmp_path: Path, toy_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    examples = tmp_path / "wide.jsonl"
+    examples.write_text(json.dumps({"prompt": "a" * 200_000, "completion": "b"}) + "\n")
+    sizes = counted_tokenizer(monkeypatch)
+    out = tmp_path / "out"
+    args = sft_args(toy_model_dir, examples, out, 1, "--batch-size", "1")
+    args[args.index("--chat-template") + 1] = "off"
+    args[args.index("--warmup-steps") + 1] = "0"
+    assert run_cli(args) == 2
+    assert "(2 messages, 200001 characters), over the row limit of 2048" in one_line(capsys)
+    assert sizes == []
+    assert not out.exists()
+
+
+def test_the_token_floor_never_exceeds_the_tokens(toy_model_dir: Path) -> None:
+    """The floor is a bound, not a guess: on every shipped row, with and without the template,
+    it is at most the row's real token count (and the template's turn floor is not 0)."""
+    from twinrun.data.examples import encode_sft_row, load_rows, sft_row_text, shipped_examples
+    from twinrun.model.tokens import load_tokenizer
+
+    tok = load_tokenizer(toy_model_dir)
+    assert tok.turn_tokens_floor >= 1 and tok.longest_token_chars >= 1
+    rows = load_rows(shipped_examples("sft.jsonl"))
+    for row in rows:
+        for templated in (True, False):
+            conversation, _ = sft_row_text(row, templated)
+            tokens = len(encode_sft_row(tok, row, templated).input_ids)
+            assert 0 < tok.token_floor(conversation, templated) <= tokens, row.where
+
+
+# -- evidence --repeat (issue 50, item 5) --------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [101, 10**30])
+def test_evidence_repeat_is_capped_before_any_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], n: int
+) -> None:
+    from twinrun.replay.repeat import MAX_REPEAT
+
+    started: list[object] = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: started.append(a))
+    before = sorted(tmp_path.rglob("*"))
+    code = run_cli(["evidence", str(tmp_path / "source"), "--repeat", str(n),
+                    str(tmp_path / "replay.toml")])  # fmt: skip
+    assert code == 2
+    line = one_line(capsys)
+    assert f"is more than the cap of {MAX_REPEAT} replays" in line, line
+    assert f"give N <= {MAX_REPEAT}" in line and len(line) < 200
+    assert started == [] and sorted(tmp_path.rglob("*")) == before
+
+
+# -- a JSON array is streamed (issue 50, item 5) --------------------------------------------------
+
+
+ARRAY_TEXTS = [
+    '[{"a": 1.5e10, "b": -0.25E-3, "c": 123456789}, {"d": "é😀\\u00e9 \\"q\\""}]',
+    '\ufeff  [\n  {"x": [1, 2, {"y": null}]},\n\t{"z": true} , {"w": false}\n]\n  ',
+    "[" + ",".join(f'{{"n": {i}, "s": "{"😀" * (i % 5)}"}}' for i in range(300)) + "]",
+    "[]",
+]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64, 1 << 20])
+def test_a_streamed_json_array_reads_the_same_values_at_any_chunk_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Chunk ends fall inside numbers (1.5e|10), multi-byte characters, escapes and the BOM:
+    every element is the one json.loads reads."""
+    from twinrun.core import jsonarray
+    from twinrun.core.jsonlimits import EXAMPLES
+
+    monkeypatch.setattr(jsonarray, "CHUNK", chunk)
+    for n, text in enumerate(ARRAY_TEXTS):
+        p = tmp_path / f"a{n}.json"
+        p.write_text(text, encoding="utf-8")
+        got = [v for _, v in jsonarray.iter_json_array(p, "examples file", EXAMPLES)]
+        assert got == json.loads(text.removeprefix("\ufeff")), (chunk, n)
+
+
+@pytest.mark.parametrize("chunk", [3, 1 << 20])
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('[{"a": 1},\n {"b": 2},\n {"c" 3}]', "not valid JSON (Expecting ':' delimiter at line 3"),
+        ('[{"a": 1},\n {"b": 2}\n {"c": 3}]', "expected ',' or ']' at line 3"),
+        ('[{"a": 1}] x', "extra data after the array"),
+        ('[{"a": 1}', "not valid JSON"),
+        (b'[{"a": "\xff"}]', "not UTF-8 text"),
+        ('{"a": 1}', "not a JSON array"),
+    ],
+)
+def test_a_streamed_json_array_says_where_it_is_wrong(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int, text: str | bytes, says: str
+) -> None:
+    from twinrun.core import jsonarray
+    from twinrun.core.errors import DataError
+    from twinrun.core.jsonlimits import EXAMPLES
+
+    monkeypatch.setattr(jsonarray, "CHUNK", chunk)
+    p = tmp_path / "a.json"
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(DataError) as err:
+        list(jsonarray.iter_json_array(p, "examples file", EXAMPLES))
+    assert says in err.value.one_line(), err.value.one_line()
+
+
+def test_a_json_array_holds_a_chunk_of_text_not_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted, not timed: a 4 MB array (with a character outside Latin-1, which makes a
+    Python string 4 bytes a character) is read holding at most two chunks and a row of text."""
+    from twinrun.core import jsonarray
+    from twinrun.data.examples import load_rows
+
+    held: list[int] = []
+    more = jsonarray._Text.more
+
+    def counted(self: jsonarray._Text, keep: int) -> int:
+        moved = more(self, keep)
+        held.append(len(self.text))
+        return moved
+
+    monkeypatch.setattr(jsonarray, "CHUNK", 64 << 10)
+    monkeypatch.setattr(jsonarray._Text, "more", counted)
+    row = json.dumps({"prompt": "What is 2 + 2? 😀", "completion": " 4"})
+    p = tmp_path / "big.json"
+    p.write_text("[" + ",".join([row] * 80_000) + "]", encoding="utf-8")
+    assert p.stat().st_size > 4_000_000
+    rows = load_rows(p)
+    assert len(rows) == 80_000 and rows[-1].data["completion"] == " 4"
+    assert len(held) > 60  # read in chunks
+    assert max(held) <= 2 * (64 << 10) + len(row) + jsonarray.LOOKAHEAD

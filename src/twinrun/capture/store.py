@@ -26,8 +26,8 @@ def write_new_with(path: Path, write: Callable[[str], None]) -> None:
     there (the check and the creation are one atomic step: os.link fails on an existing name)."""
     if path.exists():
         raise _refuse(path)
+    note_written(path)  # listed before its folder is made: a full disk leaves none unlisted
     path.parent.mkdir(parents=True, exist_ok=True)
-    note_written(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:

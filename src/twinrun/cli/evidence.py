@@ -24,7 +24,7 @@ import click
     nargs=2,
     type=(int, click.Path(dir_okay=False)),
     default=None,
-    help="N CONFIG: first run N fresh replays of CONFIG (each in its own process).",
+    help="N CONFIG: first run N fresh replays of CONFIG (each in its own process; N <= 100).",
 )
 def evidence(
     source: str,

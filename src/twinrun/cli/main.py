@@ -48,8 +48,26 @@ class StartInterrupted(Exception):
 
 
 def _note_sigint(signum: int, frame: Any) -> None:
+    from twinrun.core import interrupts
+
     SIGINT_SEEN.append(True)
+    interrupts.note()  # for the writers' last check: a library may swallow what is raised
     signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt, as Python's own
+
+
+def _quiet_swallowed_interrupt(hook: Any) -> Any:
+    """`sys.unraisablehook` that prints nothing for a noted Ctrl-C raised where Python cannot
+    propagate it (a library's `__del__`): the command stops at its writer's next check and
+    says so in one line. Anything else goes to `hook`."""
+
+    def unraisable(info: Any) -> None:
+        from twinrun.core import interrupts
+
+        if isinstance(info.exc_value, KeyboardInterrupt) and interrupts.SEEN:
+            return
+        hook(info)
+
+    return unraisable
 
 
 def interrupted() -> int:
@@ -134,6 +152,25 @@ def show_warning(
     say(f"twinrun: warning: {message} ({category.__name__})")
 
 
+MEMORY_WORDS = ("Cannot allocate memory", "failed to map segment", "can't start new thread")
+MEMORY_LINE = (
+    "twinrun: error: out of memory ({what}) — free memory, or raise this process's memory limit "
+    "(ulimit -v), and rerun"
+)
+
+
+def memory_line(exc: BaseException) -> str | None:
+    """The one line for a memory limit met anywhere (Python's MemoryError, an OS error ENOMEM, a
+    library that could not map a file or start a thread), or None for any other failure."""
+    if isinstance(exc, MemoryError):
+        return MEMORY_LINE.format(what="MemoryError")
+    if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+        return MEMORY_LINE.format(what="ENOMEM")
+    if any(words in str(exc) for words in MEMORY_WORDS):
+        return MEMORY_LINE.format(what=type(exc).__name__)
+    return None
+
+
 def os_error_line(exc: OSError) -> str:
     """An OS error that escaped a command: what failed, on which path."""
     where = exc.filename if exc.filename is not None else "an output or input path"
@@ -149,15 +186,23 @@ def os_error_line(exc: OSError) -> str:
 
 def run_cli(args: list[str] | None = None) -> int:
     """Run the CLI and return the exit code (used by tests in-process and by `main`)."""
+    from twinrun.core import redact  # noqa: F401  # imported now: `say` needs no memory later
     from twinrun.core.errors import ConfigError, TwinrunError
 
     try:
         nul = next((i for i, a in enumerate(args or []) if "\0" in a), None)
         if nul is not None:  # only in-process: an OS command line cannot hold one
             raise ConfigError(f"argument {nul + 1} contains a NUL byte", "remove it")
-        with warnings.catch_warnings():
-            warnings.showwarning = show_warning
-            rv = cli.main(args=args, prog_name="twinrun", standalone_mode=False)
+        hook, sys.unraisablehook = (
+            sys.unraisablehook,
+            _quiet_swallowed_interrupt(sys.unraisablehook),
+        )
+        try:
+            with warnings.catch_warnings():
+                warnings.showwarning = show_warning
+                rv = cli.main(args=args, prog_name="twinrun", standalone_mode=False)
+        finally:
+            sys.unraisablehook = hook
     except StartInterrupted:
         return interrupted()
     except TwinrunError as exc:
@@ -185,13 +230,17 @@ def run_cli(args: list[str] | None = None) -> int:
             raise
         if SIGINT_SEEN:
             return interrupted()
-        say(os_error_line(exc))
+        say(memory_line(exc) or os_error_line(exc))
         return 2
     except Exception as exc:  # a bug, not a user error: still one line unless debugging
         if debug_enabled():
             raise
         if SIGINT_SEEN:  # an import or a load a Ctrl-C cut short (ImportError and the like)
             return interrupted()
+        memory = memory_line(exc)  # the environment too: a memory limit, not a bug
+        if memory is not None:
+            say(memory)
+            return 2
         from twinrun.core.safetensors_io import disk_error
 
         disk = disk_error(exc, "an output path")  # e.g. safetensors' own "No space left"

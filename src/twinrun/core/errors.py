@@ -62,6 +62,8 @@ def write_failed(path: str | os.PathLike[str], exc: BaseException) -> OutputErro
     reason = getattr(exc, "strerror", None) or first
     if getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc):
         hint = "free some space (or choose an output on another disk) and rerun"
+    elif getattr(exc, "errno", None) == errno.EFBIG:
+        hint = "the file outgrew this process's file-size limit (ulimit -f): raise it and rerun"
     else:
         hint = "check that the location exists, is a directory and is writable"
     return OutputError(f"cannot write {path}: {reason}", hint)

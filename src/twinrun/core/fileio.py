@@ -33,8 +33,8 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[str], None]
     path = Path(path)
     tmp = None
     try:
+        note_written(path)  # listed first (before its folder) when it lies in a run directory
         path.parent.mkdir(parents=True, exist_ok=True)
-        note_written(path)  # listed first when it lies in a run directory
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
         write(tmp)

@@ -168,71 +168,6 @@ def _skip_ws(text: str, i: int) -> int:
     return _WS.match(text, i).end()  # type: ignore[union-attr]  # _WS matches the empty string: never None
 
 
-def _array_text(data: bytes, where: str) -> str:
-    """A JSON array document's bytes as text, without a leading BOM; DataError if not UTF-8."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{where}: not UTF-8 text ({exc.reason})", "save it as UTF-8") from None
-    return text.removeprefix("\ufeff")
-
-
-def _element(
-    text: str, i: int, at: str, where: str, limits: Limits, decode: Any
-) -> tuple[Any, int]:
-    """(value, end) of the array element that starts at `i`, within `limits` like one JSONL
-    row; DataError naming the element `at` (a syntax error's line and column are `where`'s)."""
-    with _json_errors(at, limits, where):
-        value, end = decode(text, i)
-        if end - i <= limits.max_bytes:
-            _check_shape(value, limits)
-    if end - i > limits.max_bytes:
-        raise DataError(
-            f"{at}: a row over the limit of {limits.max_bytes} bytes", "shorten the row"
-        )
-    return value, end
-
-
-def _after_element(text: str, end: int, where: str) -> tuple[int, bool]:
-    """What follows an element that ends at `end`: (the next element's start, False) after a
-    comma, or (the position past the closing bracket, True); DataError for anything else."""
-    i = _skip_ws(text, end)
-    sep = text[i : i + 1]
-    if sep == "]":
-        return i + 1, True
-    if sep != ",":
-        line = text.count("\n", 0, i) + 1
-        raise DataError(
-            f"{where}: not valid JSON (expected ',' or ']' at line {line})",
-            "fix or regenerate the file",
-        )
-    return _skip_ws(text, i + 1), False
-
-
-def iter_json_array(data: bytes, where: str, limits: Limits) -> Iterator[tuple[int, Any]]:
-    """(index, value) for each element of a JSON array document, parsed one element at a time
-    (each within `limits`, like one JSONL row): the whole array never exists as Python objects
-    at once, so a caller that stops at a row count stops the parse there too."""
-    text = _array_text(data, where)
-    del data  # the text is all that is read from now on: the bytes go (a caller passes them in)
-    decode = _decoder(limits).raw_decode
-    i = _skip_ws(text, 0)
-    if text[i : i + 1] != "[":
-        raise DataError(f"{where}: not a JSON array", "fix or regenerate the file")
-    i = _skip_ws(text, i + 1)
-    if text[i : i + 1] == "]":
-        i += 1
-    else:
-        index, done = 0, False
-        while not done:
-            value, end = _element(text, i, f"{where}[{index}]", where, limits, decode)
-            yield index, value
-            index += 1
-            i, done = _after_element(text, end, where)
-    if _skip_ws(text, i) != len(text):
-        raise DataError(f"{where}: not valid JSON (extra data after the array)")
-
-
 def read_limited(path: str | os.PathLike[str], what: str, max_bytes: int) -> bytes:
     """The bytes of `path`, refusing a missing, unreadable, too large or not regular file."""
     return reading.read_bytes(path, what, max_bytes)
@@ -254,3 +189,31 @@ def iter_jsonl(
     for lineno, body in reading.iter_lines(p, what, limits.max_bytes, limits.max_file_bytes):
         if body.strip():
             yield lineno, parse_json(body, f"{p}:{lineno}", limits)
+
+
+#: the sections of a run's sidecar (`twinrun.json`) that are JSON objects whenever present
+SIDECAR_SECTIONS = (
+    "train", "model", "data", "adapter", "determinism", "runtime", "metrics", "inputs", "eval",
+    "replay", "reward_head", "tokenizer", "init_adapter",
+)  # fmt: skip
+
+
+def check_sidecar(record: Any, where: str, what: str = "sidecar") -> dict[str, Any]:
+    """`record` when it is a JSON object whose sections (`SIDECAR_SECTIONS`, where present) are
+    objects too; one DataError naming the first that is not, so that no reader of a sidecar (or
+    of a run's inputs record, `what`) meets a list where it reads a section."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: a {what} must be a JSON object", "point at a twinrun run")
+    for name in SIDECAR_SECTIONS:
+        if name in record and not isinstance(record[name], dict):
+            raise DataError(
+                f"{where}: the {what}'s {name} section is a {_json_kind(record[name])}, "
+                "not an object",
+                f"give the directory a run wrote, with its {Path(where).name} unedited",
+            )
+    return record
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)

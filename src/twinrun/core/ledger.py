@@ -21,12 +21,16 @@ import re
 from pathlib import Path, PurePosixPath
 
 from twinrun.core.errors import OutputError, write_failed
+from twinrun.core.jsonlimits import Limits, parse_json
 
 LEDGER = "twinrun.files.jsonl"
 LEDGER_FORMAT = "twinrun.files.v1"
 MAX_LEDGER_BYTES = 16 * 2**20  # a run lists a few entries per checkpoint: far below this
 KILLED_FILE = re.compile(r"\.(?P<name>.+)\.[A-Za-z0-9_]+\.tmp")
 KILLED_FOLDER = re.compile(r"\.tmp-(?P<name>.+)-[A-Za-z0-9_]+")
+# one line of the list: a flat object (a line nested deeper is not one twinrun wrote, and is
+# refused as a DataError, a ValueError, instead of exhausting Python's recursion)
+LINE_LIMITS = Limits(max_bytes=MAX_LEDGER_BYTES, max_file_bytes=MAX_LEDGER_BYTES, max_depth=4)
 
 _TRACKED: dict[Path, set[str]] = {}  # real path of a run directory -> the entries it lists
 
@@ -50,12 +54,12 @@ def read_listed(root: Path) -> set[str] | None:
         return set()  # killed while it wrote its first line
     listed: set[str] = set()
     try:
-        head = json.loads(lines[0])
+        head = parse_json(lines[0], LEDGER, LINE_LIMITS)
         if not (isinstance(head, dict) and head.get("format") == LEDGER_FORMAT):
             return None
         for i, line in enumerate(lines[1:], start=1):
             try:
-                entry = json.loads(line)
+                entry = parse_json(line, LEDGER, LINE_LIMITS)
             except ValueError:
                 if i < len(lines) - 1 and lines[i + 1].startswith(b"{"):
                     continue  # a line a kill cut short, ended by the next append's newline

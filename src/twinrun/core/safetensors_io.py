@@ -29,20 +29,22 @@ bytes), and a Hugging Face checkpoint is written by transformers' `save_pretrain
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
-from twinrun.core.errors import DataError, TwinrunError
+from twinrun.core.errors import DataError, TwinrunError, write_failed
 
 DISK_ERRORS = {
     "No space left on device": errno.ENOSPC,
     "Read-only file system": errno.EROFS,
     "Disk quota exceeded": errno.EDQUOT,
+    "File too large": errno.EFBIG,  # a file-size limit (RLIMIT_FSIZE, `ulimit -f`)
 }
 Source = str | os.PathLike[str] | bytes | bytearray | memoryview
 
@@ -250,6 +252,22 @@ def write_tensors(
             fh.write(body)
 
     atomic_write_with(path, write)
+
+
+@contextlib.contextmanager
+def library_writes(path: str | os.PathLike[str]) -> Iterator[None]:
+    """A library's own writes into `path` (transformers' `save_pretrained`): a full or
+    read-only disk, or a file-size limit, however the library words it, as the one line of
+    `write_failed` naming `path`; anything else as it was raised."""
+    try:
+        yield
+    except TwinrunError:
+        raise
+    except Exception as exc:
+        disk = disk_error(exc, path)
+        if disk is None or disk.errno not in DISK_ERRORS.values():
+            raise
+        raise write_failed(path, disk) from exc
 
 
 def disk_error(exc: BaseException, path: str | os.PathLike[str]) -> OSError | None:

@@ -18,7 +18,8 @@ from typing import Any, Protocol
 from twinrun.core import reading
 from twinrun.core.digest import sha256_file
 from twinrun.core.errors import DataError
-from twinrun.core.jsonlimits import EXAMPLES, Limits, iter_json_array, iter_jsonl, read_limited
+from twinrun.core.jsonarray import iter_json_array
+from twinrun.core.jsonlimits import EXAMPLES, Limits, iter_jsonl, read_limited
 from twinrun.data.datasets_source import other_format, read_source, source_kind, source_sha256
 
 
@@ -38,7 +39,10 @@ class Tokenizer(Protocol):
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         last_only: bool = False,
+        limit: int | None = None,
     ) -> tuple[list[int], list[int]]: ...
+
+    def token_floor(self, messages: list[dict[str, Any]], chat_template: bool) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -109,11 +113,8 @@ def _read_rows(p: Path, limits: Limits) -> list[SourcedRow]:
     rows: list[SourcedRow] = []
     if p.suffix.lower() == ".csv":
         rows = csv_rows(p, limits)
-    elif head.lstrip().startswith(b"["):  # parsed one element at a time, up to the row cap
-        data = read_limited(p, "examples file", limits.max_file_bytes)
-        items = iter_json_array(data, str(p), limits)
-        del data  # held by the parse alone, which lets it go once decoded
-        for i, item in items:
+    elif head.lstrip().startswith(b"["):  # streamed one element at a time, up to the row cap
+        for i, item in iter_json_array(p, "examples file", limits):
             _row_cap(p, i, limits)
             rows.append(_as_object(item, f"{p}[{i}]"))
     else:
@@ -367,17 +368,23 @@ def sft_row_text(
     return [*messages, {"role": "assistant", "content": completion}], None
 
 
-def encode_sft_row(tok: Tokenizer, row: SourcedRow, chat_template: bool) -> EncodedRow:
+def encode_sft_row(
+    tok: Tokenizer, row: SourcedRow, chat_template: bool, max_length: int | None = None
+) -> EncodedRow:
     """An SFT row's ids and loss mask. Through the chat template every assistant turn of a
     {messages} row is a target (TRL's `assistant_only_loss`), of a prompt-completion row the
     completion alone (TRL's `completion_only_loss`: an assistant turn in the prompt is context),
     and the row's `tools` are rendered; without it the row is plain text (the contents one per
     line) and the last answer is the target."""
     conversation, tools = sft_row_text(row, chat_template)
+    if max_length is not None:
+        check_length_floor(tok, conversation, chat_template, row.where, max_length)
     if not chat_template:
         *messages, answer = conversation
         return encode_prompt_completion(tok, messages, answer["content"], chat_template)
-    ids, mask = tok.conversation_ids(conversation, tools, last_only="messages" not in row.data)
+    ids, mask = tok.conversation_ids(
+        conversation, tools, last_only="messages" not in row.data, limit=max_length
+    )
     return EncodedRow(tuple(ids), tuple(mask))
 
 
@@ -386,10 +393,30 @@ def encode_sft_rows(
 ) -> list[EncodedRow]:
     out = []
     for row in rows:
-        enc = encode_sft_row(tok, row, chat_template)
+        enc = encode_sft_row(tok, row, chat_template, max_length)
         check_length(enc, row.where, max_length)
         out.append(enc)
     return out
+
+
+def check_length_floor(
+    tok: Tokenizer,
+    messages: list[dict[str, Any]],
+    chat_template: bool,
+    where: str,
+    max_length: int,
+) -> None:
+    """`check_length` before any tokenizing: DataError naming the row when even its floor of
+    tokens (`token_floor`: its characters, and its turns through the template) is over the
+    row limit — a row of 10,000 turns is refused at once, not after 10,000 template renders."""
+    floor = tok.token_floor(messages, chat_template)
+    if floor > max_length:
+        turns, chars = len(messages), sum(len(m.get("content") or "") for m in messages)
+        raise DataError(
+            f"{where}: at least {floor} tokens ({turns} messages, {chars} characters), over the "
+            f"row limit of {max_length} (--max-length, else the model's positions)",
+            "shorten the example, or raise --max-length within the model's positions",
+        )
 
 
 def check_length(enc: EncodedRow, where: str, max_length: int) -> None:

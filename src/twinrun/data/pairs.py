@@ -30,6 +30,7 @@ from twinrun.data.examples import (
     SourcedRow,
     Tokenizer,
     check_length,
+    check_length_floor,
     check_messages,
     message_list,
     require_str,
@@ -111,7 +112,12 @@ def encode_pairs(
     """Encode every pair row; each side like SFT, each checked against `max_length` positions."""
     out = []
     for row in rows:
-        pair = encode_pair(tok, *pair_parts(row), chat_template)
+        messages, chosen, rejected = pair_parts(row)
+        for side, answer in (("chosen", chosen), ("rejected", rejected)):  # before tokenizing
+            conversation = [*messages, {"role": "assistant", "content": answer}]
+            check_length_floor(tok, conversation, chat_template, f"{row.where} ({side})",
+                               max_length)  # fmt: skip
+        pair = encode_pair(tok, messages, chosen, rejected, chat_template)
         check_length(pair.chosen, f"{row.where} (chosen)", max_length)
         check_length(pair.rejected, f"{row.where} (rejected)", max_length)
         out.append(pair)

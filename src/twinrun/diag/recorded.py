@@ -167,14 +167,12 @@ def read_sidecar(run: str | os.PathLike[str]) -> dict[str, Any] | None:
     The run's `twinrun.inputs.json`, when present, adds `tokenizer.sha256` and
     `init_adapter.sha256` (where the sidecar has no such section). DataError when a file is
     there but is not a JSON object."""
-    from twinrun.core.jsonlimits import load_json_file
+    from twinrun.core.jsonlimits import check_sidecar, load_json_file
 
     path = sidecar_path(run)
     if not path.is_file():
         return None
-    record = load_json_file(path, what="the run's sidecar")
-    if not isinstance(record, dict):
-        raise DataError(f"{path}: a sidecar must be a JSON object", "point at a twinrun run")
+    record = check_sidecar(load_json_file(path, what="the run's sidecar"), str(path))
     inputs_path = path.with_name(INPUTS_RECORD)
     if inputs_path.is_file():
         inputs = load_json_file(inputs_path, what="the run's inputs record")

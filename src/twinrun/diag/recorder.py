@@ -248,8 +248,8 @@ class DiagRecorder:
         if self._fh is None:
             fh = None
             try:
+                note_written(self.path)  # listed before its folder is made
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                note_written(self.path)
                 fh = open(self.path, "ab", buffering=0)  # noqa: SIM115
                 if not self._append:
                     fh.truncate(0)  # a fresh log: once (opened again, it is continued)

@@ -24,9 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from twinrun.core import interrupts
 from twinrun.core.errors import ConfigError, DataError, ModelError, OutputError
 from twinrun.core.fileio import atomic_write_json, fsync_dir
-from twinrun.core.jsonlimits import load_json_file
+from twinrun.core.jsonlimits import check_sidecar, load_json_file
 from twinrun.core.owned import manifest_entries, refuse_input_overlap, remove
 
 EXPORT_RECORD = "twinrun.export.json"
@@ -41,10 +42,7 @@ def run_record(run: Path) -> dict[str, Any]:
             f"{run} is not a finished twinrun run (no adapter_model.safetensors and twinrun.json)",
             "name a run directory a training command wrote (or its final/ folder after a replay)",
         )
-    record = load_json_file(sidecar, "run sidecar")
-    if not isinstance(record, dict):
-        raise DataError(f"{sidecar} is not a twinrun sidecar")
-    return record
+    return check_sidecar(load_json_file(sidecar, "run sidecar"), str(sidecar))
 
 
 def base_of(run: Path, record: dict[str, Any], model: str | None) -> Path:
@@ -112,16 +110,24 @@ def _merge(run_dir: Path, base: Path) -> tuple[Any, Any]:
 
 
 def _write_export(
-    merged: Any, tokenizer: Any, run_dir: Path, record: dict[str, Any], base: Path, tmp: Path
+    merged: Any,
+    tokenizer: Any,
+    run_dir: Path,
+    record: dict[str, Any],
+    base: Path,
+    tmp: Path,
+    out: Path,
 ) -> dict[str, Any]:
-    """The merged checkpoint, its tokenizer and the export record written into `tmp`; the
-    record."""
+    """The merged checkpoint, its tokenizer and the export record written into `tmp` (renamed
+    to `out` afterwards); the record."""
     from twinrun.core.determinism import runtime_versions
     from twinrun.core.digest import sha256_file, sha256_files
+    from twinrun.core.safetensors_io import library_writes
     from twinrun.model.loading import model_files
 
-    merged.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
+    with library_writes(out):  # a full disk names the output, not the library's temporary file
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
     files = [p for p in model_files(tmp) if p.is_file()]
     written = sorted(p for p in tmp.rglob("*") if p.is_file())
     info = {
@@ -163,7 +169,8 @@ def export_merged(run: str | os.PathLike[str], output: str | os.PathLike[str],
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        info = _write_export(merged, tokenizer, run_dir, record, base, tmp)
+        info = _write_export(merged, tokenizer, run_dir, record, base, tmp, out)
+        interrupts.check()  # a Ctrl-C a library's __del__ swallowed stops it here, not placed
         remove(earlier)  # the earlier export's own files, deepest first; DIR stays, empty
         os.replace(tmp, out)  # a rename over the emptied directory
         fsync_dir(out.parent)

@@ -22,7 +22,9 @@ template's end-of-turn token) and the tokenizer's eos.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -143,6 +145,38 @@ class CheckpointTokenizer:
         )
         return [int(i) for i in ids]
 
+    @functools.cached_property
+    def longest_token_chars(self) -> int:
+        """The most characters one token of the vocabulary stands for (its text as the
+        vocabulary writes it, special tokens included, so never fewer): a text of C characters
+        is at least C / this many tokens."""
+        return max((len(t) for t in self.hf.get_vocab()), default=1) or 1
+
+    @functools.cached_property
+    def turn_tokens_floor(self) -> int:
+        """The fewest tokens a user or assistant message adds through the chat template, even
+        empty (its role markers), measured once on three tiny conversations; 0 when the
+        template has none or a probe fails (then turns bound nothing)."""
+        turns = [{"role": "user", "content": "a"}, {"role": "assistant", "content": ""},
+                 {"role": "user", "content": ""}]  # fmt: skip
+        try:
+            n = [len(self._chat_ids(turns[:k], add_generation_prompt=False)) for k in (1, 2, 3)]
+        except Exception:  # a template that refuses the probes: no floor, never a wrong one
+            return 0
+        return max(0, min(n[1] - n[0], n[2] - n[1]))
+
+    def token_floor(self, messages: Messages, chat_template: bool) -> int:
+        """A lower bound on the tokens of a conversation, found without tokenizing it: its
+        characters over `longest_token_chars`, and through the chat template its user and
+        assistant turns times `turn_tokens_floor` — so a row far past any limit is refused
+        before the tokenizer (or a template render per turn) spends time on it."""
+        chars = sum(len(m.get("content") or "") for m in messages)
+        floor = math.ceil(chars / self.longest_token_chars)
+        if chat_template:
+            turns = sum(m.get("role") in ("user", "assistant") for m in messages)
+            floor = max(floor, turns * self.turn_tokens_floor)
+        return floor
+
     def _plain_ids(self, text: str) -> list[int]:
         return list(self.hf(text, add_special_tokens=True)["input_ids"])
 
@@ -189,7 +223,11 @@ class CheckpointTokenizer:
         return n
 
     def conversation_ids(
-        self, messages: Messages, tools: Tools = None, last_only: bool = False
+        self,
+        messages: Messages,
+        tools: Tools = None,
+        last_only: bool = False,
+        limit: int | None = None,
     ) -> tuple[list[int], list[int]]:
         """(ids, loss mask) of a whole conversation through the chat template, every assistant
         turn a target (TRL's `assistant_only_loss`): turn i's tokens are those the conversation
@@ -197,9 +235,13 @@ class CheckpointTokenizer:
         (its content and end of turn). `last_only`: the last message alone is a target (TRL's
         prompt-completion rows, whose `completion_only_loss` leaves the prompt's assistant
         turns out). `tools` go to the template. A conversation with one assistant turn, at its
-        end, gets `prompt_completion_ids`'s ids and mask."""
+        end, gets `prompt_completion_ids`'s ids and mask. A conversation over `limit` tokens
+        comes back at once with no target (the caller refuses it by its length): the masks cost
+        two template renders per assistant turn."""
         full = self._chat_ids(messages, add_generation_prompt=False, tools=tools)
         mask = [0] * len(full)
+        if limit is not None and len(full) > limit:
+            return full, mask
         for i, message in enumerate(messages):
             if message["role"] != "assistant" or (last_only and i + 1 < len(messages)):
                 continue

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twinrun.core import interrupts
 from twinrun.core.errors import OutputError
 from twinrun.core.fileio import fsync_dir
 from twinrun.core.owned import Layout, remove, survey
@@ -232,7 +233,10 @@ def write_toy_checkpoint(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
-        _write_into(tmp, seed, size)
+        from twinrun.core.safetensors_io import library_writes
+
+        with library_writes(out):  # a full disk names the output, not the temporary folder
+            _write_into(tmp, seed, size)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)
@@ -241,6 +245,7 @@ def write_toy_checkpoint(
             with open(f, "rb+") as fh:
                 os.fsync(fh.fileno())
         fsync_dir(tmp)
+        interrupts.check()  # a Ctrl-C a library swallowed stops it before the output is placed
         _check_out_dir(out, overwrite)
         trash: Path | None = None
         if out.exists():

@@ -215,6 +215,19 @@ def _mcp_result(value: Any) -> Any:
     return text
 
 
+def _plain_json(guard: Guard, name: str, schema: Any) -> None:
+    """A ToolEnvironmentError unless a tool's input schema (walked safely already) is plain
+    JSON: it reaches the chat template and the run's records, which hold no NaN or Infinity."""
+    try:
+        json.dumps(schema, allow_nan=False)
+    except (TypeError, ValueError):
+        raise ToolEnvironmentError(
+            f"environment {guard.env!r}: list_tools schema of tool {name[:60]!r} holds NaN, "
+            "Infinity or a value that is not JSON",
+            "give each input schema plain JSON values (finite numbers, strings, lists, objects)",
+        ) from None
+
+
 class McpEpisode(_PluginEpisode):
     """Shape 3: the tools are `list_tools()`; each call goes to `call_tool(name, arguments)`."""
 
@@ -238,6 +251,7 @@ class McpEpisode(_PluginEpisode):
                     "or with an input schema that is not an object"
                 )
             guard.shallow(f"list_tools schema of tool {name[:60]!r}", params)
+            _plain_json(guard, name, params)
             function = {
                 "name": name,
                 "description": desc if isinstance(desc, str) else "",

@@ -77,8 +77,8 @@ def write_checkpoint(
     if not is_root():
         return final
     root = out / CHECKPOINTS
+    note_written(final)  # listed before checkpoints/ or its temporary folder exists
     root.mkdir(parents=True, exist_ok=True)
-    note_written(final)  # listed before its temporary folder exists
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
     try:
         tensors = {f"param.{name}": p.detach().cpu().contiguous() for name, p in params}

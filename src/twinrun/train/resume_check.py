@@ -54,12 +54,14 @@ def run_inputs(
 
 
 def read_inputs(out: Path) -> dict[str, Any] | None:
-    from twinrun.core.jsonlimits import load_json_file
+    from twinrun.core.jsonlimits import check_sidecar, load_json_file
 
     path = out / INPUTS
     if not path.is_file():
         return None
     record = load_json_file(path, what="the run's inputs record")
+    if isinstance(record, dict) and record.get("format") == INPUTS_FORMAT:
+        check_sidecar(record, str(path), "inputs record")  # its train section an object
     if not isinstance(record, dict) or record.get("format") != INPUTS_FORMAT:
         raise DataError(
             f"{path} is not a {INPUTS_FORMAT} record", "restart the run without --resume"
