@@ -5,7 +5,8 @@ path forced by a preloaded library, another thread count — set by the caller i
 environment), it writes
 
 - `native`: digests of MKL-computed results (a float32 product, `exp`, `sqrt`) with torch's own
-  kernels — these are expected to move between emulations, which shows the emulation is real;
+  kernels, and of oneDNN's int8 product of +-127 operands — these are expected to move between
+  emulations, which shows the emulation is real;
 - `portable`: the adapter and diag SHA256s of short portable-mode runs on a toy whose inner
   dimensions pass 512 (intermediate 640): SFT with accumulation, and GRPO whose rewards vary and
   whose replayed rollouts make the ratio go through `exp` — these must not move.
@@ -34,7 +35,14 @@ def native_digests() -> dict[str, str]:
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(48, 1536, generator=g), torch.randn(1536, 40, generator=g)
     x = torch.rand(20_000, generator=g) * 20 - 10
-    return {"mm": digest(a @ b), "exp": digest(torch.exp(x)), "sqrt": digest(torch.sqrt(x.abs()))}
+    wide = (
+        torch.full((16, 256), 127, dtype=torch.int8),
+        torch.full((256, 16), 127, dtype=torch.int8),
+    )
+    return {
+        "mm": digest(a @ b), "exp": digest(torch.exp(x)), "sqrt": digest(torch.sqrt(x.abs())),
+        "int8": digest(torch._int_mm(*wide)),  # +-127 saturates on oneDNN's AVX2 path
+    }  # fmt: skip
 
 
 def portable_digests(root: Path, threads: str) -> dict[str, str]:

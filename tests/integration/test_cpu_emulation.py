@@ -1,10 +1,13 @@
 """The portable mode's bytes do not move when another CPU is emulated on this one: MKL's branches
 (`MKL_CBWR`), an instruction limit (`MKL_ENABLE_INSTRUCTIONS`), MKL's AMD and Intel code paths
 forced by a preloaded library that answers MKL's vendor questions as that vendor's CPU would,
-and two threads.
+oneDNN's instruction caps (`ONEDNN_MAX_CPU_ISA`: its AVX2 and AVX-512-without-VNNI integer
+GEMMs), two and four threads, and each engine of the exact products (oneDNN's int8 GEMM or the
+float64 BLAS; the digit passes in C or in torch).
 
 Each emulation is a fresh process (MKL reads its settings once). The same processes show that
-the emulations are real: MKL's own results (a float32 product, exp, sqrt) move between them. On
+the emulations are real: MKL's own results (a float32 product, exp, sqrt) move between them, and
+oneDNN's int8 product of +-127 operands (which saturates on its AVX2 path) moves under the caps. On
 an Intel machine the AMD path moves them; on an AMD machine MKL already runs its AMD path (its
 branches and instruction limits leave exp and sqrt alone there) and the Intel path moves them:
 with both vendors' paths, the check holds on either kind of machine."""
@@ -35,6 +38,15 @@ EMULATIONS: dict[str, dict[str, str]] = {
     },
     "MKL's AMD path, 2 threads": {"VENDOR": "amd", "TWINRUN_EMULATED_THREADS": "2"},
     "MKL's Intel path": {"VENDOR": "intel"},
+    "oneDNN capped at AVX2, 4 threads": {
+        "ONEDNN_MAX_CPU_ISA": "AVX2", "TWINRUN_EMULATED_THREADS": "4",
+    },
+    "oneDNN capped at AVX512_CORE (no VNNI), digit passes in torch": {
+        "ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "TWINRUN_DIGIT_KERNELS": "torch",
+    },
+    "float64 engine, 2 threads": {
+        "TWINRUN_EXACT_ENGINE": "float64", "TWINRUN_EMULATED_THREADS": "2",
+    },
 }  # fmt: skip
 
 
@@ -59,7 +71,8 @@ def vendor_libraries(folder: Path) -> dict[str, Path]:
 def emulate(
     name: str, extra: dict[str, str], folder: Path, vendors: dict[str, Path]
 ) -> dict[str, dict[str, str]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MKL_", "TWINRUN_EMU"))}
+    settings = ("MKL_", "ONEDNN_", "TWINRUN_EMU", "TWINRUN_EXACT", "TWINRUN_DIGIT")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(settings)}
     env.pop("LD_PRELOAD", None)
     for key, value in extra.items():
         if key == "VENDOR":
@@ -81,6 +94,6 @@ def test_emulated_cpus_write_the_same_portable_bytes(tmp_path: Path) -> None:
     reference = results["as-is"]["portable"]
     moved = {n: r["portable"] for n, r in results.items() if r["portable"] != reference}
     assert not moved, f"portable bytes moved under {sorted(moved)}: {moved} vs {reference}"
-    for key in ("mm", "exp", "sqrt"):
+    for key in ("mm", "exp", "sqrt", "int8"):
         natives = {r["native"][key] for r in results.values()}
         assert len(natives) >= 2, f"no emulation moved MKL's {key}: the emulation is not real"

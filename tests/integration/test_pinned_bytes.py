@@ -5,12 +5,13 @@ bytes (a new model implementation, new tokenization), re-pin: run this module, a
 "got" values it reports into PINNED below.
 
 The values are keyed by platform fingerprint. The suite runs with the portable CPU kernels, so on
-every x86-64 machine the key is `cpu:x86_64-portable-exact` and one set of values must hold on
-an Intel AVX-512 and an AMD AVX2 machine alike (these were written on an Intel Xeon, AVX-512,
-once, when the portable mode moved to exact products; the AMD-written values of the mode before
-them did not hold on Intel); a platform with no values of its own skips, naming its key, and
-never fails for being elsewhere. A failure on another x86-64 machine is a portability bug: do not
-re-pin there (tests/integration/test_cpu_emulation.py emulates other CPUs on this one).
+every x86-64 machine the key is `cpu:x86_64-portable-digits` and one set of values must hold on
+an Intel AVX-512 and an AMD AVX2 machine alike (these were written on an AMD EPYC, AVX-512, once,
+when the portable mode's products moved to int8 digit planes; the values of the float64-slice
+scheme before them were written on an Intel Xeon and held on AMD); a platform with no values of
+its own skips, naming its key, and never fails for being elsewhere. A failure on another x86-64
+machine is a portability bug: do not re-pin there (tests/integration/test_cpu_emulation.py
+emulates other CPUs on this one).
 """
 
 from __future__ import annotations
@@ -29,23 +30,23 @@ FILES = {
     "head": "reward_head.safetensors",
 }
 PLATFORM = fingerprint()["device"]
-BY_PLATFORM: dict[str, dict[str, dict[str, str]]] = {"cpu:x86_64-portable-exact": {
+BY_PLATFORM: dict[str, dict[str, dict[str, str]]] = {"cpu:x86_64-portable-digits": {
     "sft": {
-        "adapter": "3dc3c4719a65b62962c71a8202ca679a02bc6edd11faa4d7468a03c56cbcf7aa",
-        "diag": "1dc75c7a4ad3aa223d329ee0efa9834def907f09443473ba1dfaa95d24677231",
+        "adapter": "09d73b274fd307e7d606dabd2ba238d4b886280713994ac336bd64cc614db057",
+        "diag": "15c07cfc4c9c83f71924312166d16e6ba174a8b3546232c59a53e946213d041a",
     },
     "dpo": {
-        "adapter": "b6e110afa5327dd0450eb4ff7d383c5705a137661d37599cd1adeb8f9d69c8c7",
-        "diag": "7b52c6ae360b5be689f8f1b0db3b8fd83669d5d4294e4aa9153d126a2f537789",
+        "adapter": "eacd91d481559137a940d9e09b9a833b3aa5b2d1a79fdb7b4a0e17a6ee9cbce6",
+        "diag": "6695245ecb0f93eeaf4b687efca0cd94a26b8711e8dbe4adcfcd231bc2e89d4d",
     },
     "reward": {
-        "adapter": "39a5dd3c9d7b5ad63112031b82db4845274da128b2e6e4f92479fb1889deeff6",
-        "diag": "60052354baa69fecc2d53d2740f8b7c692bda6551afc4485bc906f66b6c5961e",
-        "head": "004bceaa926a87fc3a7b1392c3c9877a48a4dd231a7a67c002a6f072a60709f4",
+        "adapter": "a65a48051130a69046b16214e8c7205d67b57e81af08ad812b2fd612b2e027e5",
+        "diag": "7db98a31d01be6e19b68d505e2c7fc1dd4eaf3bcdc1ba52b18fda4f5af5c2709",
+        "head": "e8d5ef97efc7959c90e3d6209452125df093b9bee98e5743326af26b0ec04b5e",
     },
     "grpo": {
-        "adapter": "85a705c9250b0cd842b03a61fe091eff098e672fbd8d24dff6309c3f91ab3b5f",
-        "diag": "dfde80bd1c16ecf5b015f669d2bd8873a0c6fc427669f8afe44bfbe23191dc28",
+        "adapter": "3732b25fb209fb6e0a596a69bf0e290d10ac64d964127538989e88074565bf96",
+        "diag": "15916b0cb64f9c3b227c14666ab2d5b360add124d274cca9099302f73286b7ca",
     },
 }}  # fmt: skip
 PINNED = BY_PLATFORM.get(PLATFORM, {})
@@ -55,9 +56,9 @@ needs_pins = pytest.mark.skipif(
 # GRPO with --rollout-block 1 (each prompt group decoded alone, as every GRPO run was before
 # block decoding): a block of one prompt is exactly the per-group decode, so these are the
 # per-group bytes (re-pinned with the rest for the exact products).
-PER_GROUP_GRPO_BY_PLATFORM: dict[str, dict[str, str]] = {"cpu:x86_64-portable-exact": {
-    "adapter": "85a705c9250b0cd842b03a61fe091eff098e672fbd8d24dff6309c3f91ab3b5f",
-    "diag": "dfde80bd1c16ecf5b015f669d2bd8873a0c6fc427669f8afe44bfbe23191dc28",
+PER_GROUP_GRPO_BY_PLATFORM: dict[str, dict[str, str]] = {"cpu:x86_64-portable-digits": {
+    "adapter": "3732b25fb209fb6e0a596a69bf0e290d10ac64d964127538989e88074565bf96",
+    "diag": "15916b0cb64f9c3b227c14666ab2d5b360add124d274cca9099302f73286b7ca",
 }}  # fmt: skip
 
 

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from twinrun.core import portable
+from twinrun.core import pinning, portable
 from twinrun.core.errors import ConfigError
 
 
@@ -19,7 +19,7 @@ def test_an_unknown_mode_is_refused() -> None:
 def test_pinning_keeps_what_the_user_set_and_unpinning_takes_back_only_its_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(portable, "_pinned_here", {})
+    monkeypatch.setattr(pinning, "_pinned_here", {})
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     monkeypatch.setenv("MKL_CBWR", "AVX2")
     portable.pin_environment()
@@ -31,7 +31,7 @@ def test_pinning_keeps_what_the_user_set_and_unpinning_takes_back_only_its_own(
 def test_a_child_gets_the_user_s_environment_not_the_pin(monkeypatch: pytest.MonkeyPatch) -> None:
     """`user_environment`: this process's environment less what `pin_environment` set here; a
     value the user set, and everything else, passes through."""
-    monkeypatch.setattr(portable, "_pinned_here", {})
+    monkeypatch.setattr(pinning, "_pinned_here", {})
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     monkeypatch.setenv("TWINRUN_TEST_OTHER", "kept")
     portable.pin_environment()
@@ -43,7 +43,7 @@ def test_a_child_gets_the_user_s_environment_not_the_pin(monkeypatch: pytest.Mon
         monkeypatch.setenv("ATEN_CPU_CAPABILITY", users)
         portable.pin_environment()
         assert portable.user_environment()["ATEN_CPU_CAPABILITY"] == users
-    monkeypatch.setattr(portable, "_pinned_here", {"ATEN_CPU_CAPABILITY": "avx2"})
+    monkeypatch.setattr(pinning, "_pinned_here", {"ATEN_CPU_CAPABILITY": "avx2"})
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # changed since the pin: not the pin's
     assert portable.user_environment()["ATEN_CPU_CAPABILITY"] == "default"
 

@@ -1,60 +1,68 @@
 """Matrix products whose bytes cannot depend on the BLAS, the CPU or the thread count.
 
 `exact_matmul(a, b)` computes `a @ b` (batched or not) for floating-point operands by a scheme
-in which every partial sum is exact, followed by one deterministic rounding:
+in which every partial sum is an exact integer, followed by a fixed sequence of IEEE operations:
 
-1. **Slice** (exact): the inner dimension is cut into equal pieces of at most `PIECE` indices.
-   Within each piece, each row of `a` (each column of `b`) is scaled by `2**(w - e)`, where
-   `2**e` is the smallest power of two above that piece of the line's largest magnitude, and
-   rounded to the nearest integer (ties to even): an integer-valued slice with `|q| <= 2**w`.
-   This is the one approximation: an element keeps the bits of its piece's range down to
-   `2**(e - w - 1)`. A row's scales depend on that row alone, so a row's result does not depend
-   on the other rows of its batch; an outlier channel of the activations costs only the other
-   entries of its own piece their low bits.
-2. **Multiply** (exact): each piece's slices are multiplied in float64 by whatever BLAS torch
-   has (MKL, OpenBLAS, any blocking, any vector width, any thread count, with or without FMA):
-   every product is an integer below `2**(2w)` and every partial sum of a piece is an integer
-   below `2**53`, so each is exact and the same in every order.
-3. **Scale, add, round**: each piece's integer result is scaled back by its two powers of two
-   (exact), the pieces are added one after another in float64 (a fixed sequence of IEEE
-   additions), and the sum is rounded once to the operands' dtype.
+1. **Slice** (`twinrun.core.digit_kernels`): each row of `a` and each column of `b` (a *line*) is
+   scaled by `2**(W - e)`, where `2**e` is the smallest power of two above the line's largest
+   magnitude, and rounded to the nearest integer `q` (|q| <= 2**26, W = 26); `q` is written as
+   four balanced base-128 digits `q = d0*2**21 + d1*2**14 + d2*2**7 + d3`, each in [-64, 63].
+   The rounding is the one approximation of the operands: an element keeps the bits of its line's
+   range down to `2**(e - 27)`. A line's scale depends on that line alone, so a row's result does
+   not depend on the other rows of its batch. A row of `a` whose range is set by a few loud
+   entries (at most K/32 within 2**5 of its largest: SmolLM2's massive activations) is computed
+   as two rows, its quiet entries at their own scale and its loud ones at theirs, added in
+   float64 (`outlier_rows`): its quiet entries keep their bits.
+2. **Multiply** (exact): the digit planes are multiplied as int8 matrices with int32 sums
+   (`torch._int_mm`: oneDNN's integer GEMM on every x86-64 CPU, AMX or VNNI or AVX2) — every
+   product is an integer and every sum exact, in any order, on any code path: digits within
+   [-64, 63] never meet the 16-bit saturation that +-127 meets on AVX2 and AVX-512 without VNNI
+   (oneDNN shifts one operand by 128 to make it unsigned: 2 * 191 * 64 < 2**15; tested under
+   every `ONEDNN_MAX_CPU_ISA` cap on all-extreme blocks). The
+   anti-diagonals `P_t = sum over i + j = t of A_i @ B_j` for t = 0..3 are one GEMM each over the
+   concatenated inner dimension (the digit planes lie side by side, so P_t's operands are views).
+   The products below t = 3 (weights 2**-28 and smaller of the leading term) are left out: a
+   truncation of the exact product, the same on every machine. Operands with at most 14
+   significant bits below their line's range (small integers) lose nothing to it.
+3. **Combine**: `H = ((P0*128 + P1)*128 + P2)*128 + P3` in int64 (exact), then
+   `H * 2**(ea - 2W + 21) * 2**eb` in float64 — exact: the float64 value is the truncated sum.
+   It is rounded once, to the caller's dtype (for float32, in the same pass).
 
-`w = (53 - log2(piece)) // 2`: 23 bits for pieces of up to 128 indices. On SmolLM2's forward
-(massive activations up to 2.6e4 at layer 15) the hidden states stay within 1.5e-6 of a float64
-reference (norm-relative) where float32's own BLAS is within 9.4e-7 (and within 6.4e-7 vs
-7.0e-7 at layer 15); tests/unit/test_exact_matmul.py checks the bound against float64.
+`ENGINE` says who multiplies the digit planes: "int8" (oneDNN's integer GEMM) or "float64"
+(torch's float64 BLAS on the same digits: every sum is an integer below 2**53, so exact too) —
+the same bits either way; `TWINRUN_EXACT_ENGINE=float64` chooses the second.
+
+Accuracy (`error_bound`, tested against a float64 reference): per result element, the operands'
+rounding (half a unit of each line's last kept bit, times the other operand's absolute sums), the
+left-out anti-diagonals (at most `K * 64**2 * (3*2**14 + 2*2**7 + 1)` units of `2**(ea + eb -
+2W)`), and the rounding to the dtype. On random and outlier-row data the norm-relative
+error against float64 is at or below float32's own BLAS (docs/reproducibility.md quotes it).
 
 Non-finite inputs take a defined path: a result element is NaN when its row or column holds a
 NaN or when the products it sums hold inf * 0 or both +inf and -inf, else +inf or -inf when a
 product is infinite — decided by exact counts (integer-valued indicator products), so no BLAS
-shortcut can change it. Zeros, signed zeros and float32 subnormals are ordinary values in
-float64 (a result that is exactly zero is +0).
+shortcut can change it. Zeros, signed zeros and float32 subnormals are ordinary values (a
+result that is exactly zero is +0).
 """
 
 from __future__ import annotations
 
+import os
+import weakref
+from typing import Any
+
 import torch
 
-PIECE = 128  # inner indices per exact float64 product: 23-bit slices
+from twinrun.core import digit_kernels as dk
+from twinrun.core.digit_kernels import DIGITS, W
+
+KEEP = DIGITS  # anti-diagonals kept: t = 0 .. KEEP - 1
+MAX_INNER = 2**17  # (KEEP * K) digit products of at most 64**2 stay below 2**31
 
 
-def slice_bits(k: int) -> int:
-    """The slice width for a piece of `k` inner indices: the largest w with
-    `k * 2**(2w) <= 2**53` (|q| <= 2**w after rounding)."""
-    return min(24, (53 - (max(1, k) - 1).bit_length()) // 2)
-
-
-def pieces(k: int) -> tuple[int, int]:
-    """(number of pieces, piece size): the inner dimension cut into pieces of `size` indices
-    (the last one shorter), at most PIECE, as equal as that allows."""
-    n = -(-k // PIECE)
-    return n, -(-k // n)
-
-
-def pow2(exponent: torch.Tensor) -> torch.Tensor:
-    """2**exponent as float64, exactly (built from the bits: no pow or exp kernel); exponent
-    within float64's normal range [-1022, 1023]."""
-    return ((exponent.to(torch.int64) + 1023) << 52).view(torch.float64)
+def engine() -> str:
+    """Who multiplies the digit planes: "int8" unless TWINRUN_EXACT_ENGINE=float64."""
+    return "float64" if os.environ.get("TWINRUN_EXACT_ENGINE") == "float64" else "int8"
 
 
 def _abs_max(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -62,12 +70,116 @@ def _abs_max(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.maximum(x.amax(dim=dim, keepdim=True), x.amin(dim=dim, keepdim=True).neg())
 
 
-def _integer_slices(x: torch.Tensor, dim: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Integer-valued float64 slices of x along `dim` and each line's exponent e as int64 (the
-    line's largest magnitude is below 2**e): x ≈ q * 2**(e - w), |q| <= 2**w. The maximum is
-    taken in x's own dtype (exact), the scaling promotes to float64 (exact)."""
-    e = torch.frexp(_abs_max(x, dim).to(torch.float64))[1].to(torch.int64)  # m * 2**e, m < 1
-    return torch.round_(x * pow2(w - e)), e
+def _int_product(lhs: torch.Tensor, rhs: torch.Tensor, how: str) -> torch.Tensor:
+    if how == "int8":
+        return torch._int_mm(lhs, rhs)
+    return _blas(lhs.to(torch.float64), rhs.to(torch.float64)).to(torch.int32)
+
+
+def _product2d(a: torch.Tensor, b: torch.Tensor, how: str, dtype: torch.dtype) -> torch.Tensor:
+    """a @ b (2-D, finite float32) by the scheme above: float64, or rounded once to float32."""
+    m, k = a.shape
+    n = b.shape[1]
+    if m == 0 or n == 0 or k == 0:
+        return torch.zeros(m, n, dtype=dtype)
+    if k > MAX_INNER:  # int32 sums: cut K; each half is this scheme, added in float64
+        half = k // 2
+        f64 = torch.float64
+        out = _product2d(a[:, :half], b[:half], how, f64)
+        return out.add_(_product2d(a[:, half:], b[half:], how, f64)).to(dtype)
+    bdig, eb = column_digits(b)  # per column of b: [B0 | B1 | B2 | B3]
+    arev, ea = dk.slice_lines(a, reverse=True)  # [A3 | A2 | A1 | A0]
+    loud = outlier_rows(a, ea)
+    if loud is None:
+        return _digit_product(arev, ea, bdig, eb, how, dtype)
+    rows, outliers = loud  # a row whose few loud entries are carried by a row of their own
+    part = a[rows]
+    quiet, qe = dk.slice_lines(torch.where(outliers, 0.0, part), reverse=True)
+    arev[rows], ea[rows] = quiet, qe
+    out = _digit_product(arev, ea, bdig, eb, how, torch.float64)
+    ld, le = dk.slice_lines(torch.where(outliers, part, 0.0), reverse=True)
+    out[rows] += _digit_product(ld, le, bdig, eb, how, torch.float64)
+    return out.to(dtype)
+
+
+GAP = 5  # octaves between a row's loud entries and the rest
+FEW = 32  # at most K / FEW loud entries in a row
+
+
+def outlier_rows(a: torch.Tensor, ea: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The rows of `a` whose range is set by a few loud entries (SmolLM2's massive activations:
+    2.6e4 in a row of values near 1): (their indices, the mask of their entries of magnitude at
+    least 2**(e - GAP), 2**e above the row's largest: `ea`), when a row has at most K / FEW such
+    entries; None when no row has. Such a row is computed as two: its quiet entries at their own
+    scale, and its loud ones — so a row's quiet entries keep their bits whatever one entry of the
+    row holds. Decided by comparisons and counts in the row alone: the same on every machine,
+    and a row's result still depends on that row alone."""
+    counts = dk.loud_counts(a, ea, GAP)
+    rows = torch.nonzero((counts > 0) & (counts <= max(1, a.shape[1] // FEW)))
+    if rows.numel() == 0:
+        return None
+    rows = rows.squeeze(1)
+    thr = dk.pow2(ea[rows].to(torch.int64) - GAP).to(torch.float32).unsqueeze(1)
+    return rows, a[rows].abs() >= thr
+
+
+def _digit_product(
+    arev: torch.Tensor,
+    ea: torch.Tensor,
+    bdig: torch.Tensor,
+    eb: torch.Tensor,
+    how: str,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The scheme's product of the row digits `arev` and the column digits `bdig`."""
+    k = arev.shape[1] // DIGITS
+    parts = []
+    for t in range(KEEP):  # P_t = [A_t .. A_0] @ [B_0 ; .. ; B_t]
+        lhs = arev[:, (DIGITS - 1 - t) * k :]
+        rhs = bdig[:, : (t + 1) * k].t()
+        parts.append(_int_product(lhs, rhs, how))
+    return dk.combine(parts, ea, eb, dtype)
+
+
+# The digit planes of frozen parameters (a LoRA run's base weights), made once per view of the
+# parameter that a product takes (the forward's W.t(), the backward's W) and kept while the
+# parameter lives: held by the parameter object (a weak reference checked on every look-up; the
+# entry goes when the parameter does), never by a memory address alone, and made again when
+# the parameter's version counter moved (an in-place update).
+_frozen: dict[int, tuple[weakref.ref[torch.Tensor], dict[tuple[Any, ...], Any]]] = {}
+
+
+def _forms(owner: torch.Tensor) -> dict[tuple[Any, ...], Any]:
+    held = _frozen.get(id(owner))
+    if held is None or held[0]() is not owner:
+        held = _frozen[id(owner)] = (weakref.ref(owner), {})
+        weakref.finalize(owner, _frozen.pop, id(owner), None)
+    return held[1]
+
+
+def column_digits(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The digit planes and exponents of b's columns (`slice_lines` of b.t()), from the frozen
+    parameters' store when b is a parameter that takes no gradient, or a view of one."""
+    owner = b if isinstance(b, torch.nn.Parameter) else b._base
+    if not isinstance(owner, torch.nn.Parameter) or owner.requires_grad:
+        return dk.slice_lines(b.t(), reverse=False)
+    view = (tuple(b.shape), tuple(b.stride()), b.storage_offset())
+    forms = _forms(owner)
+    kept = forms.get(view)
+    if kept is None or kept[0] != owner._version:
+        kept = forms[view] = (owner._version, *dk.slice_lines(b.t(), reverse=False))
+    return kept[1], kept[2]
+
+
+def frozen_bytes() -> int:
+    """The memory the frozen parameters' digit planes hold now."""
+    held = [forms for _, forms in list(_frozen.values())]
+    return sum(k[1].numel() + 4 * k[2].numel() for forms in held for k in forms.values())
+
+
+def _as_float32(x: torch.Tensor) -> torch.Tensor:
+    """float32, float16 and bfloat16 values are all float32 values (exact)."""
+    return x if x.dtype == torch.float32 else x.to(torch.float32)
 
 
 def _nonfinite(a: torch.Tensor, b: torch.Tensor, prod: torch.Tensor) -> torch.Tensor:
@@ -116,27 +228,52 @@ def _blas(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.bmm(x, y, out=out)
 
 
-def exact_product64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b (2-D, or 3-D batched) in float64: exact sums of the integer slices, scaled back.
-    The caller rounds once to its dtype."""
-    k = a.shape[-1]
+def exact_product(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """a @ b (2-D, or 3-D batched) by the scheme above, as float64 or rounded once to float32
+    (`dtype`)."""
     finite = bool(torch.isfinite(_abs_max(a, -1)).all() and torch.isfinite(_abs_max(b, -2)).all())
-    clean_a = a if finite else torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
-    clean_b = b if finite else torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0)
-    n, size = pieces(k)
-    w = slice_bits(size)
-    acc = None
-    for start in range(0, k, size):  # each piece exact, scaled back exactly; added in order
-        stop = min(start + size, k)
-        qa, ea = _integer_slices(clean_a[..., start:stop], -1, w)  # per row of a
-        qb, eb = _integer_slices(clean_b[..., start:stop, :], -2, w)  # per column of b
-        part = _blas(qa, qb).mul_(pow2((ea - w).clamp(-1022, 1023)))
-        part.mul_(pow2((eb - w).clamp(-1022, 1023)))
-        acc = part if acc is None else acc.add_(part)
-    assert acc is not None
-    return acc if finite else _nonfinite(a, b, acc)
+    clean_a = _as_float32(a if finite else torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0))
+    clean_b = _as_float32(b if finite else torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0))
+    how, inner = engine(), (dtype if finite else torch.float64)
+    if a.dim() == 2:
+        out = _product2d(clean_a, clean_b, how, inner)
+    elif a.shape[0] == 0:
+        out = torch.zeros(0, a.shape[1], b.shape[2], dtype=inner)
+    else:
+        out = torch.stack(
+            [_product2d(x, y, how, inner) for x, y in zip(clean_a, clean_b, strict=True)]
+        )
+    return out if finite else _nonfinite(a, b, out).to(dtype)
+
+
+def exact_product64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b (2-D, or 3-D batched) in float64 by the scheme above. The caller rounds once to its
+    dtype."""
+    return exact_product(a, b, torch.float64)
 
 
 def exact_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b for 2-D or 3-D (batched) operands, rounded once to a's dtype."""
+    if a.dtype == torch.float32:
+        return exact_product(a, b, torch.float32)
     return exact_product64(a, b).to(a.dtype)
+
+
+def error_bound(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The stated bound on |exact_matmul(a, b) - a @ b| (2-D finite operands, computed in
+    float64): the operands' rounding to their lines' last kept bit, the left-out anti-diagonals,
+    the float64 addition of a loud row's two halves and the final rounding to float32 (a loud
+    row's halves each have a smaller range than the row: the row's bound holds for them)."""
+    a64, b64 = a.double(), b.double()
+    ea = torch.frexp(_abs_max(a64, -1))[1].double()
+    eb = torch.frexp(_abs_max(b64, -2))[1].double()
+    da, db = torch.exp2(ea - W - 1), torch.exp2(eb - W - 1)  # half a unit of the last kept bit
+    k = a.shape[-1]
+    rounding = da * b64.abs().sum(-2, keepdim=True) + a64.abs().sum(-1, keepdim=True) * db
+    rounding += k * da * db
+    left_out = sum(  # |digit| <= 64, (DIGITS - 1 - j) pairs on the anti-diagonal DIGITS + j
+        (DIGITS - 1 - j) * 64**2 * dk.BASE ** (DIGITS - 2 - j) for j in range(DIGITS - 1)
+    )
+    truncation = k * left_out * torch.exp2(ea + eb - 2 * W)
+    ref = (a64 @ b64).abs()
+    return (rounding + truncation) * (1 + 2.0**-40) + ref * (2.0**-24 + 2.0**-52) + 2.0**-149

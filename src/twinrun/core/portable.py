@@ -6,8 +6,9 @@ functions choose their code per CPU under every branch). So the portable mode do
 libraries; it computes what would depend on them from arithmetic with one possible result:
 
 - **Matrix products** (`mm`, `addmm`, `bmm`, `baddbmm`, `mv`, `addmv`, `dot`, forward and
-  backward, base, LoRA and attention): exact sums of integer-valued slices in float64, rounded
-  once (`twinrun.core.exact_matmul`). Whatever BLAS kernel, CPU or thread count runs the float64
+  backward, base, LoRA and attention): each operand line cut into four int8 digit planes, the
+  planes multiplied by the CPU's integer GEMM (int32 sums: exact), combined exactly and rounded
+  once (`twinrun.core.exact_matmul`). Whatever kernel, CPU or thread count runs the integer
   product, every partial sum is an exact integer, so the bits cannot change.
 - **sqrt and the transcendental functions torch sends to MKL's vector math** (`sqrt`, `exp`,
   `log`, `log2`, `log10`, `tanh`, `erf`, `pow(x, 0.5)`): correctly rounded or a fixed sequence of
@@ -38,11 +39,16 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.core.errors import ConfigError, ContractError
+from twinrun.core.pinning import (  # noqa: F401 (the portable mode's pin, used from here)
+    PINNED_ENV,
+    pin_environment,
+    unpin_environment,
+    user_environment,
+)
 
 MODES = ("portable", "native")
 DEFAULT_ENV = "TWINRUN_CPU_KERNELS"  # a machine's or CI's default mode; unset: native
 CAPABILITY = "AVX2"
-PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2"}
 
 # MKL's CNR branch numbers as mkl_cbwr_get reads them back (MKL_CBWR=AVX2 reads 10), for the
 # record: the portable mode's bytes do not depend on the branch.
@@ -51,7 +57,6 @@ _MKL_BRANCHES.update({7: "SSE4_1", 8: "SSE4_2", 9: "AVX", 10: "AVX2", 11: "AVX51
 _MKL_BRANCHES.update({12: "AVX512", 13: "AVX512_MIC_E1", 14: "AVX512_E1"})
 _MKL_STRICT = 0x10000
 
-_pinned_here: dict[str, str] = {}  # what pin_environment set (so `native` can take it back)
 _switched_off: list[str] = []  # torch switches the portable mode turned off in this process
 
 
@@ -79,37 +84,6 @@ def promise(record: dict[str, Any]) -> str:
         f"{record.get('aten_capability')} kernels) at this thread count only; "
         "--cpu-kernels portable for bytes every x86-64 CPU writes"
     )
-
-
-def pin_environment() -> None:
-    """Put the portable mode's variables in the environment unless the user set them. Imports
-    nothing; call it before torch is imported (the CLI does at start-up, tests in conftest)."""
-    for name, value in PINNED_ENV.items():
-        if name not in os.environ:
-            os.environ[name] = value
-            _pinned_here[name] = value
-
-
-def unpin_environment() -> None:
-    """Take back what `pin_environment` set (for a `native` run, before torch's first kernel)."""
-    for name, value in list(_pinned_here.items()):
-        if os.environ.get(name) == value:
-            del os.environ[name]
-        del _pinned_here[name]
-
-
-def user_environment() -> dict[str, str]:
-    """The environment the user's command had: this process's, less what `pin_environment` set
-    here. Every twinrun child is started with it (`check`'s runs, `evidence --repeat`'s
-    replays): a native child then runs the machine's own kernels as the same command run
-    directly does, a portable one pins them itself at its start-up, and a value the user set
-    passes through. A pin inherited as if the user had set it would hold a native child to the
-    portable mode's AVX2 kernels."""
-    env = dict(os.environ)
-    for name, value in _pinned_here.items():
-        if env.get(name) == value:
-            del env[name]
-    return env
 
 
 def cpu_model() -> str:
@@ -169,6 +143,7 @@ def read_back() -> dict[str, Any]:
     return {
         "aten_capability": str(torch.backends.cpu.get_cpu_capability()),
         "exact_products": portable_ops.installed(),
+        "exact_engine": exact_engine() if portable_ops.installed() else None,
         "portable_functions": portable_ops.installed(),
         "onednn": bool(torch.backends.mkldnn.enabled),
         "sdpa_fused": bool(torch.backends.cuda.flash_sdp_enabled()),
@@ -177,6 +152,15 @@ def read_back() -> dict[str, Any]:
         "cpu_model": cpu_model(),
         "machine": platform.machine(),
     }
+
+
+def exact_engine() -> str:
+    """Who computes the exact products' digit planes and passes, for the record: the integer
+    GEMM's engine and whether the fused C passes or their torch twins run (the same bits)."""
+    from twinrun.core import digit_kernels
+    from twinrun.core.exact_matmul import engine
+
+    return f"{engine()}+{'c' if digit_kernels.library() is not None else 'torch'}-passes"
 
 
 def is_portable(record: dict[str, Any]) -> bool:

@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from twinrun.core.exact_matmul import pow2
+from twinrun.core.digit_kernels import pow2
 
 F64 = torch.float64
 LN2_HI = 6.93147180369123816490e-01  # ln 2 rounded to 32 significant bits: n * LN2_HI is exact

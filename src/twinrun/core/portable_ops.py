@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from twinrun.core import portable_math
-from twinrun.core.exact_matmul import exact_product64
+from twinrun.core.exact_matmul import exact_matmul, exact_product64
 
 PRODUCT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FUNCTION_DTYPES = (torch.float32, torch.float64)
@@ -56,14 +56,14 @@ def _combine(
 def _mm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     if self.dtype not in PRODUCT_DTYPES or mat2.dtype != self.dtype:
         return torch.mm(self, mat2, out=_empty((self.shape[0], mat2.shape[1]), self))
-    return exact_product64(self, mat2).to(self.dtype)
+    return exact_matmul(self, mat2)
 
 
 def _bmm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     if self.dtype not in PRODUCT_DTYPES or mat2.dtype != self.dtype:
         shape = (self.shape[0], self.shape[1], mat2.shape[2])
         return torch.bmm(self, mat2, out=_empty(shape, self))
-    return exact_product64(self, mat2).to(self.dtype)
+    return exact_matmul(self, mat2)
 
 
 def _addmm(

@@ -1,9 +1,11 @@
 """The platform fingerprint a golden file or a pinned value belongs to: the torch version, where
 it ran and the precision. On the CPU "where" is the kernels in effect, not the machine: under
-the portable mode every x86-64 CPU with AVX2 computes the same bits (`cpu:x86_64-portable-exact`:
-exact matrix products, own transcendental functions, ATen's AVX2 kernels), so one file serves an
-Intel AVX-512 and an AMD AVX2 machine alike (the mode before exact products, whose bytes did not
-carry across vendors, was `cpu:x86_64-portable-AVX2`); native kernels are keyed by
+the portable mode every x86-64 CPU with AVX2 computes the same bits (`cpu:x86_64-portable-digits`:
+matrix products from int8 digit planes summed exactly, own transcendental functions, ATen's AVX2
+kernels), so one file serves an Intel AVX-512 and an AMD AVX2 machine alike (the scheme before
+it, float64 products of 23-bit slices, was `cpu:x86_64-portable-exact`; the mode before exact
+products, whose bytes did not carry across vendors, `cpu:x86_64-portable-AVX2`); native kernels
+are keyed by
 the capability torch chose (`cpu:x86_64-AVX512`). On CUDA it is the GPU model. Runs on one
 fingerprint are expected to agree bit for bit; across fingerprints they may not."""
 
@@ -13,7 +15,7 @@ import platform
 import re
 from typing import Any
 
-PORTABLE = "portable-exact"
+PORTABLE = "portable-digits"
 
 
 def fingerprint(
@@ -44,6 +46,6 @@ def written_on(device: str = "cpu") -> dict[str, Any]:
 
 
 def slug(fp: dict[str, Any]) -> str:
-    """A file-name-safe form: `torch-2.13.0+cpu_cpu-x86_64-portable-exact_f32`."""
+    """A file-name-safe form: `torch-2.13.0+cpu_cpu-x86_64-portable-digits_f32`."""
     text = f"torch-{fp['torch']}_{fp['device']}_{fp['precision']}"
     return re.sub(r"[^A-Za-z0-9.+_-]+", "-", text)

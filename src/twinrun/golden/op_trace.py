@@ -30,7 +30,7 @@ from typing import Any
 FORMAT = "twinrun.optrace.v1"
 _SKIP: tuple[str, ...] = ("/torch/", "/twinrun/golden/op_trace.py")
 _SKIP += ("/twinrun/core/portable_ops.py", "/twinrun/core/exact_matmul.py")
-_SKIP += ("/twinrun/core/portable_math.py",)
+_SKIP += ("/twinrun/core/portable_math.py", "/twinrun/core/digit_kernels.py")
 _QUIET = {"detach", "view", "_unsafe_view", "t", "transpose", "expand", "alias", "empty"}
 
 

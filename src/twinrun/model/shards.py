@@ -37,7 +37,7 @@ import re
 import resource
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -49,8 +49,13 @@ DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
 HINT = "re-download or re-save the checkpoint"
 GB = 1e9
 
-if TYPE_CHECKING:
-    from twinrun.model.shard_digests import ReadCheck
+
+class ReadCheck(Protocol):
+    """What checks each read against rank 0's digests (`model.shard_digests.ReadCheck`)."""
+
+    def header(self, path: Path, prefix: bytes) -> None: ...
+
+    def read(self, path: Path, offset: int, data: memoryview) -> None: ...
 
 
 def weight_headers(model_dir: str | os.PathLike[str]) -> dict[Path, Header]:
