@@ -16,6 +16,10 @@ One optimizer step:
    (`objectives/grpo.py`) is summed over kept tokens and divided by their count, in forwards of
    `batch_size` rows; then one AdamW step.
 
+Steps 1 to 4 are the loop's `collect` phase (`GrpoRecipe.collect` -> `GrpoBatch`), run once per
+step; step 5 is `forwards`, which reads only that batch — a spike rerun of the step trains on it
+again and never samples or calls the environment a second time.
+
 With `--lora-dropout P` the update's forwards train with LoRA dropout, as TRL's GRPO update
 does, each row's masks keyed by its index in the update batch (`recipes.base.dropout_for`). The
 old log-probs stay the sampling policy's, drawn without dropout (twinrun samples with the
@@ -130,6 +134,23 @@ class GrpoState:
         return self.orders[epoch][j]
 
 
+@dataclass(frozen=True)
+class GrpoBatch:
+    """A GRPO step's collected batch: the example of each prompt group, the fresh rollouts
+    (group after group, with their rewards and advantages), the replayed rollouts (with their
+    importance weights) and their draws' leaves, the rewards [groups, group_size] and
+    advantages, the fraction of groups with no signal, and the seconds collecting took."""
+
+    examples: list[int]
+    fresh: list[Rollout]
+    replayed: list[Rollout]
+    rewards: torch.Tensor
+    advantages: torch.Tensor
+    zero_fraction: float
+    replay_leaves: dict[str, Any]
+    rollout_s: float
+
+
 class NoSignalWarning(UserWarning):
     """A GRPO step whose rewards are equal within every group: its update changes nothing."""
 
@@ -149,7 +170,7 @@ class GrpoRecipe(Recipe):
     state: GrpoState
     plans: list[list[int]]  # the example indices of each step
     warned_no_signal: bool = False
-    fresh: list[Rollout] = field(default_factory=list)  # the last forwards' sampled rollouts
+    fresh: list[Rollout] = field(default_factory=list)  # the last collected step's rollouts
     transcripts: TranscriptLog | None = None  # --log-completions (the first process only)
 
     @classmethod
@@ -208,9 +229,9 @@ class GrpoRecipe(Recipe):
     def prepare(self, step: int) -> list[int]:
         return self.plans[step]
 
-    def forwards(self, step: int, examples: list[int]) -> StepForwards:
-        """Rollouts from the current policy, their advantages, replayed rollouts, then the
-        update's forwards."""
+    def collect(self, step: int, examples: list[int]) -> GrpoBatch:
+        """Rollouts from the current policy (the environment's turns included), their rewards
+        and advantages, and the replayed rollouts: everything the update reads, made once."""
         s, state, rollouts = self.s, self.state, self.s.run.record(Rollouts)
         t0 = time.perf_counter()
         fresh = sampled_rollouts(s, state, step, examples)
@@ -231,15 +252,27 @@ class GrpoRecipe(Recipe):
         for r, adv in zip(fresh, advantages.reshape(-1).tolist(), strict=True):
             r.advantage = adv
         replayed, replay_leaves = replay_draws(s, state, step)
-        rollout_s = time.perf_counter() - t0
+        self.fresh = fresh
+        return GrpoBatch(
+            examples, fresh, replayed, rewards, advantages, zero_frac, replay_leaves,
+            rollout_s=time.perf_counter() - t0,
+        )  # fmt: skip
+
+    def forwards(self, step: int, batch: GrpoBatch) -> StepForwards:
+        """The update's forwards over the collected rollouts (fresh, then replayed); nothing is
+        sampled here, so a rerun of the step trains on the same batch."""
+        state, group = self.state, self.s.run.record(Rollouts).group_size
         t1 = time.perf_counter()
-        update = yield from update_forwards(s, fresh + replayed, step)
-        leaves: dict[str, Any] = {"batch.sample_indices": torch.tensor(examples, dtype=torch.int64)}
-        leaves |= observation_leaves(fresh, rollouts.group_size)
+        fresh, rewards, advantages = batch.fresh, batch.rewards, batch.advantages
+        update = yield from update_forwards(self.s, fresh + batch.replayed, step)
+        leaves: dict[str, Any] = {
+            "batch.sample_indices": torch.tensor(batch.examples, dtype=torch.int64)
+        }
+        leaves |= observation_leaves(fresh, group)
         if not state.env.one_turn:
             leaves |= turn_leaves(fresh)
         if state.replay is not None:
-            leaves |= replay_leaves
+            leaves |= batch.replay_leaves
         leaves |= {
             "rollout.tokens": [torch.tensor(r.tokens, dtype=torch.int64) for r in fresh],
             "rollout.rewards": rewards,
@@ -252,15 +285,14 @@ class GrpoRecipe(Recipe):
         update.metrics = {
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std(unbiased=False)),
-            "zero_advantage_group_fraction": zero_frac,
+            "zero_advantage_group_fraction": batch.zero_fraction,
             "active_tokens": update.tokens,
             "clip_fraction": update.metrics["clip_fraction"],
-            "replayed_rows": len(replayed),
-            "rollout_s": rollout_s,
+            "replayed_rows": len(batch.replayed),
+            "rollout_s": batch.rollout_s,
             "update_s": time.perf_counter() - t1,
         }
         check_step_numbers(state.env_name, step, advantages, update.metrics)
-        self.fresh = fresh
         return update
 
     def after_update(self, step: int, outcome: StepOutcome) -> None:
