@@ -105,7 +105,7 @@ class Rollout:
 
     def completion_mask(self) -> list[int]:
         """1 on the completion tokens that are the model's."""
-        return self.model_mask if self.model_mask is not None else [1] * len(self.completion)
+        return model_tokens(self.completion, self.model_mask)
 
     def update_row(self) -> UpdateRow:
         """What the update reads of this rollout."""
@@ -113,6 +113,11 @@ class Rollout:
             self.prompt_ids, self.completion, self.old_logprobs, self.advantage, self.weight,
             self.model_mask,
         )  # fmt: skip
+
+
+def model_tokens(completion: list[int], model_mask: list[int] | None) -> list[int]:
+    """1 on the completion tokens that are the model's (all of them without a model mask)."""
+    return model_mask if model_mask is not None else [1] * len(completion)
 
 
 @dataclass(frozen=True)
@@ -136,7 +141,7 @@ class UpdateRow:
 
     def completion_mask(self) -> list[int]:
         """1 on the completion tokens that are the model's."""
-        return self.model_mask if self.model_mask is not None else [1] * len(self.completion)
+        return model_tokens(self.completion, self.model_mask)
 
 
 @dataclass
