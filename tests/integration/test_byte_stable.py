@@ -36,8 +36,8 @@ from twinrun.cli.main import run_cli
 from twinrun.data.examples import shipped_examples
 
 ROOT = Path(__file__).resolve().parents[2]
-WALL_TIMES = ("wall_s", "forward_s", "backward_s", "optimizer_s", "local_train_wall_s",
-              "rollout_s", "update_s")  # fmt: skip
+WALL_TIMES = ("wall_s", "collect_s", "forward_s", "backward_s", "optimizer_s",
+              "local_train_wall_s", "rollout_s", "update_s")  # fmt: skip
 MEASURED = (*WALL_TIMES, "peak_memory_bytes")
 ADAPTER = {"adapter_config.json", "adapter_model.safetensors"}
 RUN = {"metrics.jsonl", "twinrun.json", "twinrun.inputs.json", "twinrun.files.jsonl"}

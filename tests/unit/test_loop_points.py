@@ -1,6 +1,7 @@
 """The step loop's points: hooks run in the phase they declare (not the order they were
-registered), a hook that overrides a point it does not declare is refused, and the recipe's
-`after_update` runs once AdamW has stepped, before the hooks of that point."""
+registered), a hook that overrides a point it does not declare is refused, the recipe's
+`after_update` runs once AdamW has stepped, before the hooks of that point, and a step's batch is
+collected once, after `before_step`, however often its forwards run."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from twinrun.train.loop import (
+    Attempt,
     Forward,
     Hook,
     Loop,
@@ -106,3 +108,62 @@ def test_a_hook_must_declare_the_points_it_overrides() -> None:
 
     with pytest.raises(TypeError, match="Undeclared declares points"):
         tiny_loop([Undeclared("u", [])])
+
+
+class Collecting(StepRecipe[int, list[float]]):
+    """A plan (an int) collected into a batch (a list): records each phase it runs."""
+
+    def __init__(self, param: torch.nn.Parameter, calls: list[str]) -> None:
+        self.param, self.calls = param, calls
+
+    def prepare(self, step: int) -> int:
+        return step
+
+    def collect(self, step: int, plan: int) -> list[float]:
+        self.calls.append(f"collect {plan}")
+        return [float(plan) + 2.0]
+
+    def forwards(self, step: int, batch: list[float]) -> StepForwards:
+        self.calls.append(f"forwards {batch}")
+        yield Forward(self.param.sum() * batch[0])
+        return StepOutcome(loss=batch[0], tokens=1, rows=1)
+
+
+class Before(Hook):
+    points = {"before_step": Phase.RECORD, "computed": Phase.RECORD}
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+        self.timings: dict[str, float] = {}
+
+    def before_step(self, view: StepView) -> None:
+        self.calls.append("hook@before_step")
+
+    def computed(self, view: StepView) -> None:
+        self.timings = dict(view.timings)
+
+
+class AlwaysSpikes:
+    """A spike policy that reruns every step."""
+
+    def __init__(self) -> None:
+        self.spikes: list[dict[str, Any]] = []
+
+    def exceeded(self, history: Any, loss: float) -> float | None:
+        return 1.0
+
+    def judge(self, step: int, median: float, first: Attempt, rerun: Attempt) -> str:
+        self.spikes.append({"step": step})
+        return "intrinsic"
+
+
+def test_a_step_collects_once_and_a_spike_rerun_reuses_the_batch() -> None:
+    calls: list[str] = []
+    before = Before(calls)
+    loop, param = tiny_loop([before])
+    loop.spike = AlwaysSpikes()
+    loop.total_steps = 2
+    row = loop.run_step(1, Collecting(param, calls), 1)
+    assert calls == ["hook@before_step", "collect 1", "forwards [3.0]", "forwards [3.0]"]
+    assert row["spike"] == "intrinsic" and row["loss"] == 3.0
+    assert list(before.timings) == ["collect_s", "forward_s", "backward_s", "optimizer_s"]

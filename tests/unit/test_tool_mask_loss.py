@@ -12,14 +12,14 @@ import torch
 from twinrun.capture.batch import OptimizerBatch
 from twinrun.config.resolved import PolicyUpdate
 from twinrun.objectives.grpo import grpo_loss
-from twinrun.train.recipes.grpo import Rollout, optimizer_batch, rollouts_from_batch, update_rows
+from twinrun.train.recipes.grpo import Rollout, optimizer_batch, rows_from_batch, update_rows
 
 # prompt [5, 6]; turn 0 sampled [7, 8]; the tool's reply [9, 10]; turn 1 sampled [11]
 ROW = Rollout(
     example=0, k=0, step=0, prompt_ids=[5, 6], completion=[7, 8, 9, 10, 11],
     old_logprobs=[-1.0, -2.0, 0.0, 0.0, -0.5], reward=1.0, advantage=1.0,
     model_mask=[1, 1, 0, 0, 1],
-)  # fmt: skip
+).update_row()  # fmt: skip
 
 
 def session(token_cap: int = 16) -> SimpleNamespace:
@@ -61,13 +61,13 @@ def test_capture_keeps_the_model_mask() -> None:
     batch = optimizer_batch([ROW], u, 0, 1)
     assert batch.ints["model_mask"] == [[0, 0, 1, 1, 0, 0, 1]]
     assert batch.loss_masks == [[0, 0, 1, 1, 0, 0, 1]]
-    back = rollouts_from_batch(batch)[0]
-    assert back.model_mask == [1, 1, 0, 0, 1] and back.tokens == ROW.tokens
+    back = rows_from_batch(batch)[0]
+    assert back == ROW  # every field the update reads, and nothing else
     assert update_rows(session(), [back]).kept.tolist() == u.kept.tolist()
 
 
 def test_single_turn_batches_have_no_model_mask() -> None:
-    plain = Rollout(0, 0, 0, [5, 6], [7, 8], [-1.0, -2.0], 1.0, advantage=1.0)
+    plain = Rollout(0, 0, 0, [5, 6], [7, 8], [-1.0, -2.0], 1.0, advantage=1.0).update_row()
     batch: OptimizerBatch = optimizer_batch([plain], update_rows(session(), [plain]), 0, 1)
     assert "model_mask" not in batch.ints
-    assert rollouts_from_batch(batch)[0].model_mask is None
+    assert rows_from_batch(batch) == [plain]

@@ -32,6 +32,7 @@ from twinrun.train.loop import (
     Hook,
     LocalSum,
     Loop,
+    P,
     Params,
     PlainBackward,
     StepRecipe,
@@ -148,7 +149,7 @@ def build_loop(
 
 
 def drive(
-    s: Session, loop: Loop, recipe: StepRecipe[B], objective: ObjectiveState | None = None
+    s: Session, loop: Loop, recipe: StepRecipe[P, B], objective: ObjectiveState | None = None
 ) -> None:
     """Run the loop's steps (from the newest checkpoint with --resume), then close the hooks."""
     switches = s.run.switches

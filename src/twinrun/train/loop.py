@@ -2,14 +2,23 @@
 observe it.
 
 A recipe (train/recipes/) supplies data and forwards, never behaviour around the step:
-- `prepare(step)` -> the step's batch (pure data; may run ahead on the prefetch thread);
+- `prepare(step)` -> the step's plan (pure data; may run ahead on the prefetch thread);
+- `collect(step, plan)` -> the step's batch: everything the update reads that is made from the
+  current policy or the world outside — GRPO samples, runs the environment (tool turns
+  included), scores the rewards, computes the advantages and draws the replayed rollouts; for
+  the other objectives the plan is the batch (`StepRecipe`'s default), as it is for a replayed
+  step, whose batch was collected by the run that captured it;
 - `forwards(step, batch)` -> a generator that yields one `Forward` per forward (its loss, and the
   tensors diagnostics may want) and returns the step's `StepOutcome` (loss, counts, data leaves,
-  metrics, the `OptimizerBatch`);
+  metrics, the `OptimizerBatch`); it reads only the batch, so it can run again on it;
 - `after_update(step, outcome)` -> what the recipe keeps once the update is applied (GRPO's
   replay buffer takes the step's rollouts); `StepRecipe` gives the default, nothing.
 
-The loop takes each step's batch exactly once and runs every forward's backward itself. What the
+The loop takes each step's plan exactly once, collects its batch exactly once (after the
+`before_step` hooks: a trace of the step covers its sampling), and runs every forward's
+backward itself; a rerun of the step (a spike) runs the forwards again on the collected batch,
+never `collect`. `collect` draws from no framework generator (GRPO's draws are keyed streams),
+so the rerun, from the step's generator state, sees what the first computation saw. What the
 step computes is decided by the loop's own fields, chosen when the run is built
 (train/driver.py `build_loop`, for training and replay alike) and named where they act:
 
@@ -75,7 +84,8 @@ if TYPE_CHECKING:
 Params = list[tuple[str, torch.nn.Parameter]]
 Grads = list[torch.Tensor | None]
 Parts = list[Grads]  # one forward's gradient, as the parts that are added in order
-B = TypeVar("B")  # a recipe's prepared batch
+P = TypeVar("P")  # a recipe's step plan (what `prepare` gives)
+B = TypeVar("B")  # a recipe's collected batch (what `forwards` reads)
 
 
 @dataclass
@@ -108,17 +118,23 @@ class StepOutcome:
 StepForwards = Generator[Forward, None, StepOutcome]
 
 
-class StepRecipe(ABC, Generic[B]):
+class StepRecipe(ABC, Generic[P, B]):
     """What the loop asks of a recipe each step (the module docstring says what each does);
-    `after_update` keeps nothing unless a recipe says otherwise."""
+    `collect` gives the plan as the batch and `after_update` keeps nothing unless a recipe says
+    otherwise."""
 
     @abstractmethod
-    def prepare(self, step: int) -> B:
-        """The step's batch (pure data)."""
+    def prepare(self, step: int) -> P:
+        """The step's plan (pure data)."""
+
+    def collect(self, step: int, plan: P) -> B:
+        """The step's batch, made once from its plan (the plan itself unless a recipe samples)."""
+        return plan  # type: ignore[return-value]  # P is B for a recipe that collects nothing
 
     @abstractmethod
     def forwards(self, step: int, batch: B) -> StepForwards:
-        """Yield one `Forward` per forward; return the step's `StepOutcome`."""
+        """Yield one `Forward` per forward over the collected batch; return the step's
+        `StepOutcome`."""
 
     def after_update(self, step: int, outcome: StepOutcome) -> None:
         """The step's update is applied: keep what later steps use (GRPO's replay buffer)."""
@@ -192,8 +208,10 @@ class StepState:
     grads: list[torch.Tensor] = field(default_factory=list)  # combined, one per parameter
     attempt: int = 0  # 1 for the step's forwards, 2 for a spike rerun of them
     timings: dict[str, float] = field(
-        default_factory=lambda: {"forward_s": 0.0, "backward_s": 0.0, "optimizer_s": 0.0}
-    )
+        default_factory=lambda: {
+            "collect_s": 0.0, "forward_s": 0.0, "backward_s": 0.0, "optimizer_s": 0.0,
+        }
+    )  # fmt: skip
 
 
 class StepView:
@@ -343,8 +361,8 @@ class Loop:
     def __post_init__(self) -> None:
         self.at = by_point(self.hooks)
 
-    def run(self, recipe: StepRecipe[B], start: int, prefetch: int = 0) -> None:
-        """Steps `start` .. total_steps - 1 (or up to `stop_after`); each batch is taken from the
+    def run(self, recipe: StepRecipe[P, B], start: int, prefetch: int = 0) -> None:
+        """Steps `start` .. total_steps - 1 (or up to `stop_after`); each plan is taken from the
         prefetcher once."""
         stop = (
             self.total_steps if self.stop_after is None else min(self.stop_after, self.total_steps)
@@ -356,7 +374,9 @@ class Loop:
         finally:
             ahead.close()
 
-    def run_step(self, step: int, recipe: StepRecipe[B], batch: B) -> dict[str, Any]:
+    def run_step(self, step: int, recipe: StepRecipe[P, B], plan: P) -> dict[str, Any]:
+        """One step: its batch collected from `plan` (once), then computed, judged, applied and
+        recorded."""
         t0 = time.perf_counter()
         lr = self.set_lr(step)
         state = StepState(step, lr, torch.get_rng_state())
@@ -365,6 +385,9 @@ class Loop:
             self.stray_draw.before_step(step)
         for hook in self.at["before_step"]:
             hook.before_step(view)
+        t_collect = time.perf_counter()
+        batch = recipe.collect(step, plan)
+        state.timings["collect_s"] = time.perf_counter() - t_collect
         self.compute(state, view, recipe, batch)
         for hook in self.at["computed"]:
             hook.computed(view)
@@ -420,9 +443,12 @@ class Loop:
             group["lr"] = lr
         return lr
 
-    def compute(self, state: StepState, view: StepView, recipe: StepRecipe[B], batch: B) -> None:
-        """The step's forwards and backwards: each forward's gradient apart, then combined into
-        `.grad` (also what a spike rerun calls again, on the same batch)."""
+    def compute(
+        self, state: StepState, view: StepView, recipe: StepRecipe[Any, B], batch: B
+    ) -> None:
+        """The step's forwards and backwards on its collected batch: each forward's gradient
+        apart, then combined into `.grad` (also what a spike rerun calls again, on the same
+        batch)."""
         state.attempt += 1
         for _, p in self.params:
             p.grad = None
@@ -454,11 +480,17 @@ class Loop:
             p.grad = g
 
     def rerun(
-        self, state: StepState, view: StepView, recipe: StepRecipe[B], batch: B, median: float
+        self,
+        state: StepState,
+        view: StepView,
+        recipe: StepRecipe[Any, B],
+        batch: B,
+        median: float,
     ) -> None:
-        """The spiking step computed again from its pre-step generator state, on the same batch
-        (planted faults off); the spike policy judges the two attempts, training continues with
-        the rerun's gradients."""
+        """The spiking step computed again from its pre-step generator state, on the same
+        collected batch (nothing is sampled and no environment is called again; planted faults
+        off); the spike policy judges the two attempts, training continues with the rerun's
+        gradients."""
         assert self.spike is not None
         first = Attempt(view.outcome.loss, state.grads, torch.get_rng_state())
         torch.set_rng_state(state.rng_before)

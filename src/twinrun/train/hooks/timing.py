@@ -1,7 +1,8 @@
 """Step timings and peak memory, in the same fields for a replay and for the source step it
-replays: the step's forward, backward and optimizer seconds (as the loop measured them), the wall
-time of the update (`local_train_wall_s`) and the peak memory (`peak_memory_bytes`, and which
-peak it is in `peak_memory_kind`)."""
+replays: the step's collect, forward, backward and optimizer seconds (as the loop measured them;
+a replay collects nothing: its batch is the captured one), the wall time of the update
+(`local_train_wall_s`) and the peak memory (`peak_memory_bytes`, and which peak it is in
+`peak_memory_kind`)."""
 
 from __future__ import annotations
 

@@ -8,13 +8,14 @@ record of objectives/registry.py) and says:
 - `open(session, encoded, context)`: the recipe of a training run over the encoded data, with
   `total_steps`, its checkpointed state (`objective_state`, GRPO's replay buffer) and its own
   trainable parameters beyond the adapter (`extra_params()`, the reward head);
-- `prepare(step)` / `forwards(step, batch)` / `after_update(step, outcome)`: the step protocol of
-  train/loop.py;
+- `prepare(step)` / `collect(step, plan)` / `forwards(step, batch)` / `after_update(step,
+  outcome)`: the step protocol of train/loop.py (only GRPO collects: it samples; the other
+  objectives' plans are their batches);
 - `summary(metrics, spikes)` and `finish(session)`: the sidecar's metrics and any record of its
   own files (the reward head's);
 - `from_batch(session, batch, head)`: the recipe of one captured step (replay): the batch is the
-  captured `OptimizerBatch`, the forwards the objective's own (`replay_forwards`) — no data is
-  read.
+  captured `OptimizerBatch`, already collected (nothing is sampled), the forwards the
+  objective's own (`replay_forwards`) — no data is read.
 
 A recipe's forwards whose gradient is taken run under `dropout_for` (the LoRA dropout of
 `--lora-dropout`, keyed by each row's place in the step, which a captured batch keeps).

@@ -16,6 +16,10 @@ One optimizer step:
    (`objectives/grpo.py`) is summed over kept tokens and divided by their count, in forwards of
    `batch_size` rows; then one AdamW step.
 
+Steps 1 to 4 are the loop's `collect` phase (`GrpoRecipe.collect` -> `GrpoBatch`), run once per
+step; step 5 is `forwards`, which reads only that batch — a spike rerun of the step trains on it
+again and never samples or calls the environment a second time.
+
 With `--lora-dropout P` the update's forwards train with LoRA dropout, as TRL's GRPO update
 does, each row's masks keyed by its index in the update batch (`recipes.base.dropout_for`). The
 old log-probs stay the sampling policy's, drawn without dropout (twinrun samples with the
@@ -101,7 +105,43 @@ class Rollout:
 
     def completion_mask(self) -> list[int]:
         """1 on the completion tokens that are the model's."""
-        return self.model_mask if self.model_mask is not None else [1] * len(self.completion)
+        return model_tokens(self.completion, self.model_mask)
+
+    def update_row(self) -> UpdateRow:
+        """What the update reads of this rollout."""
+        return UpdateRow(
+            self.prompt_ids, self.completion, self.old_logprobs, self.advantage, self.weight,
+            self.model_mask,
+        )  # fmt: skip
+
+
+def model_tokens(completion: list[int], model_mask: list[int] | None) -> list[int]:
+    """1 on the completion tokens that are the model's (all of them without a model mask)."""
+    return model_mask if model_mask is not None else [1] * len(completion)
+
+
+@dataclass(frozen=True)
+class UpdateRow:
+    """One row of a GRPO update, and all the update reads of it: its prompt and completion
+    tokens, the sampling policy's float64 logprob of each completion token, its advantage and
+    importance weight, and (tool environments) the model mask of its completion (None: every
+    completion token is the model's). A training step's rows come from its rollouts
+    (`Rollout.update_row`), a replay's from the captured batch (`rows_from_batch`)."""
+
+    prompt_ids: list[int]
+    completion: list[int]
+    old_logprobs: list[float]
+    advantage: float
+    weight: float
+    model_mask: list[int] | None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_ids + self.completion
+
+    def completion_mask(self) -> list[int]:
+        """1 on the completion tokens that are the model's."""
+        return model_tokens(self.completion, self.model_mask)
 
 
 @dataclass
@@ -130,6 +170,24 @@ class GrpoState:
         return self.orders[epoch][j]
 
 
+@dataclass(frozen=True)
+class GrpoBatch:
+    """A GRPO step's collected batch: the example of each prompt group, the fresh rollouts
+    (group after group, with their rewards and advantages), the update's rows (the fresh
+    rollouts', then the replayed ones' with their importance weights) and the replay draws'
+    leaves, the rewards [groups, group_size] and advantages, the fraction of groups with no
+    signal, and the seconds collecting took."""
+
+    examples: list[int]
+    fresh: list[Rollout]
+    rows: list[UpdateRow]
+    rewards: torch.Tensor
+    advantages: torch.Tensor
+    zero_fraction: float
+    replay_leaves: dict[str, Any]
+    rollout_s: float
+
+
 class NoSignalWarning(UserWarning):
     """A GRPO step whose rewards are equal within every group: its update changes nothing."""
 
@@ -149,7 +207,7 @@ class GrpoRecipe(Recipe):
     state: GrpoState
     plans: list[list[int]]  # the example indices of each step
     warned_no_signal: bool = False
-    fresh: list[Rollout] = field(default_factory=list)  # the last forwards' sampled rollouts
+    fresh: list[Rollout] = field(default_factory=list)  # the last collected step's rollouts
     transcripts: TranscriptLog | None = None  # --log-completions (the first process only)
 
     @classmethod
@@ -195,7 +253,7 @@ class GrpoRecipe(Recipe):
     def replay_forwards(
         cls, s: ModelSession, batch: OptimizerBatch, step: int, head: torch.nn.Linear | None
     ) -> StepForwards:
-        return update_forwards(s, rollouts_from_batch(batch), step)
+        return update_forwards(s, rows_from_batch(batch), step)
 
     def summary(self, metrics: Rows, spikes: Rows) -> dict[str, Any]:
         return {
@@ -208,9 +266,9 @@ class GrpoRecipe(Recipe):
     def prepare(self, step: int) -> list[int]:
         return self.plans[step]
 
-    def forwards(self, step: int, examples: list[int]) -> StepForwards:
-        """Rollouts from the current policy, their advantages, replayed rollouts, then the
-        update's forwards."""
+    def collect(self, step: int, examples: list[int]) -> GrpoBatch:
+        """Rollouts from the current policy (the environment's turns included), their rewards
+        and advantages, and the replayed rollouts: everything the update reads, made once."""
         s, state, rollouts = self.s, self.state, self.s.run.record(Rollouts)
         t0 = time.perf_counter()
         fresh = sampled_rollouts(s, state, step, examples)
@@ -231,15 +289,27 @@ class GrpoRecipe(Recipe):
         for r, adv in zip(fresh, advantages.reshape(-1).tolist(), strict=True):
             r.advantage = adv
         replayed, replay_leaves = replay_draws(s, state, step)
-        rollout_s = time.perf_counter() - t0
+        self.fresh = fresh
+        return GrpoBatch(
+            examples, fresh, [r.update_row() for r in fresh + replayed], rewards, advantages,
+            zero_frac, replay_leaves, rollout_s=time.perf_counter() - t0,
+        )  # fmt: skip
+
+    def forwards(self, step: int, batch: GrpoBatch) -> StepForwards:
+        """The update's forwards over the collected rollouts (fresh, then replayed); nothing is
+        sampled here, so a rerun of the step trains on the same batch."""
+        state, group = self.state, self.s.run.record(Rollouts).group_size
         t1 = time.perf_counter()
-        update = yield from update_forwards(s, fresh + replayed, step)
-        leaves: dict[str, Any] = {"batch.sample_indices": torch.tensor(examples, dtype=torch.int64)}
-        leaves |= observation_leaves(fresh, rollouts.group_size)
+        fresh, rewards, advantages = batch.fresh, batch.rewards, batch.advantages
+        update = yield from update_forwards(self.s, batch.rows, step)
+        leaves: dict[str, Any] = {
+            "batch.sample_indices": torch.tensor(batch.examples, dtype=torch.int64)
+        }
+        leaves |= observation_leaves(fresh, group)
         if not state.env.one_turn:
             leaves |= turn_leaves(fresh)
         if state.replay is not None:
-            leaves |= replay_leaves
+            leaves |= batch.replay_leaves
         leaves |= {
             "rollout.tokens": [torch.tensor(r.tokens, dtype=torch.int64) for r in fresh],
             "rollout.rewards": rewards,
@@ -252,15 +322,14 @@ class GrpoRecipe(Recipe):
         update.metrics = {
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std(unbiased=False)),
-            "zero_advantage_group_fraction": zero_frac,
+            "zero_advantage_group_fraction": batch.zero_fraction,
             "active_tokens": update.tokens,
             "clip_fraction": update.metrics["clip_fraction"],
-            "replayed_rows": len(replayed),
-            "rollout_s": rollout_s,
+            "replayed_rows": len(batch.rows) - len(fresh),
+            "rollout_s": batch.rollout_s,
             "update_s": time.perf_counter() - t1,
         }
         check_step_numbers(state.env_name, step, advantages, update.metrics)
-        self.fresh = fresh
         return update
 
     def after_update(self, step: int, outcome: StepOutcome) -> None:
@@ -471,7 +540,7 @@ class UpdateRows:
     weights: torch.Tensor  # [N] float64
 
 
-def update_rows(s: ModelSession, batch: list[Rollout]) -> UpdateRows:
+def update_rows(s: ModelSession, batch: list[UpdateRow]) -> UpdateRows:
     n, width = len(batch), max(len(r.tokens) for r in batch)
     ids = torch.full((n, width), s.tok.pad_id, dtype=torch.long)
     attn = torch.zeros((n, width), dtype=torch.long)
@@ -563,7 +632,7 @@ def picked_logprobs(rows: torch.Tensor, targets: torch.Tensor, temperature: floa
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-def update_forwards(s: ModelSession, batch: list[Rollout], step: int) -> StepForwards:
+def update_forwards(s: ModelSession, batch: list[UpdateRow], step: int) -> StepForwards:
     """The PPO-clip update on `batch`, in forwards of `batch_size` rows (replay runs this); with
     `--kl-beta`, each forward's rows run once more through the reference (the base, adapter
     off, no grad) for the KL term — a replay recomputes it from the same model."""
@@ -608,7 +677,7 @@ def update_forwards(s: ModelSession, batch: list[Rollout], step: int) -> StepFor
     )
 
 
-def optimizer_batch(batch: list[Rollout], u: UpdateRows, step: int, bs: int) -> OptimizerBatch:
+def optimizer_batch(batch: list[UpdateRow], u: UpdateRows, step: int, bs: int) -> OptimizerBatch:
     """What the update trained on, as capture writes it."""
     n, width = u.ids.shape
     full_old = torch.zeros((n, width), dtype=torch.float64)
@@ -630,7 +699,7 @@ def optimizer_batch(batch: list[Rollout], u: UpdateRows, step: int, bs: int) -> 
     )
 
 
-def model_masks(batch: list[Rollout]) -> dict[str, list[list[int]]]:
+def model_masks(batch: list[UpdateRow]) -> dict[str, list[list[int]]]:
     """`model_mask` (per token: 1 on the model's sampled tokens) when a row holds tool or
     environment tokens; absent for single-turn batches (every completion token is the model's)."""
     if all(r.model_mask is None for r in batch):
@@ -638,17 +707,16 @@ def model_masks(batch: list[Rollout]) -> dict[str, list[list[int]]]:
     return {"model_mask": [[0] * len(r.prompt_ids) + r.completion_mask() for r in batch]}
 
 
-def rollouts_from_batch(batch: OptimizerBatch) -> list[Rollout]:
-    """The rows of a captured GRPO batch as rollouts `update_forwards` can train on again."""
+def rows_from_batch(batch: OptimizerBatch) -> list[UpdateRow]:
+    """The update rows of a captured GRPO batch (what `update_forwards` trains on again)."""
     out = []
     masks = batch.ints.get("model_mask")
     for i, row in enumerate(batch.rows):
         p = batch.ints["prompt_lengths"][i]
-        out.append(Rollout(
-            example=-1, k=-1, step=batch.step, prompt_ids=list(row[:p]),
-            completion=list(row[p:]), old_logprobs=list(batch.floats["old_logprobs"][i][p:]),
-            reward=0.0, advantage=batch.floats["advantages"][i],
-            weight=batch.floats["weights"][i],
+        out.append(UpdateRow(
+            prompt_ids=list(row[:p]), completion=list(row[p:]),
+            old_logprobs=list(batch.floats["old_logprobs"][i][p:]),
+            advantage=batch.floats["advantages"][i], weight=batch.floats["weights"][i],
             model_mask=None if masks is None else list(masks[i][p:]),
         ))  # fmt: skip
     return out
