@@ -36,6 +36,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+# first words of another tool's training command: answered with `twinrun tune`
+TRAINING_WORDS = ("train", "finetune", "fine-tune", "fit")
+
 SIGINT_SEEN: list[bool] = []  # set by the handler `main` installs: a Ctrl-C has arrived
 INTERRUPTED_LINE = (
     "twinrun: interrupted (SIGINT) — the command did not finish; rerun it (with --overwrite "
@@ -84,6 +87,25 @@ class LazyGroup(click.Group):
             return None
         module, attr, _ = COMMANDS[name]
         return getattr(importlib.import_module(module), attr)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """As click's, but an objective named where a command belongs (`twinrun sft`, `twinrun
+        train sft`) is answered with the command that trains it: `twinrun tune sft`."""
+        from twinrun.objectives.registry import OBJECTIVES
+
+        if args and args[0] not in COMMANDS:
+            names = [o.name for o in OBJECTIVES]
+            named = [a for a in args[:2] if a in names]
+            if named or args[0] in TRAINING_WORDS:
+                command = (
+                    f"`twinrun tune {named[0]}`"
+                    if named
+                    else f"`twinrun tune OBJECTIVE` ({', '.join(names)})"
+                )
+                raise click.UsageError(f"no such command; training is {command}", ctx)
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
