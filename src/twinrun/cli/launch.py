@@ -16,4 +16,7 @@ def launch(torchrun_args: tuple[str, ...]) -> int:
     its status, without torchrun's 40-line report."""
     from twinrun.train.launcher import launch as run_launch
 
-    return run_launch(list(torchrun_args))
+    code, line = run_launch(list(torchrun_args))
+    if line is not None:  # a process's line, redacted when it was written
+        click.echo(line, err=True)
+    return code

@@ -51,9 +51,10 @@ def hand_over(line: str) -> bool:
     return os.environ.get("LOCAL_RANK", "0") != "0"
 
 
-def launch(argv: list[str]) -> int:
-    """Run torchrun with its arguments `argv`; the exit status of the first process that failed
-    (0 when none did). LaunchError for a process a signal ended."""
+def launch(argv: list[str]) -> tuple[int, str | None]:
+    """Run torchrun with its arguments `argv`: the exit status of the first process that failed
+    (0 when none did), and the line to print for it (None when its process printed it).
+    LaunchError for a process a signal ended."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -67,19 +68,17 @@ def launch(argv: list[str]) -> int:
     except ChildFailedError as exc:
         return _failed(exc, folder)
     except SignalException as exc:  # Ctrl-C or SIGTERM: local rank 0 said what it kept
-        return 128 + int(exc.sigval)
+        return 128 + int(exc.sigval), None
     finally:
         logging.disable(logging.NOTSET)
         del os.environ[LINES_ENV]
         shutil.rmtree(folder, ignore_errors=True)
-    return 0
+    return 0, None
 
 
-def _failed(exc: ChildFailedError, folder: Path) -> int:
+def _failed(exc: ChildFailedError, folder: Path) -> tuple[int, str | None]:
     """The launcher's answer to torchrun's ChildFailedError `exc`: the first failed process's
-    line where local rank 0 printed none, and its exit status."""
-    import click
-
+    exit status, and its line where local rank 0 printed none."""
     rank, failure = exc.get_first_failure()
     if failure.exitcode < 0:  # a signal: the process said nothing
         error = LaunchError(
@@ -93,7 +92,6 @@ def _failed(exc: ChildFailedError, folder: Path) -> int:
     printed = any(  # local rank 0 exited with a status of its own: it printed its line
         f.local_rank == 0 and f.exitcode > 0 for f in exc.failures.values()
     )
-    line = folder / f"rank-{rank}.line"
-    if not printed and line.is_file():
-        click.echo(line.read_text(encoding="utf-8").strip(), err=True)
-    return int(failure.exitcode)
+    kept = folder / f"rank-{rank}.line"
+    line = kept.read_text(encoding="utf-8").strip() if kept.is_file() and not printed else None
+    return int(failure.exitcode), line
