@@ -1,10 +1,11 @@
 """Everyday mistakes, each refused in one line before torch loads.
 
 A table of what a new user gets wrong on a first day — paths, kinds of file, the rows inside a
-file, numbers out of range, flags by another library's name, run directories that are not runs —
-run as `twinrun` commands in a fresh process. Each must exit 2 with one `twinrun: error:` line
-naming the problem, write nothing, and leave `torch` out of `sys.modules`: a mistake costs a
-second, not the seconds torch, transformers and PEFT take to import.
+file, numbers out of range, flags and commands by another library's name, run directories that are
+not runs, a --resume with nothing to resume — run as `twinrun` commands in a fresh process. Each
+must exit 2 with one `twinrun: error:` line naming the problem, write nothing, and leave `torch`
+out of `sys.modules`: a mistake costs a second, not the seconds torch, transformers and PEFT take
+to import.
 
 The cases run in one child process, in order; a case after which torch is loaded is reported as
 such and the rest go on in a fresh process, so one regression names its own case.
