@@ -59,6 +59,29 @@ CASES = [
     Case("no model", sft(model="runs/nope"),
          ("model directory runs/nope does not exist — point --model at a local Hugging Face "
           "checkpoint (or run `twinrun toy-model`)",)),
+    Case("a Hub id", sft(model="HuggingFaceTB/SmolLM2-135M-Instruct"),
+         ("model directory HuggingFaceTB/SmolLM2-135M-Instruct does not exist — "
+          "HuggingFaceTB/SmolLM2-135M-Instruct looks like a Hugging Face Hub id, and --model "
+          "takes a local directory: `hf download HuggingFaceTB/SmolLM2-135M-Instruct "
+          "--local-dir DIR`, then --model DIR",)),
+    Case("no tokenizer", sft(model="untokenized"), ("no tokenizer files in",)),
+    Case("plain text examples", sft(examples="corpus.txt"),
+         ("corpus.txt is plain text, not JSONL (its first line is not JSON) — to train on raw "
+          "text, run `twinrun tune text --corpus corpus.txt`; examples are JSONL, a JSON array "
+          "or CSV",)),
+    Case("TRL's max_steps", sft("--max_steps", "4"),
+         ("No such option '--max_steps'. twinrun's name for TRL's --max_steps: --stop-after "
+          "(this run's length is --epochs; --stop-after N runs its first N).",)),
+    Case("another objective's flag", sft("--beta", "0.1"),
+         ("No such option '--beta': a flag of twinrun tune dpo, ipo, not of tune sft.",)),
+    Case("an objective as a command", ["sft", *sft()[2:]],
+         ("no such command; training is `twinrun tune sft`",)),
+    Case("another device name", sft("--device", "gpu"), ("--device must be cpu, cuda or cuda:N",)),
+    Case("a step larger than the data", sft("--batch-size", "500", "--warmup-steps", "1"),
+         ("one step takes 500 examples (--batch-size 500 x --accumulation 1) and the data has "
+          "64: the run has 1 step(s), and --warmup-steps 1 leaves no step of the 1-step run to "
+          "decay — give more examples or a smaller --batch-size / --accumulation (or use "
+          "--warmup-steps below 1)",)),
     Case("no config.json", sft(model="noconfig"), ("no config.json in",)),
     Case("no weights", sft(model="noweights"), ("no safetensors weights in",)),
     Case("pickle only", sft(model="pickled"),
@@ -114,13 +137,17 @@ def bad_inputs(repo_like: Path, toy_model_dir: Path) -> Path:
     Path("deep.toml").write_text("[" + ".".join(["a"] * 3000) + "]\nx = 1\n")
     Path("nul.toml").write_text('[training]\ntrainer = "sft"\n[model]\npath = "m\\u0000"\n')
     capture = (REPO / "examples/capture-source.toml").read_text()
-    Path("capture16.toml").write_text(
-        capture.replace('"examples/capture-sft.jsonl"', '"sft.jsonl"').replace(
-            '"runs/examples/source"', '"out"'
-        )
+    Path("capture16.toml").write_text(  # no initial state: its own problem, said in the line
+        capture.replace('"examples/capture-sft.jsonl"', '"sft.jsonl"')
+        .replace('"runs/examples/source"', '"out"')
+        .replace('[resume]\nfrom = "runs/examples/init"\n', "")
     )
-    for name in ("noconfig", "noweights", "pickled", "vit", "sharded", "damaged", "badtemplate"):
+    Path("corpus.txt").write_text("Once upon a time\n")
+    for name in ("noconfig", "noweights", "pickled", "vit", "sharded", "damaged", "badtemplate",
+                 "untokenized"):  # fmt: skip
         shutil.copytree(toy_model_dir, name)
+    for tokenizer_file in Path("untokenized").glob("tokenizer*"):
+        tokenizer_file.unlink()
     Path("badtemplate/chat_template.jinja").write_text("{{ 'x' * 3000000000 }}")
     Path("noconfig/config.json").unlink()
     Path("noweights/model.safetensors").unlink()

@@ -1,10 +1,11 @@
 """Everyday mistakes, each refused in one line before torch loads.
 
 A table of what a new user gets wrong on a first day — paths, kinds of file, the rows inside a
-file, numbers out of range, flags by another library's name, run directories that are not runs —
-run as `twinrun` commands in a fresh process. Each must exit 2 with one `twinrun: error:` line
-naming the problem, write nothing, and leave `torch` out of `sys.modules`: a mistake costs a
-second, not the seconds torch, transformers and PEFT take to import.
+file, numbers out of range, flags and commands by another library's name, run directories that are
+not runs, a --resume with nothing to resume — run as `twinrun` commands in a fresh process. Each
+must exit 2 with one `twinrun: error:` line naming the problem, write nothing, and leave `torch`
+out of `sys.modules`: a mistake costs a second, not the seconds torch, transformers and PEFT take
+to import.
 
 The cases run in one child process, in order; a case after which torch is loaded is reported as
 such and the rest go on in a fresh process, so one regression names its own case.
@@ -77,6 +78,25 @@ class Files:
         self.foreign.mkdir()
         (self.foreign / "mine.txt").write_text("keep")
         self.out = root / "out"
+        self.corpus = self.write("corpus.txt", "Once upon a time\nthere was a model.\n")
+        self.pickled = self.model_copy("pickled", "pytorch_model.bin")  # no safetensors
+        self.untokenized = self.model_copy("untokenized", "model.safetensors")  # no tokenizer
+        self.finished = root / "finished"  # a run's files, no checkpoint: nothing to resume
+        self.finished.mkdir()
+        for name in ("twinrun.json", "twinrun.inputs.json"):
+            (self.finished / name).write_text("{}")
+
+    def model_copy(self, name: str, weights: str) -> Path:
+        """A checkpoint directory with the toy's config.json and `weights` (the tokenizer too,
+        unless `weights` is model.safetensors)."""
+        out = self.root / name
+        out.mkdir()
+        (out / "config.json").write_bytes((self.toy / "config.json").read_bytes())
+        (out / weights).write_bytes(b"\0" * 8)
+        if weights != "model.safetensors":
+            for tok in self.toy.glob("tokenizer*"):
+                (out / tok.name).write_bytes(tok.read_bytes())
+        return out
 
     def write(self, name: str, text: str) -> Path:
         path = self.root / name
@@ -112,12 +132,38 @@ def mistakes(f: Files) -> dict[str, tuple[list[str], str]]:
             "is a file, not a checkpoint directory",
         ),
         "model-without-config": (f.sft_args(model=str(f.dir)), "no config.json in"),
+        "model-a-hub-id": (
+            f.sft_args(model="HuggingFaceTB/SmolLM2-135M-Instruct"),
+            "`hf download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir DIR`, then --model DIR",
+        ),
+        "model-pickle-weights-only": (
+            f.sft_args(model=str(f.pickled)),
+            "holds pickle weights only (pytorch_model.bin)",
+        ),
+        "model-without-tokenizer": (f.sft_args(model=str(f.untokenized)), "no tokenizer files in"),
+        "init-adapter-missing": (
+            f.sft_args(init_adapter=str(nowhere)),
+            f"adapter directory {nowhere} does not exist",
+        ),
+        "resume-nothing-to-resume": (
+            [*f.sft_args(output=str(f.dir)), "--resume"],
+            "has no complete checkpoint and no record of a started run",
+        ),
+        "resume-a-finished-run": (
+            [*f.sft_args(output=str(f.finished)), "--resume"],
+            "holds a finished run (it has twinrun.json) and no checkpoint",
+        ),
         # the examples file and its rows
         "examples-typo": (f.sft_args(nowhere), "check the --examples path"),
         "examples-a-directory": (f.sft_args(f.dir), "is a directory, not a file"),
         "examples-empty": (f.sft_args(f.empty), "the examples file is empty"),
         "examples-not-json": (f.sft_args(f.bad_json), "not valid JSON"),
         "examples-text-rows": (f.sft_args(f.text_rows), "twinrun tune text"),
+        "examples-plain-text": (
+            f.sft_args(f.corpus),
+            f"is plain text, not JSONL (its first line is not JSON) — to train on raw text, run "
+            f"`twinrun tune text --corpus {f.corpus}`",
+        ),
         "examples-other-fields": (f.sft_args(f.wrong_keys), "found fields: instruction, output"),
         "examples-a-message-without-role": (f.sft_args(f.no_role), "needs string 'role'"),
         "sft-given-pairs": (f.sft_args(f.pairs), "found fields: chosen, prompt, rejected"),
@@ -164,7 +210,12 @@ def mistakes(f: Files) -> dict[str, tuple[list[str], str]]:
         "threads-zero": (f.sft_args(threads="0"), "--threads must be >= 1"),
         "threads-100000": (f.sft_args(threads="100000"), "--threads 100000 is more than"),
         "max-length-zero": (f.sft_args(max_length="0"), "--max-length must be >= 1"),
-        "device-cuda-without-index": (f.sft_args(device="cuda"), "--device must be cpu or cuda:N"),
+        "device-unknown": (f.sft_args(device="gpu"), "--device must be cpu, cuda or cuda:N"),
+        "batch-larger-than-the-data": (  # the cause first, the warm-up it leaves no room for next
+            f.sft_args(batch_size="500", warmup_steps="1"),
+            "error: one step takes 500 examples (--batch-size 500 x --accumulation 1) and the "
+            "data has 64: the run has 1 step(s), and --warmup-steps 1 leaves no step",
+        ),
         "checkpointing-with-batch-invariant": (
             [*f.sft_args(), "--batch-invariant", "--gradient-checkpointing"],
             "--gradient-checkpointing does not run with --batch-invariant",
@@ -186,6 +237,28 @@ def mistakes(f: Files) -> dict[str, tuple[list[str], str]]:
         # another library's flag names
         "trl-lr": (f.sft_args(lr="1e-3"), "twinrun's name for TRL's --lr: --learning-rate"),
         "trl-num-train-epochs": ([*f.sft_args(), "--num_train_epochs", "1"], "--epochs"),
+        "beta-on-sft": (f.sft_args(beta="0.1"), "'--beta': a flag of twinrun tune dpo, ipo, not"),
+        "trl-beta-on-grpo": (f.grpo_args(f.arith, beta="0.1"), "TRL's --beta: --kl-beta"),
+        "trl-max-steps-on-sft": (
+            [*f.sft_args(), "--max_steps", "4"],
+            "twinrun's name for TRL's --max_steps: --stop-after",
+        ),
+        "trl-max-steps-on-grpo": (
+            [*f.grpo_args(f.arith), "--max-steps", "4"],
+            "twinrun's name for TRL's --max-steps: --steps.",
+        ),
+        "trl-config-flag": (
+            ["tune", "sft", "--config", str(f.yaml)],
+            "TRL's --config: `twinrun run CONFIG.toml`",
+        ),
+        "command-sft": (
+            ["sft", *f.sft_args()[2:]],
+            "no such command; training is `twinrun tune sft`",
+        ),
+        "command-train-sft": (
+            ["train", "sft", *f.sft_args()[2:]],
+            "no such command; training is `twinrun tune sft`",
+        ),
         # configs and run directories
         "config-missing": (["run", str(nowhere)], "config file not found"),
         "config-yaml": (["run", str(f.yaml)], "a YAML file"),
@@ -301,18 +374,23 @@ def test_the_table_is_large(refused: Any) -> None:
 
 # the cases' names, for parametrize (the table needs its files; a test keeps the two equal)
 NAMES = [
-    "model-missing", "model-is-a-file", "model-without-config", "examples-typo",
+    "model-missing", "model-is-a-file", "model-without-config", "model-a-hub-id",
+    "model-pickle-weights-only", "model-without-tokenizer", "init-adapter-missing",
+    "resume-nothing-to-resume", "resume-a-finished-run", "examples-typo",
     "examples-a-directory", "examples-empty", "examples-not-json", "examples-text-rows",
-    "examples-other-fields", "examples-a-message-without-role", "sft-given-pairs",
+    "examples-plain-text", "examples-other-fields", "examples-a-message-without-role",
+    "sft-given-pairs",
     "dpo-given-sft-rows", "reward-same-answers", "grpo-chat-prompt-untemplated",
     "csv-header-only", "eval-examples-typo", "eval-examples-pairs", "output-not-empty",
     "output-a-file", "output-inside-the-model", "output-is-the-examples", "seed-negative",
     "learning-rate-zero", "learning-rate-nan", "batch-size-zero", "accumulation-zero",
     "epochs-zero", "warmup-negative", "warmup-longer-than-the-run", "schedule-unknown",
     "wsd-without-decay", "lora-rank-zero", "lora-alpha-negative", "precision-unknown",
-    "threads-zero", "threads-100000", "max-length-zero", "device-cuda-without-index",
-    "checkpointing-with-batch-invariant",
-    "group-size-one", "missing-flags", "trl-lr", "trl-num-train-epochs", "config-missing",
+    "threads-zero", "threads-100000", "max-length-zero", "device-unknown",
+    "batch-larger-than-the-data", "checkpointing-with-batch-invariant",
+    "group-size-one", "missing-flags", "trl-lr", "trl-num-train-epochs", "beta-on-sft",
+    "trl-beta-on-grpo", "trl-max-steps-on-sft", "trl-max-steps-on-grpo", "trl-config-flag",
+    "command-sft", "command-train-sft", "config-missing",
     "config-yaml", "config-unknown-key", "corpus-missing", "export-not-a-run", "plot-not-a-run",
     "diff-not-a-run", "reproduce-not-a-run", "golden-check-missing", "generate-model-missing",
 ]  # fmt: skip

@@ -14,7 +14,8 @@ from twinrun.core.safetensors_io import read_safetensors
 from twinrun.model.lora import ADAPTER_WEIGHTS, apply_lora, lora_state_dict, save_adapter
 from twinrun.model.reward_head import HEAD_FILE, HEAD_KEY, load_reward_head, save_reward_head
 from twinrun.train.adamw import AdamW
-from twinrun.train.checkpoint import STATE_JSON, STATE_TENSORS, write_checkpoint
+from twinrun.train.checkpoint import write_checkpoint
+from twinrun.train.outputs import STATE_JSON, STATE_TENSORS
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "twinrun"
 # the library used directly, and why: only its exception type, to catch what transformers raises

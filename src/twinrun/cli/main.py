@@ -33,8 +33,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "reproduce": ("twinrun.cli.reproduce", "reproduce", "Re-run a recorded run; same bytes?"),
     "export": ("twinrun.cli.export", "export", "Merge a run's adapter into its base model."),
     "plot": ("twinrun.cli.plot", "plot", "Loss, lr, grad-norm and reward curves as a PNG."),
+    "launch": ("twinrun.cli.launch", "launch", "torchrun, a refusal read as one line."),
 }
 
+
+# first words of another tool's training command: answered with `twinrun tune`
+TRAINING_WORDS = ("train", "finetune", "fine-tune", "fit")
 
 SIGINT_SEEN: list[bool] = []  # set by the handler `main` installs: a Ctrl-C has arrived
 INTERRUPTED_LINE = (
@@ -85,6 +89,25 @@ class LazyGroup(click.Group):
         module, attr, _ = COMMANDS[name]
         return getattr(importlib.import_module(module), attr)
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """As click's, but an objective named where a command belongs (`twinrun sft`, `twinrun
+        train sft`) is answered with the command that trains it: `twinrun tune sft`."""
+        from twinrun.objectives.registry import OBJECTIVES
+
+        if args and args[0] not in COMMANDS:
+            names = [o.name for o in OBJECTIVES]
+            named = [a for a in args[:2] if a in names]
+            if named or args[0] in TRAINING_WORDS:
+                command = (
+                    f"`twinrun tune {named[0]}`"
+                    if named
+                    else f"`twinrun tune OBJECTIVE` ({', '.join(names)})"
+                )
+                raise click.UsageError(f"no such command; training is {command}", ctx)
+        return super().resolve_command(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -130,11 +153,15 @@ def debug_enabled() -> bool:
 
 
 def say(line: str) -> None:
-    """Print one error line to stderr, redacted, on one line."""
+    """Print one error line to stderr, redacted, on one line. Under `twinrun launch` a process
+    other than its node's local rank 0 hands the line to the launcher instead, which prints the
+    first failed process's line when local rank 0 printed none (`train.launcher`)."""
     from twinrun.core.redact import redact_string
+    from twinrun.train.launcher import hand_over
 
     one = " ".join(part.strip() for part in redact_string(line).splitlines() if part.strip())
-    click.echo(one, err=True)
+    if not hand_over(one):
+        click.echo(one, err=True)
 
 
 def show_warning(
@@ -188,6 +215,7 @@ def run_cli(args: list[str] | None = None) -> int:
     """Run the CLI and return the exit code (used by tests in-process and by `main`)."""
     from twinrun.core import redact  # noqa: F401  # imported now: `say` needs no memory later
     from twinrun.core.errors import ConfigError, TwinrunError
+    from twinrun.train import launcher  # noqa: F401  # (and this, which `say` asks first)
 
     try:
         nul = next((i for i, a in enumerate(args or []) if "\0" in a), None)

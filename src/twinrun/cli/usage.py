@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from twinrun.cli.trl_names import twinrun_name
+from twinrun.cli.trl_names import other_objectives_flag, twinrun_name
 
 SHOWN_NAME = 40  # an unknown flag longer than this is not shown: it is not a mistyped flag
 
@@ -72,6 +72,13 @@ def _no_such_command_line(exc: click.UsageError, command_name: str | None) -> st
     return "no such command" + _closest(str(command_name or ""), names)
 
 
+def _tune_objective(ctx: click.Context | None) -> str | None:
+    """The objective of a `twinrun tune OBJECTIVE` context (None for any other command)."""
+    if ctx is None or ctx.parent is None or ctx.parent.info_name != "tune":
+        return None
+    return ctx.info_name
+
+
 def usage_line(exc: click.UsageError) -> str:
     """The one line for `exc`: which flag or argument, and what it needs — without the value."""
     if isinstance(exc, click.MissingParameter):  # "Missing option '--output'.": no value in it
@@ -82,11 +89,15 @@ def usage_line(exc: click.UsageError) -> str:
         name = exc.option_name
         if len(name) > SHOWN_NAME:
             return f"no such option (an unknown flag of {len(name)} characters)"
-        theirs = twinrun_name(name)  # TRL's spelling: twinrun's name, not the nearest one
+        objective = _tune_objective(exc.ctx)
+        theirs = twinrun_name(name, objective)  # TRL's spelling: twinrun's name, not the nearest
         if theirs is None:
             return f"No such option '{name}' (TRL's; twinrun has no such setting)."
         if theirs:
             return f"No such option '{name}'. twinrun's name for TRL's {name}: {theirs}."
+        other = other_objectives_flag(name, objective) if objective else ""
+        if other:
+            return f"No such option '{name}': {other}."
         return exc.format_message()  # the name and the closest real flags
     command_name = getattr(exc, "command_name", None)
     if command_name is not None or exc.message.startswith("No such command"):

@@ -298,8 +298,10 @@ class RunConfig:
         contract=True,
     )  # fmt: skip
     device: str = _s(
-        "str", "--device", "backend.devices", "cpu | cuda:0.", default="cpu", contract=True
-    )
+        "str", "--device", "backend.devices",
+        "cpu | cuda | cuda:N (cuda is cuda:0 on one process, cuda:LOCAL_RANK under torchrun).",
+        default="cpu", contract=True,
+    )  # fmt: skip
     cpu_kernels: str = _s(
         "str", "--cpu-kernels", "backend.options.cpu_kernels",
         "native: the machine's own kernels, fast, bytes of this CPU kind and thread count only; "

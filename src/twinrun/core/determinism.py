@@ -56,12 +56,17 @@ _DEVICE_RE = re.compile(r"cuda:(\d+)")
 
 
 def parse_device(device: str) -> int | None:
-    """The CUDA index of `device` ("cuda:N"), None for "cpu"; anything else is a ConfigError."""
+    """The CUDA index of `device` ("cuda:N"; "cuda" is cuda:0, as torch's default device), None
+    for "cpu"; anything else is a ConfigError."""
     if device == "cpu":
         return None
+    if device == "cuda":
+        return 0
     m = _DEVICE_RE.fullmatch(device) if isinstance(device, str) else None
     if m is None:
-        raise ConfigError("--device must be cpu or cuda:N", "use --device cpu or --device cuda:0")
+        raise ConfigError(
+            "--device must be cpu, cuda or cuda:N", "use --device cpu, cuda or cuda:0"
+        )
     return int(m.group(1))
 
 

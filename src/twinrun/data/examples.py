@@ -110,6 +110,12 @@ def _read_rows(p: Path, limits: Limits) -> list[SourcedRow]:
         )
     if (other := other_format(head)) is not None:
         raise DataError(f"{p} is {other[0]}; {READS}", other[1])
+    if p.suffix.lower() != ".csv" and _plain_text(head):
+        raise DataError(
+            f"{p} is plain text, not JSONL (its first line is not JSON)",
+            f"to train on raw text, run `twinrun tune text --corpus {p}`; examples are JSONL, "
+            "a JSON array or CSV",
+        )
     rows: list[SourcedRow] = []
     if p.suffix.lower() == ".csv":
         rows = csv_rows(p, limits)
@@ -122,6 +128,27 @@ def _read_rows(p: Path, limits: Limits) -> list[SourcedRow]:
             _row_cap(p, len(rows), limits)
             rows.append(_as_object(item, f"{p}:{lineno}"))
     return _checked_rows(p, rows, limits)
+
+
+def _plain_text(head: bytes) -> bool:
+    """The file's first line is no JSON at all (not a broken object or array: that is a JSON
+    file with a mistake, said by the reader with its line and column)."""
+    first = head.removeprefix(b"\xef\xbb\xbf").lstrip().split(b"\n", 1)[0].strip()
+    if first.startswith((b"{", b"[")):
+        return False
+    if b"\n" not in head.lstrip() and len(head) >= 4096:  # a first line longer than the head
+        return False
+    try:
+        text = first.decode("utf-8")
+    except UnicodeDecodeError:  # not text at all: the reader says "not UTF-8 text"
+        return False
+    if "\0" in text:
+        return False
+    try:
+        json.loads(text)
+    except ValueError:
+        return True
+    return False
 
 
 def _row_cap(p: Path, index: int, limits: Limits) -> None:

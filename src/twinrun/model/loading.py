@@ -16,6 +16,7 @@ same digest, and swapping any file the loader reads changes it.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,31 @@ def check_model_dir(root: Path) -> None:
             f"--model {root} is a file, not a checkpoint directory",
             "give the directory that holds config.json and the weights",
         )
+    if looks_like_hub_id(str(root)):
+        hint = (
+            f"{root} looks like a Hugging Face Hub id, and --model takes a local directory: "
+            f"`hf download {root} --local-dir DIR`, then --model DIR"
+        )
     raise ModelError(f"model directory {root} does not exist", hint)
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def looks_like_hub_id(path: str) -> bool:
+    """`owner/name` (a Hub repository id) whose owner is no local directory: `runs/nope` with
+    a `runs/` here is a local path mistyped, `HuggingFaceTB/SmolLM2-135M-Instruct` is not."""
+    return HUB_ID.fullmatch(path) is not None and not Path(path.split("/")[0]).exists()
+
+
+ADAPTER_DIR_HINT = "point at a directory written by twinrun or PEFT's save_pretrained"
+
+
+def check_adapter_directory(root: Path) -> None:
+    """ModelError unless the adapter directory `root` (`--adapter`, `--init-adapter`) exists: a
+    file check, which the training preflight runs before torch loads."""
+    if not root.is_dir():
+        raise ModelError(f"adapter directory {root} does not exist", ADAPTER_DIR_HINT)
 
 
 def read_model_config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from twinrun.core import reading
 from twinrun.core.errors import ModelError
 from twinrun.core.redact import redact_string
 from twinrun.model.dropout import dropped
+from twinrun.model.loading import ADAPTER_DIR_HINT, check_adapter_directory
 from twinrun.model.output import ModuleTree
 from twinrun.model.targets import ALL_LINEAR, DEFAULT_TARGETS, default_targets
 
@@ -311,9 +312,8 @@ def read_adapter_config(adapter_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """adapter_config.json, checked for the LoRA features twinrun supports."""
     root = Path(adapter_dir)
     path = root / ADAPTER_CONFIG
-    hint = "point at a directory written by twinrun or PEFT's save_pretrained"
-    if not root.is_dir():
-        raise ModelError(f"adapter directory {root} does not exist", hint)
+    hint = ADAPTER_DIR_HINT
+    check_adapter_directory(root)
     if not path.is_file():
         raise ModelError(f"no {ADAPTER_CONFIG} in {root}", hint)
     try:

@@ -290,17 +290,23 @@ def declared_end_ids(root: Path) -> tuple[int, ...]:
     return ()
 
 
-def load_tokenizer(model_dir: str | os.PathLike[str]) -> CheckpointTokenizer:
-    """The tokenizer of a checkpoint directory; ModelError (one line) when it has none."""
-    root = Path(model_dir)
-    if not root.is_dir():
-        raise ModelError(f"model directory not found: {root}", "check the --model path")
+def check_tokenizer_files(root: Path) -> None:
+    """ModelError unless the checkpoint directory `root` holds a tokenizer file (a file check:
+    the training preflight runs it before torch loads)."""
     if not any((root / name).is_file() for name in TOKENIZER_FILES):
         raise ModelError(
             f"no tokenizer files in {root} (tokenizer.json, tokenizer.model or "
             "tokenizer_config.json)",
             "save the tokenizer with the model: tokenizer.save_pretrained(DIR)",
         )
+
+
+def load_tokenizer(model_dir: str | os.PathLike[str]) -> CheckpointTokenizer:
+    """The tokenizer of a checkpoint directory; ModelError (one line) when it has none."""
+    root = Path(model_dir)
+    if not root.is_dir():
+        raise ModelError(f"model directory not found: {root}", "check the --model path")
+    check_tokenizer_files(root)
     for name in TOKENIZER_READS:
         if os.path.lexists(root / name):
             reading.open_regular(root / name, "tokenizer file", ModelError).close()

@@ -41,10 +41,8 @@ from twinrun.train.checkpoint_check import (
     write_checksums,
 )
 from twinrun.train.distributed import is_root
+from twinrun.train.outputs import CHECKPOINTS, STATE_JSON, STATE_TENSORS
 
-CHECKPOINTS = "checkpoints"
-STATE_JSON = "state.json"
-STATE_TENSORS = "state.safetensors"
 FORMAT = "twinrun.checkpoint.v1"
 # differences that may not change a byte of the result
 RESUME_MAY_DIFFER = frozenset({"resume", "quiet", "overwrite", "prefetch", "checkpoint_every"})

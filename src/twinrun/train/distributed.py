@@ -122,18 +122,21 @@ def runtime_record() -> dict[str, int]:
 
 def process_device(device: str) -> str:
     """The device of this process: under torchrun any CUDA device becomes `cuda:LOCAL_RANK`
-    (one device per process); `cpu` stays `cpu`."""
-    if not launched() or not device.startswith("cuda"):
+    (one device per process); on one process `cuda` is `cuda:0`; `cpu` stays `cpu`."""
+    if not device.startswith("cuda"):
         return device
+    if not launched():
+        return "cuda:0" if device == "cuda" else device
     return f"cuda:{int(os.environ['LOCAL_RANK'])}"
 
 
 def setup(device: str) -> str:
     """Join the process group when torchrun started this process (gloo on CPU, nccl on CUDA);
-    returns this process's device. Without torchrun: nothing, and `device` unchanged."""
+    returns this process's device. Without torchrun: nothing joined, and `device` as
+    `process_device` gives it (`cuda` is `cuda:0`)."""
+    device = process_device(device)
     if not launched():
         return device
-    device = process_device(device)
     if active():
         return device
     dist = _dist()

@@ -53,7 +53,9 @@ __all__ = [
 
 def make_loop(s: Session, total_steps: int, objective: ObjectiveState | None = None) -> Loop:
     """The loop of this training run: `build_loop` with the hooks that observe it."""
-    progress = Progress(total_steps, f"{s.run.objective} step", quiet=s.run.switches.quiet)
+    stop_after = s.run.switches.stop_after  # the progress counts the steps this run will do
+    last = total_steps if stop_after is None else min(stop_after, total_steps)
+    progress = Progress(last, f"{s.run.objective} step", quiet=s.run.switches.quiet)
     if s.run.switches.resume and distributed.is_root():
         truncate_logs(s.out, resume_point(s.out))
     hooks = training_hooks(s, total_steps, objective)

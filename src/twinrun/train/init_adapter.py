@@ -98,12 +98,13 @@ def _write(path: Path, base: Any, model: str, seed: int, rank: int, alpha: float
 
 def check_init_header(directory: str | Path) -> None:
     """ModelError naming the file unless `directory`'s adapter weights are a regular, readable
-    safetensors file of float32 tensors (its header alone: no torch). A path that is not a
-    directory is left to `read_adapter_config`'s line."""
+    safetensors file of float32 tensors (its header alone: no torch); `read_adapter_config`'s
+    line for a directory that does not exist."""
     from twinrun.model.adapter_check import ADAPTER_FILE, check_adapter_header
+    from twinrun.model.loading import check_adapter_directory
 
-    if Path(directory).is_dir():
-        check_adapter_header(Path(directory) / ADAPTER_FILE, INIT_WHAT, INIT_HINT, ModelError)
+    check_adapter_directory(Path(directory))
+    check_adapter_header(Path(directory) / ADAPTER_FILE, INIT_WHAT, INIT_HINT, ModelError)
 
 
 def check_init_adapter(directory: str | Path) -> dict[str, Any]:

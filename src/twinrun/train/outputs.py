@@ -29,6 +29,8 @@ SIDECAR_FORMAT = "twinrun.run.v1"
 INPUTS = "twinrun.inputs.json"  # what the run read; train.resume_check compares it on --resume
 INPUTS_FORMAT = "twinrun.inputs.v1"  # a training run's inputs record
 REPLAY_INPUTS_FORMAT = "twinrun.replay-inputs.v1"  # a replay's: what it verified
+# a checkpoint (train.checkpoint): CHECKPOINTS/step-K/ holds STATE_JSON and STATE_TENSORS
+CHECKPOINTS, STATE_JSON, STATE_TENSORS = "checkpoints", "state.json", "state.safetensors"
 METRICS, DIAG, TRACE = "metrics.jsonl", "diag.jsonl", "trace.jsonl"
 COMPLETIONS = "completions.jsonl"  # --log-completions (train/recipes/transcripts.py)
 TRACKER_DIRS = ("tensorboard", "wandb", "mlruns")  # --report-to (train/hooks/report.py)
@@ -44,7 +46,6 @@ def run_layout() -> Layout:
     replays) — the one list of what `--overwrite` may remove."""
     from twinrun.capture import manifest as mf
     from twinrun.capture.source import FINAL, FINAL_FILES, RESOLVED
-    from twinrun.train.checkpoint import CHECKPOINTS, STATE_JSON, STATE_TENSORS
     from twinrun.train.checkpoint_check import CHECKSUMS
 
     adapter = _files(*FINAL_FILES)  # adapter weights and config, the reward head

@@ -2,13 +2,15 @@
 
 `preflight(run)` runs the cheap checks of `train.session.open_session` early, in its order and
 with its own functions, so a mistake costs no torch, transformers or PEFT import (seconds on a
-small machine): the output directory (not when resuming), the model directory and its
-`config.json`, the `--device` name, each examples, evaluation examples and corpus file (read and
-every row's shape checked as the objective reads it, `data.shapes`), the schedule over the steps
-the examples make, and that an `--init-adapter`'s weights are a readable safetensors file of
-float32 tensors (its header: `train.init_adapter.check_init_header`). The session checks them all
-again — the files may change in between; an unchanged examples file is not parsed twice
-(`data.examples.load_rows`) — and everything that needs a tokenizer or a model.
+small machine): the output directory (when resuming: that it holds something to resume,
+`train.resume_check.check_resumable`), the model directory, its `config.json`, tokenizer files
+and safetensors weights, the `--device` name, each examples, evaluation examples and corpus file
+(read and every row's shape checked as the objective reads it, `data.shapes`), the schedule over
+the steps the examples make, and that an `--init-adapter` is a directory whose weights are a
+readable safetensors file of float32 tensors (its header: `train.init_adapter.check_init_header`).
+The session checks them all again — the files may change in between; an unchanged examples file
+is not parsed twice (`data.examples.load_rows`) — and everything that needs a tokenizer or a
+model.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from twinrun.core.errors import ConfigError
 from twinrun.data.batching import steps_per_epoch
 from twinrun.data.examples import load_rows
 from twinrun.data.shapes import check_shapes
-from twinrun.model.loading import check_model_dir, read_model_config
+from twinrun.model.loading import check_model_dir, read_model_config, shard_files
+from twinrun.model.tokens import check_tokenizer_files
 from twinrun.objectives.registry import objective
 from twinrun.train.distributed import process_device
 from twinrun.train.init_adapter import check_init_header
 from twinrun.train.outputs import check_output_dir, config_inputs
+from twinrun.train.resume_check import check_resumable
 
 
 def _readable(path: str, what: str, hint: str, missing: str | None = None) -> None:
@@ -48,8 +52,12 @@ def preflight(run: ValidRun) -> None:
     for the first input of `run` that cannot be used."""
     if not run.switches.resume:
         check_output_dir(run.output, run.switches.overwrite, config_inputs(run.as_config()))
+    else:
+        check_resumable(Path(run.output))
     check_model_dir(Path(run.model))
     read_model_config(run.model)
+    check_tokenizer_files(Path(run.model))
+    shard_files(run.model)  # safetensors weights (not pickle only), every shard the index names
     parse_device(process_device(run.backend.device))  # torchrun gives `cuda` each process's index
     templated = run.has(Examples) and run.record(Examples).templated
     examples = 0
@@ -83,15 +91,15 @@ def check_run_schedule(run: ValidRun, examples: int) -> None:
                        run.optimizer.decay_steps)  # fmt: skip
     except ConfigError as exc:  # say where the step count came from: the data and the batch
         step = run.batch_size * plan.accumulation
-        hint = exc.hint
-        if examples < step:  # the likelier mistake: a step larger than the data
-            hint = (
-                f"one step takes {step} examples and the data has {examples}: give more "
-                f"examples or a smaller --batch-size / --accumulation (or {exc.hint})"
-            )
-        raise ConfigError(
-            f"{exc.message} ({examples} examples at --batch-size {run.batch_size} x "
-            f"--accumulation {plan.accumulation} make {per_epoch} step(s) an epoch, "
-            f"{plan.epochs} epoch(s))",
-            hint,
-        ) from exc
+        made = (
+            f"{examples} examples at --batch-size {run.batch_size} x --accumulation "
+            f"{plan.accumulation} make {per_epoch} step(s) an epoch, {plan.epochs} epoch(s)"
+        )
+        if examples < step:  # the likelier mistake, said first: a step larger than the data
+            raise ConfigError(
+                f"one step takes {step} examples (--batch-size {run.batch_size} x "
+                f"--accumulation {plan.accumulation}) and the data has {examples}: the run "
+                f"has {plan.epochs * per_epoch} step(s), and {exc.message}",
+                f"give more examples or a smaller --batch-size / --accumulation (or {exc.hint})",
+            ) from exc
+        raise ConfigError(f"{exc.message} ({made})", exc.hint) from exc

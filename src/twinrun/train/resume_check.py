@@ -19,7 +19,7 @@ from twinrun.config.run import shaping_numbers
 from twinrun.core.digest import sha256_dir, sha256_files
 from twinrun.core.errors import ConfigError, DataError
 from twinrun.model.loading import model_sha256, tokenizer_files
-from twinrun.train.outputs import INPUTS, INPUTS_FORMAT
+from twinrun.train.outputs import CHECKPOINTS, INPUTS, INPUTS_FORMAT, STATE_JSON
 from twinrun.train.outputs import SIDECAR as FINISHED
 
 # flags that may differ on resume: they cannot change a byte of the result
@@ -87,18 +87,11 @@ def check_resume(out: Path, inputs: dict[str, Any]) -> int:
     """Steps done by the checkpoint `--resume` will continue from; 0 when the run was killed
     before its first checkpoint (the caller starts it again). ConfigError, before anything is
     written, when there is nothing to resume or anything that shapes the bytes differs."""
-    recorded = read_inputs(out) if out.is_dir() else None
+    check_resumable(out)
+    recorded = read_inputs(out)
     ckpt = newest_checkpoint_state(out)
-    if recorded is None:
-        if ckpt is None:
-            raise ConfigError(
-                f"--resume: {out} has no complete checkpoint and no record of a started run",
-                "start the run without --resume (and with --checkpoint-every to make checkpoints)",
-            )
-        raise ConfigError(
-            f"--resume: {out} has no {INPUTS}, so its model and data cannot be verified",
-            "restart it with --overwrite instead of --resume",
-        )
+    if recorded is None:  # check_resumable saw it: it was removed since
+        raise ConfigError(f"--resume: {out / INPUTS} was removed while it was read", "rerun")
     differ = differences(recorded, inputs)
     if ckpt is not None:  # the checkpoint's own record of the flags must agree too
         # it records values resolved from the model (LoRA targets, max length) where the flags
@@ -118,18 +111,36 @@ def check_resume(out: Path, inputs: dict[str, Any]) -> int:
             "resume with the flags, model and examples the run was started with, or start a "
             "new --output",
         )
-    if ckpt is None and (out / FINISHED).is_file():  # restarting would erase it
+    return 0 if ckpt is None else int(ckpt["steps_done"])
+
+
+def check_resumable(out: Path) -> None:
+    """ConfigError unless `out` holds something `--resume` can continue, by its files alone (no
+    torch: the training preflight runs it before torch loads): a checkpoint, or the inputs
+    record of a run killed before its first one — not a finished run without checkpoints."""
+    has_inputs = (out / INPUTS).is_file()
+    has_checkpoint = any((p / STATE_JSON).is_file() for p in (out / CHECKPOINTS).glob("step-*"))
+    if not has_inputs and not has_checkpoint:
+        raise ConfigError(
+            f"--resume: {out} has no complete checkpoint and no record of a started run",
+            "start the run without --resume (and with --checkpoint-every to make checkpoints)",
+        )
+    if not has_inputs:
+        raise ConfigError(
+            f"--resume: {out} has no {INPUTS}, so its model and data cannot be verified",
+            "restart it with --overwrite instead of --resume",
+        )
+    if not has_checkpoint and (out / FINISHED).is_file():  # restarting would erase it
         raise ConfigError(
             f"--resume: {out} holds a finished run (it has {FINISHED}) and no checkpoint",
             "nothing to resume; choose a new --output, or pass --overwrite instead of --resume",
         )
-    return 0 if ckpt is None else int(ckpt["steps_done"])
 
 
 def newest_checkpoint_state(out: Path) -> dict[str, Any] | None:
     """`state.json` of the newest complete checkpoint, verified and read without touching anything
     (the loader, unlike this, also clears the leftovers of a killed checkpoint write)."""
-    from twinrun.train.checkpoint import CHECKPOINTS, STATE_JSON, read_checkpoint
+    from twinrun.train.checkpoint import read_checkpoint
 
     root = out / CHECKPOINTS
     done = sorted(p for p in root.glob("step-*") if (p / STATE_JSON).is_file())
