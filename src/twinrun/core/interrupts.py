@@ -15,6 +15,7 @@ second signal abandons any step. This module does not import torch.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -56,6 +57,9 @@ def abandonable() -> Iterator[None]:
     stop handler raises StopNow into the wait when one is asked during it."""
     if STOP:
         raise StopNow(STOP[0])
+    if threading.current_thread() is not threading.main_thread():
+        yield  # a signal's handler runs on the main thread: it cannot end this wait
+        return
     _WAITS[0] += 1
     try:
         yield
