@@ -296,6 +296,23 @@ def round5(work: Path, env: dict[str, str], quick: bool) -> list[Case]:
     return cases
 
 
+def run_signalled(case: Case, work: Path, env: dict[str, str]) -> dict[str, Any]:
+    """`h4.run_case`; a case timed by a delay whose command finished (exit 0) before the signal
+    was sent — the machine was faster than when the delay was measured — is tried again with
+    the signal at 70 % of the time it took, at most twice: it is judged on a signal that came."""
+    r = h4.run_case(case, work, env)
+    for _ in range(2):
+        unsent = "ended before its signal was sent" in r["reasons"]
+        if not (isinstance(case.signal_after, float) and r["exit"] == 0 and unsent):
+            break  # a signal that came and was swallowed (exit 0) falls short as it is
+        for path in case.absent:
+            shutil.rmtree(path, ignore_errors=True)
+        case.signal_after = round(0.7 * min(case.signal_after, r["seconds"]), 2)
+        r = h4.run_case(case, work, env)
+        r["note"] += f"; tried again, the signal at {case.signal_after} s"
+    return r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="a 60 MB JSON array, not 300 MB")
@@ -318,7 +335,7 @@ def main() -> None:
         for case in cases:
             if a.only and a.only not in case.name:
                 continue
-            r = h4.run_case(case, work, env)
+            r = run_signalled(case, work, env)
             h4._check_png(r, work)
             r["round"] = 5 if id(case) in fresh else 4
             results.append(r)
