@@ -10,8 +10,8 @@ Each case is a real `python -m twinrun ...` process, run and judged as in `bench
 (its wall-clock and address-space caps, one line, nothing lost, no marker). A signal case holds
 only with the signal's exit status (130 for SIGINT, 143 for SIGTERM) and its output absent; the
 `check` case holds on exit 0 when every child recorded the kernels a direct run records.
-`--shard-base` cases (another `--model` on rank 1, overlapping spans) need torchrun and are in
-`tests/distributed/`, not here.
+`--shard-base` cases (another `--model` on rank 1, overlapping spans) need torchrun: they are
+tests (tests/distributed/test_agreement.py, tests/unit/test_shards.py), not cases here.
 
 `--quick` is round 4's (a 60 MB JSON array, not 300 MB).
 
