@@ -154,6 +154,14 @@ class Case:
     zero_ok: bool = False  # exit 0 is the right outcome (and no traceback, nothing lost)
     setup: Callable[[], None] | None = None
     note: str = ""
+    cwd: Path | None = None  # where it runs (default: the sweep's work directory)
+    limits: dict[int, int] = field(default_factory=dict)  # more rlimits (RLIMIT_FSIZE, ...)
+    # signals sent once `signal_after` exists (a file) or that many seconds after the start
+    signals: tuple[signal.Signals, ...] = ()
+    signal_after: Path | float | None = None
+    exit_code: int | None = None  # the one exit status that holds (130 for Ctrl-C, ...)
+    verify: Callable[[], list[str]] | None = None  # more reasons it falls short, after it ran
+    progress: tuple[str, ...] = ()  # starts of the lines a normal run prints too: not counted
 
 
 def _state(paths: list[Path]) -> dict[str, Any]:
@@ -170,9 +178,13 @@ def _state(paths: list[Path]) -> dict[str, Any]:
     return out
 
 
-def _limits() -> None:
+def _limits(more: dict[int, int] | None = None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (AS_CAP, AS_CAP))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    for which, value in (more or {}).items():
+        resource.setrlimit(which, (value, value))
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a background sweep may inherit them ignored
+        signal.signal(sig, signal.SIG_DFL)
 
 
 MEMORY_WORDS = ("MemoryError", "bad_alloc", "Cannot allocate memory", "out of memory",
@@ -202,15 +214,21 @@ def run_case(case: Case, work: Path, base_env: dict[str, str]) -> dict[str, Any]
     argv = [sys.executable, "-m", "twinrun", *case.argv]
     t0 = time.perf_counter()
     with out_f.open("wb") as so, err_f.open("wb") as se:
-        proc = subprocess.Popen(argv, stdout=so, stderr=se, stdin=subprocess.DEVNULL, cwd=work,
-                                env=base_env | case.env, preexec_fn=_limits,
+        proc = subprocess.Popen(argv, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
+                                cwd=case.cwd or work, env=base_env | case.env,
+                                preexec_fn=lambda: _limits(case.limits),
                                 start_new_session=True)  # fmt: skip
-        timed_out, peak_kb = False, 0
+        timed_out, peak_kb, to_send, sent_at = False, 0, list(case.signals), 0.0
         while True:
             peak_kb = max(peak_kb, _hwm_kb(proc.pid))
             pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
+            at = case.signal_after
+            ready = at.exists() if isinstance(at, Path) else time.perf_counter() - t0 >= (at or 0)
+            if to_send and ready and time.perf_counter() - sent_at >= 1.0:  # a second apart
+                os.kill(proc.pid, to_send.pop(0))
+                sent_at = time.perf_counter()
             if time.perf_counter() - t0 > case.cap:
                 timed_out = True
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -225,16 +243,23 @@ def run_case(case: Case, work: Path, base_env: dict[str, str]) -> dict[str, Any]
     stderr = err_f.read_bytes().decode("utf-8", "replace")
     text = stdout + stderr
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]  # reproduce reports on stdout
+    lines = [ln for ln in lines if not ln.startswith(case.progress or "\0")]
     after = _state(case.protect)
     reasons = []
     if timed_out:
         reasons.append(f"hang: still running after {case.cap:.0f} s")
     elif any(w in text for w in MEMORY_WORDS):
         reasons.append(f"memory cap ({AS_CAP >> 30} GiB address space) reached")
-    elif rc < 0:
+    elif rc < 0 and not (case.exit_code is not None and 128 - rc == case.exit_code):
+        # (a process that prints its line, then ends by the signal itself, is what a shell
+        # reports as 128 + the signal's number too)
         reasons.append(f"killed by signal {signal.Signals(-rc).name}")
     elif rc == 0 and not case.zero_ok:
         reasons.append("exit 0")
+    elif case.exit_code is not None and rc not in (case.exit_code, 128 - case.exit_code):
+        reasons.append(f"exit {rc}, not {case.exit_code}")
+    if case.signals and len(to_send) == len(case.signals):  # (a first one may end it)
+        reasons.append("ended before its signal was sent")
     if "Traceback (most recent call last)" in text:
         reasons.append("traceback")
     if not timed_out and rc != 0 and len(lines) != 1:
@@ -255,6 +280,8 @@ def run_case(case: Case, work: Path, base_env: dict[str, str]) -> dict[str, Any]
     missing = [w for w in case.require if not any(w in ln for ln in lines)]
     if rc != 0 and missing:
         reasons.append("the line does not name " + ", ".join(missing))
+    if case.verify is not None:
+        reasons += case.verify()
     return {
         "name": case.name,
         "group": case.group,

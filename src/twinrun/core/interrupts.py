@@ -1,12 +1,27 @@
-"""Ctrl-C that a library swallowed. The CLI's SIGINT handler notes every Ctrl-C here before it
-raises KeyboardInterrupt. Raised inside a library's `__del__` (or a callback whose exceptions the
-library ignores), that KeyboardInterrupt is dropped — Python prints it and goes on — and the
-command would finish as if no Ctrl-C had come. So a writer calls `check()` just before it puts
-its output in place: a Ctrl-C it missed stops it there, with nothing half-written."""
+"""Ctrl-C and SIGTERM: what a library swallowed, and the stop a run's steps were asked for.
+
+The CLI's SIGINT handler notes every Ctrl-C here before it raises KeyboardInterrupt. Raised
+inside a library's `__del__` (or a callback whose exceptions the library ignores), that
+KeyboardInterrupt is dropped — Python prints it and goes on — and the command would finish as if
+no Ctrl-C had come. So a writer calls `check()` just before it puts its output in place: a Ctrl-C
+it missed stops it there, with nothing half-written.
+
+While a run's steps go on, a first SIGINT or SIGTERM only asks the run to stop after the step
+under way (train/interrupt.py notes it in `STOP`). A step that waits on an environment's code (a
+tool call, a reset, a reward) waits inside `abandonable()`: a stop asked before or during that
+wait ends it at once with `StopNow` — the code may never return — and the step is abandoned, as a
+second signal abandons any step. This module does not import torch.
+"""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 SEEN: list[str] = []  # the signals noted, in order
+STOP: list[str] = []  # the signals that asked the steps under way to stop, in order
+_WAITS = [0]  # how many abandonable waits are under way (on the main thread)
 
 
 def note(name: str = "SIGINT") -> None:
@@ -17,3 +32,36 @@ def check() -> None:
     """KeyboardInterrupt when a Ctrl-C has been noted (whether or not its own was swallowed)."""
     if SEEN:
         raise KeyboardInterrupt
+
+
+class StopNow(KeyboardInterrupt):
+    """The step under way is abandoned because signal `name` asked the run to stop."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def ask_stop(name: str) -> None:
+    STOP.append(name)
+
+
+def waiting() -> bool:
+    """Whether the main thread waits on an environment's code just now."""
+    return _WAITS[0] > 0
+
+
+@contextmanager
+def abandonable() -> Iterator[None]:
+    """A wait that a stop ends at once: StopNow on entry when one was asked already, and the
+    stop handler raises StopNow into the wait when one is asked during it."""
+    if STOP:
+        raise StopNow(STOP[0])
+    if threading.current_thread() is not threading.main_thread():
+        yield  # a signal's handler runs on the main thread: it cannot end this wait
+        return
+    _WAITS[0] += 1
+    try:
+        yield
+    finally:
+        _WAITS[0] -= 1

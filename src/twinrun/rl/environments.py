@@ -80,6 +80,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from twinrun.core import interrupts
 from twinrun.core.errors import ConfigError, DataError
 from twinrun.core.redact import REDACTED, redact_string
 from twinrun.core.rng import Stream
@@ -651,9 +652,10 @@ def _plugin_call(name: str, what: str, fn: Callable[..., Any], *args: Any) -> An
 
     signal.signal(signal.SIGINT, note)
     try:
-        return fn(*args)
-    except KeyboardInterrupt:
-        if noted:
+        with interrupts.abandonable():  # a SIGTERM (or Ctrl-C) asking the run to stop ends it
+            return fn(*args)
+    except KeyboardInterrupt as exc:
+        if noted or isinstance(exc, interrupts.StopNow):
             raise
         raise EnvironmentPluginError(
             f"environment {name!r}: {what} raised KeyboardInterrupt itself (no Ctrl-C was given)",

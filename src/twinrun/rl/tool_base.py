@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from twinrun.core import interrupts
 from twinrun.core.errors import DataError
 from twinrun.core.rng import Stream
 from twinrun.rl.environments import (
@@ -77,7 +78,8 @@ class ToolFailed(Exception):
 
 def bounded(timeout_s: float, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     """fn(*args, **kwargs) in a daemon thread: its value, or its exception raised here;
-    _TimedOut when it has not returned after `timeout_s` (the thread is abandoned)."""
+    _TimedOut when it has not returned after `timeout_s` (the thread is abandoned), and
+    interrupts.StopNow at once when the run is asked to stop before or while it waits."""
     box: dict[str, Any] = {}
 
     def work() -> None:
@@ -91,9 +93,10 @@ def bounded(timeout_s: float, fn: Callable[..., Any], /, *args: Any, **kwargs: A
         except BaseException as exc:  # carried to the caller's thread, raised there
             box["error"] = exc
 
-    worker = threading.Thread(target=work, name="twinrun-environment-call", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
+    with interrupts.abandonable():  # a stop asked meanwhile ends the wait (the thread is left)
+        worker = threading.Thread(target=work, name="twinrun-environment-call", daemon=True)
+        worker.start()
+        worker.join(timeout_s)
     if worker.is_alive():
         raise _TimedOut
     if "error" in box:

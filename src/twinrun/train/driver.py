@@ -16,6 +16,7 @@ from typing import Any
 
 from twinrun.config.resolved import Evaluation, ValidRun
 from twinrun.config.schedule import check_schedule
+from twinrun.core import interrupts
 from twinrun.core.fileio import atomic_write_text
 from twinrun.core.progress import Progress
 from twinrun.train import distributed
@@ -176,6 +177,8 @@ def drive(
     try:
         with sharded or contextlib.nullcontext(), stop_signals(interrupt):
             loop.run(recipe, start, switches.prefetch)
+    except interrupts.StopNow as stop:  # the step under way is abandoned: it writes nothing
+        raise interrupt.abandoned(stop.name, loop.total_steps) from None
     finally:
         if loop.progress is not None:
             loop.progress.close()

@@ -5,8 +5,13 @@ step (once every other hook has written the step out) `InterruptHook` asks every
 whether any of them was asked — one all-reduce under torchrun, so all processes stop after the
 same step, whichever of them got the signal and when — and then, with `--checkpoint-every` on,
 writes the checkpoint of the steps done (unless that step's is already there) and raises
-`Interrupted` (exit status 130). `--resume` continues from it with the bytes of an uninterrupted
-run. A second signal of the same kind stops at once (KeyboardInterrupt), checkpoint or not.
+`Interrupted` (exit status 130; 143 for SIGTERM). `--resume` continues from it with the bytes of
+an uninterrupted run.
+
+A second signal, of either kind, abandons the step under way at once, and so does a first one
+while the step waits on an environment's code (a tool call that sleeps may never return:
+core/interrupts.py). An abandoned step writes nothing more; the newest checkpoint stays, as after
+a kill, and the run stops with the same `interrupted` line and exit status.
 
 torchrun passes a SIGINT it gets on to every process and kills the ones still running 30 s
 later: the step under way must end within that for the run to be kept.
@@ -23,8 +28,10 @@ from typing import Any
 
 import torch
 
+from twinrun.core import interrupts
 from twinrun.core.errors import TwinrunError
 from twinrun.train import distributed
+from twinrun.train.checkpoint import newest_checkpoint
 from twinrun.train.hooks.checkpoint import Checkpointer
 from twinrun.train.loop import Hook, Phase, StepView
 
@@ -32,9 +39,18 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Interrupted(TwinrunError):
-    """The run stopped after a finished step because it was asked to (SIGINT / SIGTERM)."""
+    """The run stopped because it was asked to (SIGINT / SIGTERM): after a finished step, or at
+    once with the step under way abandoned. Exit status 128 + the signal's number, as a shell
+    reports a process the signal ended: 130 for SIGINT, 143 for SIGTERM."""
 
     exit_code = 130
+
+    def __init__(self, message: str, hint: str | None = None, name: str = "SIGINT") -> None:
+        super().__init__(message, hint)
+        self.exit_code = 128 + int(signal.Signals[name]) if name in NAMES else 130
+
+
+NAMES = {sig.name for sig in SIGNALS}
 
 
 class InterruptHook(Hook):
@@ -66,6 +82,24 @@ class InterruptHook(Hook):
             f"interrupted ({self.asked or 'another process was'}) with {done} of "
             f"{view.total_steps} steps done: {kept}",
             hint,
+            self.asked or "SIGINT",
+        )
+
+    def abandoned(self, name: str, total_steps: int) -> Interrupted:
+        """The error for a step abandoned at once: what the newest checkpoint keeps."""
+        asked = self.asked or name
+        ckpt = newest_checkpoint(self.checkpointer.out) if self.checkpointer is not None else None
+        if ckpt is not None:
+            done = ckpt.steps_done
+            kept = f"checkpoint step-{done:06d} kept ({done} of {total_steps} steps done)"
+            hint = "rerun the same command with --resume to continue from it"
+        else:
+            kept = "no checkpoint written" + (
+                "" if self.checkpointer is not None else " (--checkpoint-every is off)"
+            )
+            hint = "rerun the command with --overwrite to start again"
+        return Interrupted(
+            f"interrupted ({asked}) during a step, which was abandoned: {kept}", hint, asked
         )
 
     def agreed(self, device: torch.device) -> bool:
@@ -82,8 +116,9 @@ class InterruptHook(Hook):
 
 @contextmanager
 def stop_signals(hook: InterruptHook) -> Iterator[None]:
-    """SIGINT / SIGTERM ask `hook` to stop the run (a second of the same kind stops at once);
-    the previous handlers come back on leaving. Nothing off the main thread."""
+    """SIGINT / SIGTERM ask `hook` to stop the run; a second of either kind, or one that comes
+    while the step waits on an environment's code, abandons the step at once (`StopNow`). The
+    previous handlers come back on leaving. Nothing off the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -91,10 +126,13 @@ def stop_signals(hook: InterruptHook) -> Iterator[None]:
 
     def asked(signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        if hook.asked == name:
-            raise KeyboardInterrupt
+        again = hook.asked is not None
         hook.ask(name)
+        interrupts.ask_stop(name)
+        if again or interrupts.waiting():
+            raise interrupts.StopNow(hook.asked or name)
 
+    interrupts.STOP.clear()
     for sig in SIGNALS:
         signal.signal(sig, asked)
     try:
@@ -102,3 +140,4 @@ def stop_signals(hook: InterruptHook) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        interrupts.STOP.clear()
