@@ -145,7 +145,8 @@ def _digit_product(
 # parameter that a product takes (the forward's W.t(), the backward's W) and kept while the
 # parameter lives: held by the parameter object (a weak reference checked on every look-up; the
 # entry goes when the parameter does), never by a memory address alone, and made again when
-# the parameter's version counter moved (an in-place update).
+# the parameter's version counter moved (an in-place update) or its storage was replaced. Every
+# run starts with none (`forget_frozen`, called where a run establishes its kernels).
 _frozen: dict[int, tuple[weakref.ref[torch.Tensor], dict[tuple[Any, ...], Any]]] = {}
 
 
@@ -166,9 +167,16 @@ def column_digits(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     view = (tuple(b.shape), tuple(b.stride()), b.storage_offset())
     forms = _forms(owner)
     kept = forms.get(view)
-    if kept is None or kept[0] != owner._version:
-        kept = forms[view] = (owner._version, *dk.slice_lines(b.t(), reverse=False))
+    state = (owner._version, owner.data_ptr())
+    if kept is None or kept[0] != state:
+        kept = forms[view] = (state, *dk.slice_lines(b.t(), reverse=False))
     return kept[1], kept[2]
+
+
+def forget_frozen() -> None:
+    """Drop every kept digit plane (each run starts with none: a change made through `.data`,
+    which moves no version counter, cannot outlive a run)."""
+    _frozen.clear()
 
 
 def frozen_bytes() -> int:

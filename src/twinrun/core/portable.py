@@ -35,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,9 @@ def establish_kernels(mode: str, device: str = "cpu") -> dict[str, Any]:
     """Put in place (portable) or take back (native) the portable kernels; read back. SDPA's
     fused kernel is switched off for a CPU run only (the switch is torch's, for every device)."""
     check_mode(mode)
+    products = sys.modules.get("twinrun.core.exact_matmul")  # imports torch: only if it ran
+    if products is not None:
+        products.forget_frozen()  # each run starts with no kept digit planes
     if mode == "native":
         unpin_environment()
         from twinrun.core import portable_ops
