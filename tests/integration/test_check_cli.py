@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from twinrun.cli.main import run_cli
-from twinrun.core import portable
+from twinrun.core import pinning, portable
 
 # A stand-in trainer: `python -c FAKE SEED OUT [MODE]` writes 3 metrics rows; the loss depends on
 # the seed unless MODE is "seedless"; "nothing" writes no metrics; "fail" exits 3 with stderr.
@@ -103,7 +103,7 @@ def test_a_run_s_own_one_line_error_stays_one_line(
     assert rc == 2 and out == ""
     (line,) = [ln for ln in err.splitlines() if not ln.startswith("check: run ")]  # progress
     assert line.startswith("twinrun: error: seed-0-a (seed 0) exited with status 2: ")
-    assert "tokens exceed the row limit of 4" in line and "raise --max-length" in line
+    assert "row limit of 4" in line and "raise --max-length" in line
 
 
 def test_keep_on_a_full_disk_is_one_line(
@@ -228,7 +228,7 @@ PIN = "ATEN_CPU_CAPABILITY"
 def as_the_cli_starts(monkeypatch: pytest.MonkeyPatch, user_set: str | None) -> None:
     """This process as `twinrun check` is at start-up: the user's ATEN_CPU_CAPABILITY (None:
     unset), then the portable pin (`pin_environment`), which keeps a value the user set."""
-    monkeypatch.setattr(portable, "_pinned_here", {})
+    monkeypatch.setattr(pinning, "_pinned_here", {})
     monkeypatch.setenv(PIN, user_set or "")  # restored after the test, whatever the pin sets
     if user_set is None:
         monkeypatch.delenv(PIN)

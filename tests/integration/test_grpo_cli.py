@@ -225,7 +225,7 @@ def test_observation_fault_localised(
         (("--env", "arithmetic", "--group-size", "1"), "--group-size must be >= 2"),
         (
             ("--env", "arithmetic", "--epochs", "2"),
-            "No such option '--epochs'. Did you mean '--steps'?",
+            "No such option '--epochs': a flag of twinrun tune sft, dpo, ipo, reward, not of tune",
         ),
         (("--env", "arithmetic", "--replay", "per"), "--replay per needs"),
         (("--env", "arithmetic", "--rollout-block", "0"), "--rollout-block must be >= 1, got 0"),

@@ -70,9 +70,23 @@ def _abs_max(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.maximum(x.amax(dim=dim, keepdim=True), x.amin(dim=dim, keepdim=True).neg())
 
 
+SMALL = 2**21  # integer multiply-adds below which a GEMM runs on one thread
+
+
 def _int_product(lhs: torch.Tensor, rhs: torch.Tensor, how: str) -> torch.Tensor:
     if how == "int8":
-        return torch._int_mm(lhs, rhs)
+        if lhs.shape[0] * lhs.shape[1] * rhs.shape[1] >= SMALL:
+            return torch._int_mm(lhs, rhs)
+        # oneDNN opens its thread team even for a tiny GEMM, and on a busy machine waiting for
+        # the team costs milliseconds: small ones run alone (the sums are exact either way)
+        threads = torch.get_num_threads()
+        if threads == 1:
+            return torch._int_mm(lhs, rhs)
+        torch.set_num_threads(1)
+        try:
+            return torch._int_mm(lhs, rhs)
+        finally:
+            torch.set_num_threads(threads)
     return _blas(lhs.to(torch.float64), rhs.to(torch.float64)).to(torch.int32)
 
 
@@ -238,7 +252,18 @@ def _blas(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def exact_product(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """a @ b (2-D, or 3-D batched) by the scheme above, as float64 or rounded once to float32
-    (`dtype`)."""
+    (`dtype`). A small product runs on one thread (see `_int_product`)."""
+    threads = torch.get_num_threads()
+    if threads == 1 or a.numel() * b.shape[-1] >= SMALL:
+        return _exact_product(a, b, dtype)
+    torch.set_num_threads(1)
+    try:
+        return _exact_product(a, b, dtype)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _exact_product(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     finite = bool(torch.isfinite(_abs_max(a, -1)).all() and torch.isfinite(_abs_max(b, -2)).all())
     clean_a = _as_float32(a if finite else torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0))
     clean_b = _as_float32(b if finite else torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0))
@@ -248,10 +273,42 @@ def exact_product(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch
     elif a.shape[0] == 0:
         out = torch.zeros(0, a.shape[1], b.shape[2], dtype=inner)
     else:
-        out = torch.stack(
-            [_product2d(x, y, how, inner) for x, y in zip(clean_a, clean_b, strict=True)]
-        )
+        out = _product3d(clean_a, clean_b, how, inner)
     return out if finite else _nonfinite(a, b, out).to(dtype)
+
+
+def _product3d(a: torch.Tensor, b: torch.Tensor, how: str, dtype: torch.dtype) -> torch.Tensor:
+    """The batched product: each batch element exactly as `_product2d` computes it (a row's
+    scale, loud-row split and digits are its own), with the slicing and the loud rows done for
+    the whole batch in one pass each, and per element only the integer GEMMs and the
+    combination."""
+    bt, m, k = a.shape
+    n = b.shape[2]
+    if m == 0 or n == 0 or k == 0 or k > MAX_INNER:
+        pairs = zip(a, b, strict=True)
+        return torch.stack([_product2d(x, y, how, dtype) for x, y in pairs])
+    rows = a.reshape(bt * m, k)
+    arev, ea = dk.slice_lines(rows, reverse=True)
+    bdig, eb = dk.slice_lines(b.transpose(1, 2).reshape(bt * n, k), reverse=False)
+    loud = outlier_rows(rows, ea)
+    inner = dtype if loud is None else torch.float64
+    out = torch.empty(bt, m, n, dtype=inner)
+    if loud is not None:
+        where, outliers = loud
+        part = rows[where]
+        quiet, qe = dk.slice_lines(torch.where(outliers, 0.0, part), reverse=True)
+        arev[where], ea[where] = quiet, qe
+        ld, le = dk.slice_lines(torch.where(outliers, part, 0.0), reverse=True)
+    for i in range(bt):
+        a_rows, b_cols = slice(i * m, (i + 1) * m), slice(i * n, (i + 1) * n)
+        out[i] = _digit_product(arev[a_rows], ea[a_rows], bdig[b_cols], eb[b_cols], how, inner)
+    if loud is not None:
+        for j, r in enumerate(where.tolist()):
+            i, b_cols = r // m, slice((r // m) * n, (r // m + 1) * n)
+            extra = _digit_product(ld[j : j + 1], le[j : j + 1], bdig[b_cols], eb[b_cols], how,
+                                   torch.float64)  # fmt: skip
+            out[i, r % m] += extra[0]
+    return out.to(dtype)
 
 
 def exact_product64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
