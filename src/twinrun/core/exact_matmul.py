@@ -303,11 +303,13 @@ def _product3d(a: torch.Tensor, b: torch.Tensor, how: str, dtype: torch.dtype) -
         a_rows, b_cols = slice(i * m, (i + 1) * m), slice(i * n, (i + 1) * n)
         out[i] = _digit_product(arev[a_rows], ea[a_rows], bdig[b_cols], eb[b_cols], how, inner)
     if loud is not None:
-        for j, r in enumerate(where.tolist()):
-            i, b_cols = r // m, slice((r // m) * n, (r // m + 1) * n)
-            extra = _digit_product(ld[j : j + 1], le[j : j + 1], bdig[b_cols], eb[b_cols], how,
+        batch = where // m
+        for i in torch.unique(batch).tolist():  # each element's loud rows in one product
+            mine = torch.nonzero(batch == i).squeeze(1)
+            b_cols = slice(i * n, (i + 1) * n)
+            extra = _digit_product(ld[mine], le[mine], bdig[b_cols], eb[b_cols], how,
                                    torch.float64)  # fmt: skip
-            out[i, r % m] += extra[0]
+            out[i, where[mine] % m] += extra
     return out.to(dtype)
 
 
