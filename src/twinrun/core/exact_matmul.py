@@ -75,19 +75,32 @@ SMALL = 2**21  # integer multiply-adds below which a GEMM runs on one thread
 
 def _int_product(lhs: torch.Tensor, rhs: torch.Tensor, how: str) -> torch.Tensor:
     if how == "int8":
-        if lhs.shape[0] * lhs.shape[1] * rhs.shape[1] >= SMALL:
-            return torch._int_mm(lhs, rhs)
-        # oneDNN opens its thread team even for a tiny GEMM, and on a busy machine waiting for
-        # the team costs milliseconds: small ones run alone (the sums are exact either way)
-        threads = torch.get_num_threads()
-        if threads == 1:
-            return torch._int_mm(lhs, rhs)
-        torch.set_num_threads(1)
+        # the portable mode turns oneDNN off for torch's float ops; with it off, `_int_mm` takes
+        # a reference loop over 100x slower. Its integer sums are exact on every path, so it is
+        # switched on for this call alone
+        if torch._C._get_mkldnn_enabled():
+            return _onednn_int_mm(lhs, rhs)
+        torch._C._set_mkldnn_enabled(True)
         try:
-            return torch._int_mm(lhs, rhs)
+            return _onednn_int_mm(lhs, rhs)
         finally:
-            torch.set_num_threads(threads)
+            torch._C._set_mkldnn_enabled(False)
     return _blas(lhs.to(torch.float64), rhs.to(torch.float64)).to(torch.int32)
+
+
+def _onednn_int_mm(lhs: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    if lhs.shape[0] * lhs.shape[1] * rhs.shape[1] >= SMALL:
+        return torch._int_mm(lhs, rhs)
+    # oneDNN opens its thread team even for a tiny GEMM, and on a busy machine waiting for the
+    # team costs milliseconds: small ones run alone (the sums are exact either way)
+    threads = torch.get_num_threads()
+    if threads == 1:
+        return torch._int_mm(lhs, rhs)
+    torch.set_num_threads(1)
+    try:
+        return torch._int_mm(lhs, rhs)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _product2d(a: torch.Tensor, b: torch.Tensor, how: str, dtype: torch.dtype) -> torch.Tensor:
