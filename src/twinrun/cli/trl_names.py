@@ -14,8 +14,10 @@ objectives that take it.
 from __future__ import annotations
 
 from twinrun.config.run import SETTINGS
+from twinrun.objectives.registry import names
 
-EPOCH_RUNS = ("sft", "dpo", "ipo", "reward")  # the objectives whose length is --epochs
+EPOCH_RUNS = names(counts="epochs")  # the objectives whose length is --epochs
+STEP_RUNS = names(counts="steps")  # the objectives whose length is --steps
 
 # TRL / HF name -> what twinrun calls it (a flag, or a few words where it is not one flag);
 # None: twinrun has no such setting (no suggestion is better than the nearest spelling)
@@ -70,8 +72,11 @@ BY_OBJECTIVE: dict[str, dict[str, str]] = {
     "--max_steps": dict.fromkeys(
         EPOCH_RUNS, "--stop-after (this run's length is --epochs; --stop-after N runs its first N)"
     ),
-    "--num_train_epochs": dict.fromkeys(("grpo", "text"), "--steps (this objective counts steps)"),
-    "--beta": {"grpo": "--kl-beta (GRPO's KL weight; --beta is DPO's and IPO's temperature)"},
+    "--num_train_epochs": dict.fromkeys(STEP_RUNS, "--steps (this objective counts steps)"),
+    "--beta": dict.fromkeys(
+        names(batch="rollouts"),
+        "--kl-beta (GRPO's KL weight; --beta is DPO's and IPO's temperature)",
+    ),
 }
 
 
