@@ -724,6 +724,40 @@ def _check_png(result: dict[str, Any], work: Path) -> None:
             result["outcome"] = "falls short"
 
 
+def run_all(
+    cases: list[Case],
+    work: Path,
+    env: dict[str, str],
+    only: str,
+    run: Callable[[Case, Path, dict[str, str]], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """`run` each case whose name holds `only`, a line printed for each as it ends."""
+    results = []
+    for case in cases:
+        if only and only not in case.name:
+            continue
+        r = run(case, work, env)
+        _check_png(r, work)
+        results.append(r)
+        mark = "holds      " if r["outcome"] == "holds" else "falls short"
+        print(f"{mark} {r['seconds']:6.1f} s {r['peak_rss_mb']:7.1f} MB  {r['group']:12} "
+              f"{r['name']}" + (f"  ({'; '.join(r['reasons'])})" if r["reasons"] else ""),
+              flush=True)  # fmt: skip
+    return results
+
+
+def tally(results: list[dict[str, Any]], key: str, values: list[Any]) -> list[dict[str, Any]]:
+    """Per value of `results`' `key` ("all": every result): the cases, how many hold and fall
+    short; each row's "group" is the value (a round number as "round N")."""
+    table = []
+    for v in values:
+        rs = [r for r in results if key == "all" or r[key] == v]
+        held = sum(r["outcome"] == "holds" for r in rs)
+        name = f"round {v}" if key == "round" else v
+        table.append({"group": name, "cases": len(rs), "hold": held, "fall_short": len(rs) - held})
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="a 60 MB JSON array, not 300 MB")
@@ -736,26 +770,10 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         cases, env = build(work, a.quick)
         built = time.perf_counter() - t0
-        results = []
-        for case in cases:
-            if a.only and a.only not in case.name:
-                continue
-            r = run_case(case, work, env)
-            _check_png(r, work)
-            results.append(r)
-            mark = "holds      " if r["outcome"] == "holds" else "falls short"
-            print(f"{mark} {r['seconds']:6.1f} s {r['peak_rss_mb']:7.1f} MB  {r['group']:12} "
-                  f"{r['name']}" + (f"  ({'; '.join(r['reasons'])})" if r["reasons"] else ""),
-                  flush=True)  # fmt: skip
+        results = run_all(cases, work, env, a.only, run_case)
     wall = time.perf_counter() - t0
-    table = []
-    for g in GROUPS:
-        rs = [r for r in results if r["group"] == g]
-        held = sum(r["outcome"] == "holds" for r in rs)
-        table.append({"group": g, "cases": len(rs), "hold": held, "fall_short": len(rs) - held})
-    total = {"group": "all", "cases": len(results),
-             "hold": sum(t["hold"] for t in table),
-             "fall_short": sum(t["fall_short"] for t in table)}  # fmt: skip
+    table = tally(results, "group", GROUPS)
+    total = tally(results, "all", ["all"])[0]
     doc = {
         "quick": a.quick,
         "time_cap_s": TIME_CAP,

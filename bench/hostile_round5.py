@@ -331,18 +331,11 @@ def main() -> None:
         cases = new if a.new_only else [*old, *new]
         fresh = {id(c) for c in new}
         built = time.perf_counter() - t0
-        results = []
-        for case in cases:
-            if a.only and a.only not in case.name:
-                continue
-            r = run_signalled(case, work, env)
-            h4._check_png(r, work)
-            r["round"] = 5 if id(case) in fresh else 4
-            results.append(r)
-            mark = "holds      " if r["outcome"] == "holds" else "falls short"
-            print(f"{mark} {r['seconds']:6.1f} s {r['peak_rss_mb']:7.1f} MB  {r['group']:12} "
-                  f"{r['name']}" + (f"  ({'; '.join(r['reasons'])})" if r["reasons"] else ""),
-                  flush=True)  # fmt: skip
+
+        def run(case: h4.Case, work: Path, env: dict[str, str]) -> dict[str, Any]:
+            return run_signalled(case, work, env) | {"round": 5 if id(case) in fresh else 4}
+
+        results = h4.run_all(cases, work, env, a.only, run)
     wall = time.perf_counter() - t0
     doc = summarise(results, a.quick, built, wall)
     if a.only:
@@ -357,19 +350,8 @@ def main() -> None:
 
 
 def summarise(results: list[dict[str, Any]], quick: bool, built: float, wall: float) -> dict:
-    table = []
-    for g in h4.GROUPS:
-        rs = [r for r in results if r["group"] == g]
-        held = sum(r["outcome"] == "holds" for r in rs)
-        table.append({"group": g, "cases": len(rs), "hold": held, "fall_short": len(rs) - held})
-    for rnd in (4, 5):
-        rs = [r for r in results if r["round"] == rnd]
-        held = sum(r["outcome"] == "holds" for r in rs)
-        table.append({"group": f"round {rnd}", "cases": len(rs), "hold": held,
-                      "fall_short": len(rs) - held})  # fmt: skip
-    held = sum(r["outcome"] == "holds" for r in results)
-    table.append({"group": "all", "cases": len(results), "hold": held,
-                  "fall_short": len(results) - held})  # fmt: skip
+    table = [*h4.tally(results, "group", h4.GROUPS), *h4.tally(results, "round", [4, 5]),
+             *h4.tally(results, "all", ["all"])]  # fmt: skip
     return {
         "quick": quick,
         "time_cap_s": h4.TIME_CAP,

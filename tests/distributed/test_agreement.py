@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.launch import FAULT_ENV, FAULT_TIMEOUT_S, torchrun
+from tests.distributed.launch import FAULT_ENV, FAULT_TIMEOUT_S, Job, torchrun
 from tests.integration.toy_runs import run_args, write_examples
 
 PER_RANK = Path(__file__).with_name("per_rank.py")
@@ -81,6 +81,21 @@ def test_a_rank_with_other_settings_stops_every_process(data: Path, toy_model_di
     assert written == []
 
 
+def every_rank_refused_other_bytes(job: Job, out: Path, where: str) -> str:
+    """Both processes stopped in the same one line (rank 1 read other bytes than rank 0 hashed,
+    at `where`), nothing written; returns the line."""
+    assert job.returncode != 0
+    ours = [line for line in job.stderr.splitlines() if line.startswith("twinrun: ")]
+    assert len(ours) == 2 and ours[0] == ours[1], job.stderr[-2000:]
+    assert ours[0].startswith(
+        "twinrun: error: rank 1 of 2 read other bytes of the base than rank 0 hashed "
+        f"(model.safetensors, {where}"
+    ), ours[0]
+    assert "internal error" not in job.stderr  # (torchrun's own summary is a traceback)
+    assert not out.exists() or sorted(out.iterdir()) == []
+    return ours[0]
+
+
 def test_a_sharded_rank_given_another_model_stops_every_process(
     data: Path, toy_model_dir: Path
 ) -> None:
@@ -97,16 +112,8 @@ def test_a_sharded_rank_given_another_model_stops_every_process(
     spec = data / "ranks-model.json"
     spec.write_text(json.dumps([args, change(args, "--model", str(other_model))]))
     job = torchrun(2, [str(PER_RANK), str(spec)], paths=(data,))
-    assert job.returncode != 0
-    ours = [line for line in job.stderr.splitlines() if line.startswith("twinrun: ")]
-    assert len(ours) == 2 and ours[0] == ours[1], job.stderr[-2000:]
-    assert ours[0].startswith(
-        "twinrun: error: rank 1 of 2 read other bytes of the base than rank 0 hashed "
-        "(model.safetensors, model.embed_tokens.weight rows "
-    ), ours[0]
-    assert "Expected sha256 " in ours[0] and "  Got " in ours[0]
-    assert "internal error" not in job.stderr  # (torchrun's own summary is a traceback)
-    assert not out.exists() or sorted(out.iterdir()) == []
+    line = every_rank_refused_other_bytes(job, out, "model.embed_tokens.weight rows ")
+    assert "Expected sha256 " in line and "  Got " in line
 
 
 def test_a_sharded_rank_seeing_other_bytes_at_the_same_path_stops_every_process(
@@ -121,15 +128,7 @@ def test_a_sharded_rank_seeing_other_bytes_at_the_same_path_stops_every_process(
     spec = data / "runs-same-path.json"
     spec.write_text(json.dumps([args]))
     job = torchrun(2, [str(OTHER_BYTES), str(spec)], paths=(data,))
-    assert job.returncode != 0
-    ours = [line for line in job.stderr.splitlines() if line.startswith("twinrun: ")]
-    assert len(ours) == 2 and ours[0] == ours[1], job.stderr[-2000:]
-    assert ours[0].startswith(
-        "twinrun: error: rank 1 of 2 read other bytes of the base than rank 0 hashed "
-        "(model.safetensors, "
-    ), ours[0]
-    assert "internal error" not in job.stderr
-    assert not out.exists() or sorted(out.iterdir()) == []
+    every_rank_refused_other_bytes(job, out, "")
 
 
 @pytest.mark.skipif(torch_has_cuda(), reason="this machine has CUDA: --device cuda would run")

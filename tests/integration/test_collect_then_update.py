@@ -81,8 +81,11 @@ def test_a_spike_rerun_never_calls_the_environment_again(
     tmp_path: Path, toy_model_dir: Path, arith: Path, counted: Path
 ) -> None:
     plain, spiked = tmp_path / "plain", tmp_path / "spiked"
-    plain_calls = calls_of(counted, lambda: run_cli(grpo_args(toy_model_dir, arith, plain)))
-    spike = ("--spike-factor", "1.0001", "--spike-window", "1")
+    # on-policy GRPO's loss is ~0 (its sign is rounding noise); the KL term makes step 1's loss
+    # positive, above step 0's by far (the policy left the reference): a spike, for certain
+    kl = ("--kl-beta", "0.1")
+    plain_calls = calls_of(counted, lambda: run_cli(grpo_args(toy_model_dir, arith, plain, *kl)))
+    spike = (*kl, "--spike-factor", "1.0001", "--spike-window", "1")
     spiked_calls = calls_of(
         counted, lambda: run_cli(grpo_args(toy_model_dir, arith, spiked, *spike))
     )

@@ -55,6 +55,20 @@ def test_c_and_torch_slices_agree(reverse: bool) -> None:
         assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
 
 
+def test_c_and_torch_loud_counts_agree() -> None:
+    if dk.library() is None:
+        pytest.skip("no C compiler here: only the torch passes run")
+    rows = awkward_rows()
+    rows[3, 7] = -0.0
+    for x in (spread((37, 300), 4), rows, spread((20, 64), 5)[:, ::3]):
+        e = dk.slice_lines(x, reverse=True)[1]
+        loud, nonzero = dk.loud_counts(x, e, 5)
+        assert torch.equal(loud, dk.loud_counts_torch(x, e, 5)[0])
+        assert torch.equal(nonzero, dk.loud_counts_torch(x, e, 5)[1])
+        assert torch.equal(nonzero, (x != 0).sum(1))  # -0.0 is a zero
+    assert dk.loud_counts(rows, dk.slice_lines(rows, reverse=True)[1], 5)[0][4] == 1  # 2.6e4
+
+
 def test_digits_are_in_range_and_recombine_to_q() -> None:
     x = torch.cat([awkward_rows(), spread((30, 9), 4)])
     planes, e = dk.slice_torch(x, reverse=False)

@@ -168,3 +168,14 @@ def test_agreement_record_leaves_paths_out_and_hides_env_arg_values() -> None:
     a, b = record(env_args={"key": "SECRET"}), record(env_args={"key": "OTHER"})
     assert a["device"] == "cuda" and a["model sha256"] == "x" and "model" not in a
     assert a["env_args"] != b["env_args"] and "SECRET" not in json.dumps(a)
+
+
+def test_a_collective_that_runs_out_of_memory_here_says_so_and_blames_no_other_process() -> None:
+    full = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                        "28317696 bytes. Error code 12 (Cannot allocate memory)")  # fmt: skip
+    with pytest.raises(RuntimeError) as caught, distributed.collective("a step"):
+        raise full
+    assert caught.value is full  # the CLI's memory line says it
+    with pytest.raises(distributed.DistributedError, match="another process stopped"):
+        with distributed.collective("a step"):
+            raise RuntimeError("Connection closed by peer")

@@ -176,7 +176,8 @@ def dk_exponents(a: torch.Tensor) -> torch.Tensor:
 
 
 def test_a_row_with_a_few_loud_entries_is_computed_as_two() -> None:
-    """The loud-row rule: at most K/32 entries within 2**5 of the row's largest. A Gaussian row
+    """The loud-row rule: at most 1 in 32 of the row's entries that are not zero within 2**5 of its
+    largest. A Gaussian row
     is not split; a row with one 2.6e4 among values near 1 is; so is one with 18 loud entries of
     576, not one with 19. The split row's quiet entries keep their bits: its error is within the
     bounds of its two halves, a tenth of what the row's own range would allow."""
@@ -198,3 +199,52 @@ def test_a_row_with_a_few_loud_entries_is_computed_as_two() -> None:
     halves = em.error_bound(quiet, b)[0] + em.error_bound(alone, b)[0]
     assert bool((err <= halves + ref[1].abs() * 2.0**-52).all())
     assert float(err.max()) < 0.1 * float(em.error_bound(a[1:2], b)[0].max())  # unsplit: 10x+
+
+
+def test_zeros_a_row_is_padded_with_change_no_bit() -> None:
+    """A batch-invariant forward pads each row's attention to a slot width with zeros, and a
+    causal mask's probabilities are zeros: neither may move a bit. The padded row below has 2
+    loud entries among 40 (1 in 20): not split, padded to 96 entries or not."""
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(3, 40, generator=g)
+    a[1, :2] = 3e3
+    b = torch.randn(40, 24, generator=g)
+    pad_a = torch.cat([a, torch.zeros(3, 56)], dim=1)
+    pad_b = torch.cat([b, torch.randn(56, 24, generator=g)], dim=0)  # meets only zeros of a
+    pad_b[40:] *= torch.zeros(56, 1)  # ... and zeros of its own
+    assert torch.equal(em.exact_matmul(pad_a, pad_b), em.exact_matmul(a, b))
+    assert em.outlier_rows(a, dk_exponents(a)) is None
+    assert em.outlier_rows(pad_a, dk_exponents(pad_a)) is None
+
+
+def test_frozen_parameters_digit_planes_are_kept_and_made_again_when_they_change() -> None:
+    g = torch.Generator().manual_seed(8)
+    w = torch.nn.Parameter(torch.randn(24, 40, generator=g), requires_grad=False)
+    x = torch.randn(5, 40, generator=g)
+    em.forget_frozen()
+    try:
+        first = em.exact_matmul(x, w.t())
+        assert torch.equal(first, em.exact_matmul(x, w.detach().clone().t()))
+        assert em.frozen_bytes() == 4 * w.numel() + 4 * 24  # four int8 planes, one exponent a line
+        assert torch.equal(em.exact_matmul(x, w.t()), first)  # from the kept planes
+        with torch.no_grad():
+            w.mul_(2.0)  # in place: the version counter moves
+        assert torch.equal(em.exact_matmul(x, w.t()), em.exact_matmul(x, w.detach().clone().t()))
+        w.data = torch.randn(24, 40, generator=g)  # new storage, no version moved
+        assert torch.equal(em.exact_matmul(x, w.t()), em.exact_matmul(x, w.detach().clone().t()))
+        trained = torch.nn.Parameter(torch.randn(24, 40, generator=g))  # takes a gradient
+        em.exact_matmul(x, trained.detach().t())
+        em.exact_matmul(x, trained.t().detach())
+        assert em.frozen_bytes() == 4 * w.numel() + 4 * 24  # kept for w alone
+
+        em.keep_frozen(False)  # a sharded base: nothing kept, the same bits
+        assert em.frozen_bytes() == 0
+        assert torch.equal(em.exact_matmul(x, w.t()), em.exact_matmul(x, w.detach().clone().t()))
+        assert em.frozen_bytes() == 0
+        em.forget_frozen()  # the next run keeps them again
+        em.exact_matmul(x, w.t())
+        assert em.frozen_bytes() > 0
+        del w
+        assert em.frozen_bytes() == 0  # the planes go with their parameter
+    finally:
+        em.forget_frozen()

@@ -179,7 +179,6 @@ def show_warning(
     say(f"twinrun: warning: {message} ({category.__name__})")
 
 
-MEMORY_WORDS = ("Cannot allocate memory", "failed to map segment", "can't start new thread")
 MEMORY_LINE = (
     "twinrun: error: out of memory ({what}) — free memory, or raise this process's memory limit "
     "(ulimit -v), and rerun"
@@ -187,15 +186,11 @@ MEMORY_LINE = (
 
 
 def memory_line(exc: BaseException) -> str | None:
-    """The one line for a memory limit met anywhere (Python's MemoryError, an OS error ENOMEM, a
-    library that could not map a file or start a thread), or None for any other failure."""
-    if isinstance(exc, MemoryError):
-        return MEMORY_LINE.format(what="MemoryError")
-    if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
-        return MEMORY_LINE.format(what="ENOMEM")
-    if any(words in str(exc) for words in MEMORY_WORDS):
-        return MEMORY_LINE.format(what=type(exc).__name__)
-    return None
+    """The one line for a memory limit met anywhere, or None for any other failure."""
+    from twinrun.core.errors import memory_failure
+
+    what = memory_failure(exc)
+    return None if what is None else MEMORY_LINE.format(what=what)
 
 
 def os_error_line(exc: OSError) -> str:

@@ -84,13 +84,17 @@ void twinrun_slice(const float *x, int64_t rows, int64_t cols, int64_t rs, int64
 }
 
 void twinrun_loud_counts(const float *x, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
-                         const int32_t *exps, int gap, int64_t *counts) {
+                         const int32_t *exps, int gap, int64_t *counts, int64_t *nonzero) {
     for (int64_t r = 0; r < rows; r++) {
         const float *row = x + r * rs;
         const float thr = ldexpf(1.0f, exps[r] - gap);
-        int64_t n = 0;
-        for (int64_t c = 0; c < cols; c++) n += fabsf(row[c * cs]) >= thr;
+        int64_t n = 0, z = 0;
+        for (int64_t c = 0; c < cols; c++) {
+            n += fabsf(row[c * cs]) >= thr;
+            z += row[c * cs] == 0.0f;
+        }
         counts[r] = n;
+        nonzero[r] = cols - z;
     }
 }
 
@@ -169,7 +173,7 @@ def library() -> ctypes.CDLL | None:
     p, i64, i = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.twinrun_slice.argtypes = [p, i64, i64, i64, i64, p, p, i]
     lib.twinrun_slice.restype = None
-    lib.twinrun_loud_counts.argtypes = [p, i64, i64, i64, i64, p, i, p]
+    lib.twinrun_loud_counts.argtypes = [p, i64, i64, i64, i64, p, i, p, p]
     lib.twinrun_loud_counts.restype = None
     lib.twinrun_combine.argtypes = [p, p, p, p, i64, i64, i64, p, p, p, p, p]
     lib.twinrun_combine.restype = None
@@ -214,26 +218,29 @@ def slice_lines(x: torch.Tensor, reverse: bool) -> tuple[torch.Tensor, torch.Ten
     return out, exps
 
 
-def loud_counts_torch(x: torch.Tensor, exps: torch.Tensor, gap: int) -> torch.Tensor:
+def loud_counts_torch(
+    x: torch.Tensor, exps: torch.Tensor, gap: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`loud_counts` by torch operations (the same comparisons)."""
     thr = pow2(exps.to(torch.int64) - gap).to(torch.float32).unsqueeze(1)
-    return (x.abs() >= thr).sum(1)
+    return (x.abs() >= thr).sum(1), (x != 0).sum(1)
 
 
-def loud_counts(x: torch.Tensor, exps: torch.Tensor, gap: int) -> torch.Tensor:
-    """int64 [rows]: how many entries of each row of the 2-D float32 x have a magnitude of at
+def loud_counts(x: torch.Tensor, exps: torch.Tensor, gap: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two int64 [rows]: how many entries of each row of the 2-D float32 x have a magnitude of at
     least 2**(e - gap), e the row's exponent from `slice_lines` (2**(e - gap) rounded to float32;
-    below float32's range it is 0, and every entry counts)."""
+    below float32's range it is 0, and every entry counts), and how many are not zero."""
     rows, cols = x.shape
     lib = library()
     if lib is None or rows == 0 or cols == 0:
         return loud_counts_torch(x, exps, gap)
     counts = torch.empty(rows, dtype=torch.int64)
+    nonzero = torch.empty(rows, dtype=torch.int64)
     exps = exps.contiguous()
     rs, cs = x.stride()
     lib.twinrun_loud_counts(x.data_ptr(), rows, cols, rs, cs, exps.data_ptr(), gap,
-                            counts.data_ptr())  # fmt: skip
-    return counts
+                            counts.data_ptr(), nonzero.data_ptr())  # fmt: skip
+    return counts, nonzero
 
 
 def combine_torch(parts: list[torch.Tensor], ea: torch.Tensor, eb: torch.Tensor) -> torch.Tensor:

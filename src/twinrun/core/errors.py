@@ -67,3 +67,18 @@ def write_failed(path: str | os.PathLike[str], exc: BaseException) -> OutputErro
     else:
         hint = "check that the location exists, is a directory and is writable"
     return OutputError(f"cannot write {path}: {reason}", hint)
+
+
+MEMORY_WORDS = ("Cannot allocate memory", "failed to map segment", "can't start new thread")
+
+
+def memory_failure(exc: BaseException) -> str | None:
+    """What ran out when `exc` is a memory limit met anywhere (Python's MemoryError, an OS error
+    ENOMEM, a library that could not allocate, map a file or start a thread), else None."""
+    if isinstance(exc, MemoryError):
+        return "MemoryError"
+    if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+        return "ENOMEM"
+    if any(words in str(exc) for words in MEMORY_WORDS):
+        return type(exc).__name__
+    return None

@@ -9,8 +9,9 @@ in which every partial sum is an exact integer, followed by a fixed sequence of 
    four balanced base-128 digits `q = d0*2**21 + d1*2**14 + d2*2**7 + d3`, each in [-64, 63].
    The rounding is the one approximation of the operands: an element keeps the bits of its line's
    range down to `2**(e - 27)`. A line's scale depends on that line alone, so a row's result does
-   not depend on the other rows of its batch. A row of `a` whose range is set by a few loud
-   entries (at most K/32 within 2**5 of its largest: SmolLM2's massive activations) is computed
+   not depend on the other rows of its batch, nor on zeros a line is padded with. A row of `a`
+   whose range is set by a few loud entries (at most 1 in 32 of its entries that are not zero
+   within 2**5 of its largest: SmolLM2's massive activations) is computed
    as two rows, its quiet entries at their own scale and its loud ones at theirs, added in
    float64 (`outlier_rows`): its quiet entries keep their bits.
 2. **Multiply** (exact): the digit planes are multiplied as int8 matrices with int32 sums
@@ -130,19 +131,21 @@ def _product2d(a: torch.Tensor, b: torch.Tensor, how: str, dtype: torch.dtype) -
 
 
 GAP = 5  # octaves between a row's loud entries and the rest
-FEW = 32  # at most K / FEW loud entries in a row
+FEW = 32  # at most N / FEW loud entries in a row of N entries that are not zero
 
 
 def outlier_rows(a: torch.Tensor, ea: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The rows of `a` whose range is set by a few loud entries (SmolLM2's massive activations:
     2.6e4 in a row of values near 1): (their indices, the mask of their entries of magnitude at
-    least 2**(e - GAP), 2**e above the row's largest: `ea`), when a row has at most K / FEW such
-    entries; None when no row has. Such a row is computed as two: its quiet entries at their own
-    scale, and its loud ones — so a row's quiet entries keep their bits whatever one entry of the
-    row holds. Decided by comparisons and counts in the row alone: the same on every machine,
-    and a row's result still depends on that row alone."""
-    counts = dk.loud_counts(a, ea, GAP)
-    rows = torch.nonzero((counts > 0) & (counts <= max(1, a.shape[1] // FEW)))
+    least 2**(e - GAP), 2**e above the row's largest: `ea`), when a row has at most N / FEW such
+    entries, N its entries that are not zero (at least one); None when no row has. Such a row is
+    computed as two: its quiet entries at their own scale, and its loud ones — so a row's quiet
+    entries keep their bits whatever one entry of the row holds. Decided by comparisons and
+    counts in the row alone: the same on every machine, and a row's result still depends on that
+    row alone — and not on zeros it is padded with (a batch-invariant forward's attention slots,
+    a causal mask's probabilities): they change neither the scales nor the counts."""
+    counts, nonzero = dk.loud_counts(a, ea, GAP)
+    rows = torch.nonzero((counts > 0) & (counts <= torch.clamp(nonzero // FEW, min=1)))
     if rows.numel() == 0:
         return None
     rows = rows.squeeze(1)
@@ -173,8 +176,11 @@ def _digit_product(
 # parameter lives: held by the parameter object (a weak reference checked on every look-up; the
 # entry goes when the parameter does), never by a memory address alone, and made again when
 # the parameter's version counter moved (an in-place update) or its storage was replaced. Every
-# run starts with none (`forget_frozen`, called where a run establishes its kernels).
+# run starts with none (`forget_frozen`, called where a run establishes its kernels). A run
+# whose base is sharded keeps none (`keep_frozen(False)`): its whole parameters exist only while
+# a unit is gathered, and kept planes would hold twice the whole base in every process.
 _frozen: dict[int, tuple[weakref.ref[torch.Tensor], dict[tuple[Any, ...], Any]]] = {}
+_keep = [True]
 
 
 def _forms(owner: torch.Tensor) -> dict[tuple[Any, ...], Any]:
@@ -189,7 +195,7 @@ def column_digits(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The digit planes and exponents of b's columns (`slice_lines` of b.t()), from the frozen
     parameters' store when b is a parameter that takes no gradient, or a view of one."""
     owner = b if isinstance(b, torch.nn.Parameter) else b._base
-    if not isinstance(owner, torch.nn.Parameter) or owner.requires_grad:
+    if not _keep[0] or not isinstance(owner, torch.nn.Parameter) or owner.requires_grad:
         return dk.slice_lines(b.t(), reverse=False)
     view = (tuple(b.shape), tuple(b.stride()), b.storage_offset())
     forms = _forms(owner)
@@ -202,8 +208,17 @@ def column_digits(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def forget_frozen() -> None:
     """Drop every kept digit plane (each run starts with none: a change made through `.data`,
-    which moves no version counter, cannot outlive a run)."""
+    which moves no version counter, cannot outlive a run), and keep them again from now on."""
     _frozen.clear()
+    _keep[0] = True
+
+
+def keep_frozen(keep: bool) -> None:
+    """Whether frozen parameters' digit planes are kept (off for a sharded base; the planes
+    already kept are dropped when it goes off). The bits are the same either way."""
+    _keep[0] = keep
+    if not keep:
+        _frozen.clear()
 
 
 def frozen_bytes() -> int:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from twinrun.core.errors import ConfigError, TwinrunError
+from twinrun.core.errors import ConfigError, TwinrunError, memory_failure
 
 T = TypeVar("T")
 
@@ -180,12 +180,16 @@ def teardown() -> None:
 
 @contextmanager
 def collective(what: str) -> Iterator[None]:
-    """Run a collective; a failure (a peer died, raised or timed out) becomes one clear line."""
+    """Run a collective; a failure (a peer died, raised or timed out) becomes one clear line.
+    This process running out of memory is its own failure, said as such (the CLI's memory
+    line), not blamed on another process."""
     try:
         yield
     except TwinrunError:
         raise
     except Exception as exc:
+        if memory_failure(exc) is not None:
+            raise
         me = world()
         raise DistributedError(
             f"rank {me.rank} of {me.size}: {what} failed: another process stopped or did not "

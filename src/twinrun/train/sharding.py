@@ -121,8 +121,11 @@ def shard_base(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    from twinrun.core.exact_matmul import keep_frozen
+
     me = distributed.world()
     whole = base_bytes(model)
+    keep_frozen(False)  # a gathered unit lives for one forward: its digit planes are not kept
     with distributed.collective("sharding the base"):
         mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (me.size,))
         ignored = {p for _, p in params}
