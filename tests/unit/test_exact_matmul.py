@@ -237,6 +237,17 @@ def test_frozen_parameters_digit_planes_are_kept_and_made_again_when_they_change
         em.exact_matmul(x, trained.t().detach())
         assert em.frozen_bytes() == 4 * w.numel() + 4 * 24  # kept for w alone
 
+        with torch.no_grad():
+            w[3, 5] = float("inf")  # a non-finite column: no planes, the non-finite path
+        assert em.frozen_bytes() == 4 * w.numel() + 4 * 24  # (stale until the next product)
+        got, want = em.exact_matmul(x, w.t()), em.exact_matmul(x, w.detach().clone().t())
+        assert torch.equal(got.isnan(), want.isnan()) and bool(got[:, 3].isinf().any())
+        assert torch.equal(got.nan_to_num(), want.nan_to_num())
+        assert em.frozen_bytes() == 0  # the one kept view holds no planes now
+        with torch.no_grad():
+            w[3, 5] = 1.0
+        em.exact_matmul(x, w.t())
+
         em.keep_frozen(False)  # a sharded base: nothing kept, the same bits
         assert em.frozen_bytes() == 0
         assert torch.equal(em.exact_matmul(x, w.t()), em.exact_matmul(x, w.detach().clone().t()))

@@ -191,19 +191,43 @@ def _forms(owner: torch.Tensor) -> dict[tuple[Any, ...], Any]:
     return held[1]
 
 
-def column_digits(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The digit planes and exponents of b's columns (`slice_lines` of b.t()), from the frozen
-    parameters' store when b is a parameter that takes no gradient, or a view of one."""
+def _kept(b: torch.Tensor) -> tuple[Any, ...] | None:
+    """(state, whether b's columns are finite, their digit planes, their exponents) from the
+    frozen parameters' store, made now if missing or stale; None when b is not a parameter that
+    takes no gradient, nor a view of one (or nothing is kept). A column with a NaN or an
+    infinity has no planes (None): such a product takes the non-finite path."""
     owner = b if isinstance(b, torch.nn.Parameter) else b._base
     if not _keep[0] or not isinstance(owner, torch.nn.Parameter) or owner.requires_grad:
-        return dk.slice_lines(b.t(), reverse=False)
+        return None
     view = (tuple(b.shape), tuple(b.stride()), b.storage_offset())
     forms = _forms(owner)
     kept = forms.get(view)
     state = (owner._version, owner.data_ptr())
     if kept is None or kept[0] != state:
-        kept = forms[view] = (state, *dk.slice_lines(b.t(), reverse=False))
-    return kept[1], kept[2]
+        finite = _finite(b, -2)
+        planes = dk.slice_lines(b.t(), reverse=False) if finite else (None, None)
+        kept = forms[view] = (state, finite, *planes)
+    return kept
+
+
+def _finite(x: torch.Tensor, dim: int) -> bool:
+    return bool(torch.isfinite(_abs_max(x, dim)).all())
+
+
+def columns_finite(b: torch.Tensor) -> bool:
+    """Whether every column of b is finite (kept with the planes for a frozen parameter: its
+    bytes are read once per run, not at every product)."""
+    kept = _kept(b)
+    return _finite(b, -2) if kept is None else kept[1]
+
+
+def column_digits(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The digit planes and exponents of b's columns (`slice_lines` of b.t()), from the frozen
+    parameters' store when b is a parameter that takes no gradient, or a view of one."""
+    kept = _kept(b)
+    if kept is None or not kept[1]:
+        return dk.slice_lines(b.t(), reverse=False)
+    return kept[2], kept[3]
 
 
 def forget_frozen() -> None:
@@ -224,7 +248,7 @@ def keep_frozen(keep: bool) -> None:
 def frozen_bytes() -> int:
     """The memory the frozen parameters' digit planes hold now."""
     held = [forms for _, forms in list(_frozen.values())]
-    return sum(k[1].numel() + 4 * k[2].numel() for forms in held for k in forms.values())
+    return sum(k[2].numel() + 4 * k[3].numel() for forms in held for k in forms.values() if k[1])
 
 
 def _as_float32(x: torch.Tensor) -> torch.Tensor:
@@ -292,7 +316,7 @@ def exact_product(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch
 
 
 def _exact_product(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    finite = bool(torch.isfinite(_abs_max(a, -1)).all() and torch.isfinite(_abs_max(b, -2)).all())
+    finite = _finite(a, -1) and columns_finite(b)
     clean_a = _as_float32(a if finite else torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0))
     clean_b = _as_float32(b if finite else torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0))
     how, inner = engine(), (dtype if finite else torch.float64)
