@@ -199,7 +199,7 @@ def mistakes(f: Files) -> dict[str, tuple[list[str], str]]:
             f.sft_args(warmup_steps="1000"),
             "leaves no step of the 64-step run to decay",
         ),
-        "schedule-unknown": (f.sft_args(lr_schedule="linear"), "--lr-schedule must be one of"),
+        "schedule-unknown": (f.sft_args(lr_schedule="step"), "--lr-schedule must be one of"),
         "wsd-without-decay": (
             f.sft_args(lr_schedule="wsd"),
             "--lr-schedule wsd needs --decay-steps",

@@ -1,5 +1,5 @@
-"""`--lr-schedule wsd|constant` runs reproduce their bytes, follow their schedule step by step
-and record it; a bad schedule is one line and writes nothing."""
+"""`--lr-schedule wsd|constant|linear` runs reproduce their bytes, follow their schedule step by
+step and record it; a bad schedule is one line and writes nothing."""
 
 from __future__ import annotations
 
@@ -27,9 +27,11 @@ def schedule_args(model: Path, examples: Path, out: Path, schedule: list[str]) -
         (["--lr-schedule", "wsd", "--decay-steps", "3"],
          [1e-2] * 5 + [1e-2 * 2 / 3, 1e-2 / 3, 0.0]),
         (["--lr-schedule", "constant"], [1e-2] * 8),
+        # transformers' linear after the warmup: 1e-2 * (8 - s) / 7, 1e-2 / 7 at the last step
+        (["--lr-schedule", "linear"], [1e-2] + [1e-2 * (8 - s) / 7 for s in range(1, 8)]),
     ],
 )  # fmt: skip
-def test_wsd_and_constant_runs_reproduce_bytes(
+def test_wsd_constant_and_linear_runs_reproduce_bytes(
     tmp_path: Path, toy_model_dir: Path, sft_examples: Path, schedule: list[str], lrs: list
 ) -> None:
     a, b = tmp_path / "a", tmp_path / "b"

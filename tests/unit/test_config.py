@@ -54,7 +54,7 @@ def test_all_missing_flags_in_one_error() -> None:
         ({"precision": "fp16"}, "--precision"),
         ({"chat_template": "yes"}, "--chat-template"),
         ({"beta": 0.1}, "--beta does not apply to sft"),
-        ({"lr_schedule": "linear"}, "--lr-schedule must be one of cosine, wsd, constant"),
+        ({"lr_schedule": "step"}, "--lr-schedule must be one of cosine, wsd, constant, linear"),
         ({"lr_schedule": "wsd"}, "--lr-schedule wsd needs --decay-steps"),
         ({"decay_steps": 2}, "--decay-steps applies to --lr-schedule wsd only"),
         ({"lr_schedule": "wsd", "decay_steps": 0}, "--decay-steps must be >= 1"),

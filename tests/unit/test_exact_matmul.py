@@ -248,6 +248,10 @@ def test_frozen_parameters_digit_planes_are_kept_and_made_again_when_they_change
             w[3, 5] = 1.0
         em.exact_matmul(x, w.t())
 
+        half = torch.nn.Parameter(w.detach().bfloat16(), requires_grad=False)  # a bf16 base
+        got = em.exact_matmul(x.bfloat16(), half.t())  # (its planes come from a float32 copy)
+        assert torch.equal(got, em.exact_matmul(x.bfloat16(), half.detach().clone().t()))
+
         em.keep_frozen(False)  # a sharded base: nothing kept, the same bits
         assert em.frozen_bytes() == 0
         assert torch.equal(em.exact_matmul(x, w.t()), em.exact_matmul(x, w.detach().clone().t()))

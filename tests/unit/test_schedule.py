@@ -75,9 +75,17 @@ def test_cosine_is_the_default() -> None:
         ((2, 10, "wsd", 0), "--decay-steps must be >= 1"),
         ((2, 10, "wsd", 9), "--warmup-steps 2 \\+ --decay-steps 9 exceed the 10-step run"),
         ((2, 10, "cosine", 3), "--decay-steps applies to --lr-schedule wsd, not cosine"),
-        ((2, 10, "linear", None), "--lr-schedule must be one of cosine, wsd, constant"),
+        ((2, 10, "step", None), "--lr-schedule must be one of cosine, wsd, constant, linear"),
     ],
 )
 def test_bad_schedules_are_one_line_errors(args: tuple, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         check_schedule(*args)
+
+
+def test_linear_is_transformers_linear_after_warmup() -> None:
+    """transformers' get_linear_schedule_with_warmup after warmup: (T - s) / (T - W) of base,
+    base / (T - W) at the last step. Hand-computed: base 2, W 2, T 6."""
+    got = [lr_at(s, 2.0, 2, 6, "linear") for s in range(6)]
+    assert got == [1.0, 2.0, 2.0, 1.5, 1.0, 0.5]
+    assert [lr_at(s, 1.0, 0, 4, "linear") for s in range(4)] == [1.0, 0.75, 0.5, 0.25]

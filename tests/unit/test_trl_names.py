@@ -91,3 +91,15 @@ def test_an_objective_named_as_a_command_gets_tune(
     assert run_cli(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and said in err, err
+
+
+def test_kl_beta_0_says_to_leave_the_flag_out(capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.integration.toy_runs import run_args
+
+    argv = run_args("grpo", "/nonexistent/model", "/nonexistent/e.jsonl", "/nonexistent/o")
+    assert run_cli([*argv, "--kl-beta", "0"]) == 2  # refused before any file is looked at
+    err = capsys.readouterr().err
+    assert err == (
+        "twinrun: error: --kl-beta must be > 0 (TRL's beta 0 turns the KL term off; here leave "
+        "--kl-beta out for that), got 0.0\n"
+    )

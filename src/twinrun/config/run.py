@@ -36,7 +36,7 @@ GRPO = names(samples=True)  # objectives that sample from an environment
 TEXT = names(data="corpus")  # objectives that read a plain-text corpus
 EXAMPLES = names(reads_examples=True)  # every objective that reads an examples file
 STEPS = names(counts="steps")  # objectives that count optimizer steps, not epochs
-SCHEDULES = ("cosine", "wsd", "constant")
+SCHEDULES = ("cosine", "wsd", "constant", "linear")
 CPU_KERNELS = MODES
 
 
@@ -92,7 +92,8 @@ class RunConfig:
     )  # fmt: skip
     lr_schedule: str | None = _s(
         "str", "--lr-schedule", "training.lr_schedule",
-        "After warmup: cosine (to 0) | wsd (stable, then linear to 0) | constant.",
+        "After warmup: cosine (to 0) | wsd (stable, then linear to 0) | constant | linear "
+        "(transformers' linear: base * (T - s) / (T - W)).",
         required=True, choices=SCHEDULES,
         contract=True,
     )  # fmt: skip
@@ -142,6 +143,7 @@ class RunConfig:
         "GRPO: weight of the KL term against the reference, the base with the adapter off "
         "(TRL's beta; off when left out).",
         objectives=GRPO, low=0, low_open=True, contract=True,
+        reason="TRL's beta 0 turns the KL term off; here leave --kl-beta out for that",
     )  # fmt: skip
     # grpo (replaces epochs/accumulation)
     steps: int | None = _s(

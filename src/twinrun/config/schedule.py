@@ -7,8 +7,10 @@
                the last D = `decay_steps` steps, lr(s) = base * (T - 1 - s) / D, which is exactly
                zero at the last step
     constant   lr(s) = base for s >= W
+    linear     lr(s) = base * (T - s) / (T - W) for s >= W: transformers' (and so TRL's) linear
+               schedule after its warmup, which ends one step short of zero, at base / (T - W)
 
-and for all three, during warmup, lr(s) = base * (s + 1) / W.
+and for all four, during warmup, lr(s) = base * (s + 1) / W.
 
 One exception (cosine): when only one step is left after warmup (T - 1 == W, e.g. a one-step run)
 there is no room to decay, and that step uses `base` — a schedule that zeroes the only update
@@ -82,6 +84,8 @@ def lr_at(
     last = total_steps - 1
     if schedule == "constant":
         return base
+    if schedule == "linear":
+        return base * (total_steps - step) / (total_steps - warmup_steps)
     if schedule == "wsd":
         assert decay_steps is not None
         if step < total_steps - decay_steps:

@@ -191,11 +191,12 @@ def _forms(owner: torch.Tensor) -> dict[tuple[Any, ...], Any]:
     return held[1]
 
 
-def _kept(b: torch.Tensor) -> tuple[Any, ...] | None:
-    """(state, whether b's columns are finite, their digit planes, their exponents) from the
-    frozen parameters' store, made now if missing or stale; None when b is not a parameter that
-    takes no gradient, nor a view of one (or nothing is kept). A column with a NaN or an
-    infinity has no planes (None): such a product takes the non-finite path."""
+def _kept(b: torch.Tensor) -> list[Any] | None:
+    """[state, whether b's columns are finite, their digit planes, their exponents] from the
+    frozen parameters' store, made now if missing or stale (the planes on first use, by
+    `column_digits`: b may not be float32 yet here); None when b is not a parameter that takes
+    no gradient, nor a view of one (or nothing is kept). A column with a NaN or an infinity gets
+    no planes: such a product takes the non-finite path."""
     owner = b if isinstance(b, torch.nn.Parameter) else b._base
     if not _keep[0] or not isinstance(owner, torch.nn.Parameter) or owner.requires_grad:
         return None
@@ -204,9 +205,7 @@ def _kept(b: torch.Tensor) -> tuple[Any, ...] | None:
     kept = forms.get(view)
     state = (owner._version, owner.data_ptr())
     if kept is None or kept[0] != state:
-        finite = _finite(b, -2)
-        planes = dk.slice_lines(b.t(), reverse=False) if finite else (None, None)
-        kept = forms[view] = (state, finite, *planes)
+        kept = forms[view] = [state, _finite(b, -2), None, None]
     return kept
 
 
@@ -227,6 +226,8 @@ def column_digits(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     kept = _kept(b)
     if kept is None or not kept[1]:
         return dk.slice_lines(b.t(), reverse=False)
+    if kept[2] is None:
+        kept[2], kept[3] = dk.slice_lines(b.t(), reverse=False)
     return kept[2], kept[3]
 
 
