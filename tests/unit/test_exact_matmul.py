@@ -251,6 +251,7 @@ def test_frozen_parameters_digit_planes_are_kept_and_made_again_when_they_change
         half = torch.nn.Parameter(w.detach().bfloat16(), requires_grad=False)  # a bf16 base
         got = em.exact_matmul(x.bfloat16(), half.t())  # (its planes come from a float32 copy)
         assert torch.equal(got, em.exact_matmul(x.bfloat16(), half.detach().clone().t()))
+        assert em.frozen_bytes() == 4 * w.numel() + 4 * 24  # the bf16 view holds no planes
 
         em.keep_frozen(False)  # a sharded base: nothing kept, the same bits
         assert em.frozen_bytes() == 0

@@ -249,7 +249,12 @@ def keep_frozen(keep: bool) -> None:
 def frozen_bytes() -> int:
     """The memory the frozen parameters' digit planes hold now."""
     held = [forms for _, forms in list(_frozen.values())]
-    return sum(k[2].numel() + 4 * k[3].numel() for forms in held for k in forms.values() if k[1])
+    return sum(
+        k[2].numel() + 4 * k[3].numel()
+        for forms in held
+        for k in forms.values()
+        if k[2] is not None
+    )
 
 
 def _as_float32(x: torch.Tensor) -> torch.Tensor:
