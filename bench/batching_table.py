@@ -7,7 +7,7 @@ hidden-256 toy (`--hidden 256 --intermediate 512`), in f32 and bf16, in ordinary
 batch size 1 and batch size 8, which differ, the largest relative difference, the first
 significant digit at which a pair differs, and the corpus losses side by side.
 
-    python bench/batching_table.py [--render]
+    python -m bench batching_table [--render]
 
 Writes bench/results/batching_table.{json,md} and the table between
 `<!-- batching_table:begin -->` and `<!-- batching_table:end -->` in docs/batching.md.
@@ -24,9 +24,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from batch_invariant import RESULTS, ROOT, machine, make_models, now, snapshot, twinrun  # noqa: E402
+from benchkit import update_docs_section  # noqa: E402
 
 DOC = ROOT / "docs" / "batching.md"
-BEGIN, END = "<!-- batching_table:begin -->", "<!-- batching_table:end -->"
 SIZES = (1, 8)
 
 
@@ -116,7 +116,7 @@ def measure(work: Path) -> dict[str, Any]:
 def markdown(res: dict[str, Any]) -> str:
     m = res["machine"]
     lines = [
-        f"Measured {res['date']} by `python bench/batching_table.py` on {m['cpus']} CPUs "
+        f"Measured {res['date']} by `python -m bench batching_table` on {m['cpus']} CPUs "
         f"({m['cpu']}), torch {m['torch']}, Python {m['python']}, git {m['git_commit']} plus the "
         f"working tree (snapshot sha256 {res['snapshot_sha256'][:12]}). `twinrun tune evaluate` "
         "on the 64 shipped examples (17–26 tokens each with the chat template off, so every "
@@ -142,17 +142,6 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_doc(body: str) -> None:
-    block = f"{BEGIN}\n{body}{END}"
-    text = DOC.read_text(encoding="utf-8") if DOC.exists() else "# Batching\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + f"\n\n{block}\n"
-    DOC.write_text(text, encoding="utf-8")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--render", action="store_true", help="re-render from the saved JSON")
@@ -167,7 +156,7 @@ def main() -> None:
     body = markdown(res)
     print(body)
     (RESULTS / "batching_table.md").write_text(body, encoding="utf-8")
-    write_doc(body)
+    update_docs_section("batching_table", "", "", body, docs=DOC)  # the markers are in the page
 
 
 if __name__ == "__main__":

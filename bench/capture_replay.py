@@ -16,7 +16,7 @@
 3. Repeated replays: min / median / max of the replay step and process times over `--repeats`
    fresh replays, and whether every source and replay ends with the same adapter SHA256.
 
-    python bench/capture_replay.py [--repeats 5] [--explain-repeats 15] [--sizes 128:256,8:256]
+    python -m bench capture_replay [--repeats 5] [--explain-repeats 15] [--sizes 128:256,8:256]
                                    [--quick] [--render] [--explain-only]
 
 Writes bench/results/capture_replay.{json,md} and the section between `<!-- capture:begin -->`
@@ -42,12 +42,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import benchkit
 import numpy as np
 from benchkit import update_docs_section
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
-RESULTS = ROOT / "bench" / "results"
+RESULTS = benchkit.RESULTS
 DOCS = ROOT / "docs" / "benchmarks.md"
 EXPLAIN_GOAL, SPEEDUP_GOAL = 0.8, 5.0
 
@@ -213,7 +214,7 @@ def bench_explain(root: Path, model: Path, sizes: str, repeats: int) -> dict[str
     times: dict[str, list[float]] = {"explain": [], "hashlib": []}
     cpu: dict[str, list[float]] = {"explain": [], "hashlib": []}  # CPU s, all threads
     for i in range(repeats):
-        order = ("explain", "hashlib") if i % 2 == 0 else ("hashlib", "explain")
+        order = benchkit.alternating(("explain", "hashlib"), i)
         for what in order:
             t0, c0 = time.perf_counter(), time.process_time()
             explain_config(cfg) if what == "explain" else plain_hash(cfg)
@@ -419,7 +420,7 @@ def render(res: dict[str, Any]) -> str:
     )
     verdicts = [
         f"{e['payload_bytes'] / mb:.0f} MiB payload: {e['ratio']:.2f}x, "
-        + ("met" if e["ratio"] >= EXPLAIN_GOAL else "not met")
+        + (benchkit.verdict(e["ratio"] >= EXPLAIN_GOAL))
         for e in res["explain"]
     ]
     explain_verdict = "; ".join(verdicts) + "."
@@ -434,8 +435,8 @@ def render(res: dict[str, Any]) -> str:
         if missed
         else ""
     )
-    met2 = "met" if r["step_speedup"] >= SPEEDUP_GOAL else "not met"
-    return f"""Measured {res["when"]} by `python bench/capture_replay.py` on {m["cpu_count"]} CPUs \
+    met2 = benchkit.verdict(r["step_speedup"] >= SPEEDUP_GOAL)
+    return f"""Measured {res["when"]} by `python -m bench capture_replay` on {m["cpu_count"]} CPUs \
 ({m["cpu"]}), torch {m["torch"]}, Python {m["python"]}, at commit {m["git_commit"]} plus the \
 working tree; load average {m["load_avg"]:.2f} at start. Each figure: median (min–max) over \
 {res["repeats"]} repeats (explain: {res.get("explain_repeats", res["repeats"])}).

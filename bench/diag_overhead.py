@@ -38,7 +38,7 @@ rows' size, the machine's load average, and (in this process) what one row costs
 shipped examples, one epoch of 8 steps, the same settings otherwise), at both loads, the same
 number of rounds: where a step takes seconds, not milliseconds.
 
-    python bench/diag_overhead.py [--rounds 5] [--steps 48] [--engines sync,thread] [--quick]
+    python -m bench diag_overhead [--rounds 5] [--steps 48] [--engines sync,thread] [--quick]
                                   [--smollm2] [--write/--no-write] [--render]
 
 Writes bench/results/diag_overhead.json, bench/results/diag_overhead.md and the section between
@@ -53,7 +53,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -62,10 +61,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchkit import cpu_name, git, package_versions, spread, update_docs_section
+import benchkit
+from benchkit import spread, update_docs_section
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+RESULTS = benchkit.RESULTS
 DOCS = ROOT / "docs" / "benchmarks.md"
 EXAMPLES = ROOT / "src" / "twinrun" / "examples" / "sft.jsonl"
 GOAL = 0.05
@@ -245,45 +245,8 @@ def run_once(
     return res
 
 
-class Load:
-    """`n` busy processes (`python -c "while True: pass"`) while the block runs."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def __enter__(self) -> Load:
-        for _ in range(self.n):
-            self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
-        if self.n:
-            time.sleep(0.5)  # running before the first measured run starts
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for p in self.procs:
-            p.kill()
-            p.wait()
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu": cpu_name(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        **package_versions("torch", "numpy", "transformers"),
-        "git_commit": git("rev-parse", "--short", "HEAD") or None,
-    }
-
-
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    model = work / "toy"
-    subprocess.run(
-        [sys.executable, "-m", "twinrun", "toy-model", str(model), "--seed", "0"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
+    model = benchkit.write_toy(work / "toy")
     run_once(work, model, 1, 1, args.engines[0], "warmup")  # page cache, bytecode
     modes = ["plain", *args.engines]
     configs = []
@@ -292,11 +255,11 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         epochs = max(1, round(args.steps / per_epoch))
         rounds: dict[int, list[dict[str, Any]]] = {load: [] for load in LOADS}
         for i in range(args.rounds):
-            for load in LOADS if i % 2 == 0 else LOADS[::-1]:
+            for load in benchkit.alternating(LOADS, i):
                 order = modes[i % len(modes) :] + modes[: i % len(modes)]
                 if acc == 1 and "sync" in modes:  # the row's floor, in a run of its own
                     order = [*order, "floor"]
-                with Load(load):
+                with benchkit.Load(load):
                     runs = {
                         m: run_once(work, model, epochs, acc, m, f"a{acc}_l{load}_{i}_{m}")
                         for m in order
@@ -329,9 +292,9 @@ def measure_smollm2(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     rounds: dict[int, list[dict[str, Any]]] = {load: [] for load in LOADS}
     modes = ["plain", "sync"]
     for i in range(args.rounds):
-        for load in LOADS if i % 2 == 0 else LOADS[::-1]:
-            order = modes if i % 2 == 0 else modes[::-1]
-            with Load(load):
+        for load in benchkit.alternating(LOADS, i):
+            order = benchkit.alternating(modes, i)
+            with benchkit.Load(load):
                 runs = {m: run_once(work, model, 1, 1, m, f"smol_l{load}_{i}_{m}", examples)
                         for m in order}  # fmt: skip
             rounds[load].append({"order": order, **runs})
@@ -484,7 +447,7 @@ def markdown(res: dict[str, Any]) -> str:
     engines = res["engines"]
     la0, la1 = res["loadavg_start"][0], res["loadavg_end"][0]
     lines = [
-        f"Measured {res['date']} by `python bench/diag_overhead.py` on {m['cpu_count']} CPUs "
+        f"Measured {res['date']} by `python -m bench diag_overhead` on {m['cpu_count']} CPUs "
         f"({m['cpu']}), torch {m['torch']}, numpy {m['numpy']}, Python {m['python']}, commit "
         f"{m['git_commit']}; load average {la0:.2f} at start, {la1:.2f} at end (besides the "
         "benchmark's own busy process). Toy model, the 64 shipped examples, batch 4, threads 1, "
@@ -513,7 +476,7 @@ def markdown(res: dict[str, Any]) -> str:
                 )
     first = c = res["configs"][0]
     verdicts = ", ".join(
-        f"`{e}` **{'met' if judged(res, e) <= GOAL else 'not met'}** ({pct(judged(res, e))})"
+        f"`{e}` **{benchkit.verdict(judged(res, e) <= GOAL)}** ({pct(judged(res, e))})"
         for e in engines
     )
     row_kb = (
@@ -598,10 +561,8 @@ def update_docs(body: str) -> None:
 
 
 def write_outputs(res: dict[str, Any], body: str) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "diag_overhead.json").write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
-    (RESULTS / "diag_overhead.md").write_text(
-        "# diag overhead: toy SFT with and without --diag\n\n" + body, encoding="utf-8"
+    benchkit.write_results(
+        "diag_overhead", res, "# diag overhead: toy SFT with and without --diag\n\n" + body
     )
     update_docs(body)
     print(f"wrote {RESULTS}/diag_overhead.{{json,md}} and {DOCS}", file=sys.stderr)
@@ -648,7 +609,7 @@ def main() -> None:
         "loads": list(LOADS),
         "settings": SETTINGS | {"examples": EXAMPLES_N, "model": "twinrun toy-model --seed 0"},
         "goal_overhead_max": GOAL,
-        "machine": machine(),
+        "machine": benchkit.machine("torch", "numpy", "transformers"),
         "loadavg_start": loadavg_start,
         "loadavg_end": os.getloadavg(),
         "bench_wall_s": round(time.perf_counter() - started, 1),

@@ -9,7 +9,7 @@ line is parsed and compared leaf by leaf), then times `python -m twinrun diff A 
 process (wall time, interpreter start included) and reads that process's peak RSS from
 `os.wait4`. Goal: <= 3 s at 100,000 rows, and memory flat in the row count.
 
-    python bench/diff_large.py [--rows 10000 100000] [--repeats 3] [--baseline REF]
+    python -m bench diff_large [--rows 10000 100000] [--repeats 3] [--baseline REF]
 
 `--baseline REF` also times the `twinrun diff` of git commit REF (its `src/` extracted with
 `git archive` into a temporary directory) on the same files, alternating with the current code,
@@ -39,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import benchkit
 from benchkit import update_docs_section
 
 from twinrun.diag.recorder import DIAG_FORMAT, STANDARD_LEAVES
@@ -50,7 +51,7 @@ BLOCKER = (
     "time, the pairing and comparing of rows the rest; each is Python work per line, so the "
     "wall time also moves with the machine's load (current / baseline does not)."
 )
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = benchkit.RESULTS
 DRIFT = {"grads.lora", "adam.exp_avg", "adam.exp_avg_sq", "params.lora"}
 LEAVES = tuple(
     leaf
@@ -176,7 +177,7 @@ def main() -> None:
                   "```", *profile, "```", "", BLOCKER, ""]  # fmt: skip
     (RESULTS / "diff_large.md").write_text("\n".join(lines))
     print("\n".join(lines))
-    intro = "`twinrun diff` on two large diag.jsonl files (`python bench/diff_large.py`)."
+    intro = "`twinrun diff` on two large diag.jsonl files (`python -m bench diff_large`)."
     update_docs_section("diff_large", "twinrun diff on large diag files", intro,
                         "\n".join(lines[2:]))  # fmt: skip
 

@@ -12,7 +12,7 @@ plain all-reduce of the same gradients.
    size (random, seeded); seconds per step of `gather_gradients` + the sum in forward order,
    against the local sum + `all_reduce`, and whether each matches 1 process's sum bitwise.
 
-    python bench/distributed.py [--repeats 3]
+    python -m bench distributed [--repeats 3]
 
 Writes bench/results/distributed.{json,md} and its section of docs/benchmarks.md.
 """
@@ -33,10 +33,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import benchkit
 from benchkit import cpu_name, git, spread, update_docs_section
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+RESULTS = benchkit.RESULTS
 FORWARDS = 4  # accumulation of the SFT runs: forwards per step
 
 
@@ -173,7 +174,7 @@ def render(r: dict[str, Any]) -> str:
 
     return "\n".join(
         [
-            f"Measured {r['when']} by `python bench/distributed.py` on {r['cpus']} CPUs "
+            f"Measured {r['when']} by `python -m bench distributed` on {r['cpus']} CPUs "
             f"({r['cpu']}), torch {r['torch']}; load average {r['load'][0]:.2f} at start, "
             f"{r['load'][1]:.2f} at end (the machine is shared: wall times wait for a core). "
             f"twinrun at git {r['git']}. Medians (min–max) over {r['repeats']} repeats.",

@@ -21,7 +21,7 @@ temporary directory), one torch thread and f32.
    twinrun/HF is the ratio of the medians; the per-repeat ratios give its spread. A cProfile pass
    over twinrun's `generate` splits its time into model forwards, sampling and the draws.
 
-    python bench/grpo.py [--quick] [--steps 10] [--repeats 15] [--prompts 8] [--new-tokens 32]
+    python -m bench grpo [--quick] [--steps 10] [--repeats 15] [--prompts 8] [--new-tokens 32]
 
 Writes bench/results/grpo.json, bench/results/grpo.md and the section between
 `<!-- grpo:begin -->` and `<!-- grpo:end -->` in docs/benchmarks.md. `--quick` (4 steps,
@@ -36,7 +36,6 @@ import cProfile
 import datetime as dt
 import json
 import os
-import platform
 import pstats
 import subprocess
 import sys
@@ -46,10 +45,10 @@ from pathlib import Path
 from typing import Any
 
 import benchkit
-from benchkit import cpu_name, git, package_versions, update_docs_section
+from benchkit import git, update_docs_section
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+RESULTS = benchkit.RESULTS
 DOCS = ROOT / "docs" / "benchmarks.md"
 EXAMPLES = ROOT / "src" / "twinrun" / "examples" / "arith.jsonl"
 RATIO_GOAL = 1.0  # twinrun tokens/s >= HF tokens/s
@@ -89,30 +88,10 @@ def fmt(s: dict[str, Any], digits: int = 3) -> str:
 
 def machine() -> dict[str, Any]:
     dirty = git("status", "--porcelain", "--", "src").splitlines()
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu": cpu_name(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        **package_versions("torch", "transformers", "numpy"),
-        "git_commit": git("rev-parse", "--short", "HEAD") or None,
+    return benchkit.machine("torch", "transformers", "numpy") | {
         "src_uncommitted": [ln[3:] for ln in dirty],  # measured code = commit + these changes
         "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")},
     }
-
-
-def make_toy(work: Path) -> Path:
-    model = work / "toy"
-    subprocess.run(
-        [sys.executable, "-m", "twinrun", "toy-model", str(model), "--seed", "0"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
-    return model
-
-
-# ---------------------------------------------------------------- part 1: GRPO steps
 
 
 def grpo_command(model: Path, out: Path, steps: int) -> list[str]:
@@ -333,7 +312,7 @@ def markdown(res: dict[str, Any]) -> str:
     sm = g["summary"]
     quick = " --quick" if res["quick"] else ""
     lines = [
-        f"Measured {res['date']} by `python bench/grpo.py{quick}` on {m['cpu_count']} CPUs "
+        f"Measured {res['date']} by `python -m bench grpo{quick}` on {m['cpu_count']} CPUs "
         f"({m['cpu']}), torch {m['torch']}, transformers {m['transformers']}, Python "
         f"{m['python']}, commit {m['git_commit']}"
         f"{' + uncommitted changes in src/' if m['src_uncommitted'] else ''}; load average "
@@ -405,7 +384,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"| {s['ratio_cpu_tokens_per_s']:.2f}× | "
         f"{fmt(s['ratio_cpu_tokens_per_s_per_repeat'], 2)} | – |",
         "",
-        f"Goal: twinrun/HF ≥ {RATIO_GOAL:.1f}× (wall, medians) — {'met' if ok else 'not met'}.",
+        f"Goal: twinrun/HF ≥ {RATIO_GOAL:.1f}× (wall, medians) — {benchkit.verdict(ok)}.",
         "",
         "Where twinrun's `generate` spends its time (cProfile over one pass of the prompts; "
         "profiling inflates Python-level overhead): "
@@ -452,7 +431,7 @@ def main() -> None:
     loadavg_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="grpo_bench_") as tmp:
         work = Path(tmp)
-        model = make_toy(work)
+        model = benchkit.write_toy(work / "toy")
         print(f"  GRPO: {args.steps} steps ...", file=sys.stderr, flush=True)
         grpo = measure_grpo(model, work, args.steps)
         generation = measure_generation(model, args.repeats, args.prompts, args.new_tokens)
@@ -484,10 +463,8 @@ def main() -> None:
     print(body)
     print(f"bench took {res['bench_wall_s']} s", file=sys.stderr)
     if write:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "grpo.json").write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
-        (RESULTS / "grpo.md").write_text(
-            "# GRPO: step time and sampling speed vs Hugging Face\n\n" + body, encoding="utf-8"
+        benchkit.write_results(
+            "grpo", res, "# GRPO: step time and sampling speed vs Hugging Face\n\n" + body
         )
         update_docs(body)
         print(f"wrote {RESULTS / 'grpo.json'}, grpo.md and {DOCS}", file=sys.stderr)

@@ -32,7 +32,7 @@ its hidden states). Per-step `rollout_s` / `update_s` / `wall_s` come from metri
 per episode from the diag's observation leaves, the process CPU seconds from `os.wait4`. The
 configurations alternate order over `--repeats` rounds; figures are median (min–max) over them.
 
-    python bench/grpo_memory.py [--repeats 2] [--steps 2] [--src-from REV]
+    python -m bench grpo_memory [--repeats 2] [--steps 2] [--src-from REV]
 
 Writes bench/results/grpo_memory.json, .md, the `grpo_memory` section of docs/benchmarks.md and
 the figures in docs/tool-environments.md. `--src-from REV` measures the twinrun of git revision
@@ -54,10 +54,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import benchkit
 from benchkit import cpu_name, git, package_versions, smollm2_dir, spread, update_docs_section
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+RESULTS = benchkit.RESULTS
 THIS = str(Path(__file__).resolve())
 EXAMPLES = ROOT / "src" / "twinrun" / "examples" / "arith.jsonl"
 TOOL_DOCS = ROOT / "docs" / "tool-environments.md"
@@ -271,7 +272,7 @@ def measure(repeats: int, steps: int, src: Path) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(repeats):
-            for name in names if r % 2 == 0 else names[::-1]:
+            for name in benchkit.alternating(names, r):
                 runs[name].append(run_config(model, Path(tmp), name, steps, src))
     by = {n: summarise(runs[n]) | {"runs": runs[n]} for n in names}
     single = by[SINGLE]["peak_rss_mib"]["median"]
@@ -301,7 +302,7 @@ def headline(res: dict[str, Any]) -> str:
     single = res["configs"][SINGLE]["peak_rss_mib"]["median"]
     return (
         f"Peak RSS on SmolLM2-135M-Instruct, 8 episodes a step, ≤ 32 new tokens per turn, one "
-        f"thread, `--diag` (`python bench/grpo_memory.py`, {res['when']}, commit {res['git']}; "
+        f"thread, `--diag` (`python -m bench grpo_memory`, {res['when']}, commit {res['git']}; "
         f"median of {res['repeats']} processes): single-turn {single:.0f} MiB; multi-turn with "
         f"the calculator (≤ 3 turns) {peak(res, MULTI)}; with `{GC}` {peak(res, MULTI_GC)}; and "
         f"with glibc's mmap threshold fixed at 1 MiB too (`MALLOC_MMAP_THRESHOLD_=1048576`) "

@@ -17,12 +17,12 @@ no top-k / top-p, learning rate 1e-3, one torch thread, f32, the 16 rows in one 
 The two alternate process by process (`--rounds` rounds, which goes first alternating); step 0
 of each process is a warm-up, left out. twinrun / TRL is the ratio of the medians over all timed
 steps; each round's ratio gives its spread. `--smollm2` adds the same comparison on SmolLM2-135M
-(`python -m tests.real.smollm2` builds/caches it) with fewer steps. A cProfile of twinrun's
+(`python -m testkit.smollm2` builds/caches it) with fewer steps. A cProfile of twinrun's
 rollout (the four groups of one step) is recorded when the goal is not met, and always a per-part
 timing of one update (forward, float64 logprobs over every position vs over the kept positions
 only, backward).
 
-    python bench/grpo_vs_trl.py [--rounds 3] [--steps 8] [--smollm2] [--quick]
+    python -m bench grpo_vs_trl [--rounds 3] [--steps 8] [--smollm2] [--quick]
 
 Writes bench/results/grpo_vs_trl.json, .md and the `grpo_vs_trl` section of docs/benchmarks.md
 (`--quick`: 1 round of 4 steps, prints only).
@@ -50,7 +50,6 @@ import benchkit
 from benchkit import cpu_name, git, package_versions, smollm2_dir, update_docs_section, write_toy
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 EXAMPLES = ROOT / "src" / "twinrun" / "examples" / "arith.jsonl"
 TRL_ENV = ROOT / "bench" / ".venv-trl"
 TRL_VERSION = "1.16.0"
@@ -260,7 +259,7 @@ def fmt(s: dict[str, Any], d: int = 3) -> str:
 
 
 def table(name: str, c: dict[str, Any]) -> list[str]:
-    met = "met" if c["ratio"] <= GOAL else "not met"
+    met = benchkit.verdict(c["ratio"] <= GOAL)
     return [
         f"### {name}", "",
         "| per step (s) | median (min–max) |", "|---|---|",
@@ -300,7 +299,7 @@ def main() -> None:
             result["smollm2"]["update_parts"] = update_parts(sm)
     meta = {
         "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python bench/grpo_vs_trl.py" + (" --smollm2" if a.smollm2 else ""),
+        "command": "python -m bench grpo_vs_trl" + (" --smollm2" if a.smollm2 else ""),
         "cpu": cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
         **package_versions("torch", "transformers", "peft"), "trl": TRL_VERSION,
         "git_commit": git("rev-parse", "--short", "HEAD"),
@@ -330,12 +329,12 @@ def main() -> None:
     print(md)
     if a.quick:
         return
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "grpo_vs_trl.json").write_text(json.dumps({"meta": meta, **result}, indent=2) + "\n")
-    (RESULTS / "grpo_vs_trl.md").write_text("# GRPO step: twinrun vs TRL\n\n" + md + "\n")
+    benchkit.write_results(
+        "grpo_vs_trl", {"meta": meta, **result}, "# GRPO step: twinrun vs TRL\n\n" + md + "\n"
+    )
     intro = (
         "twinrun and TRL's GRPOTrainer on the same model and config in one run "
-        "(`python bench/grpo_vs_trl.py`; TRL only in the benchmark's own environment)."
+        "(`python -m bench grpo_vs_trl`; TRL only in the benchmark's own environment)."
     )
     update_docs_section("grpo_vs_trl", "GRPO step: twinrun vs TRL", intro, md)
 

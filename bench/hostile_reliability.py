@@ -101,7 +101,7 @@ def _foreign(out: Path, outside: Path) -> dict[str, Any]:
 
 
 def sweep_overwrite(work: Path, model: Path, rng: random.Random, cases: int) -> dict[str, Any]:
-    from tests.integration.conftest import sft_args
+    from testkit.toy_runs import sft_args
 
     ex = shipped_rows(work / "ex.jsonl", 8)
     ref = work / "ref"  # a real run directory, with checkpoints and diag
@@ -146,7 +146,7 @@ FOREIGN = ("which twinrun did not write", "is not empty", "is a directory, not a
 
 def _writers(trap: Path, trap_ex: Path, toml: Path, finished: Path) -> dict[str, Any]:
     """command -> (output name, argv for an output path): every command that writes files."""
-    from tests.integration.toy_runs import run_args
+    from testkit.toy_runs import run_args
 
     common = ["--model", str(trap), "--chat-template", "on", "--precision", "f32",
               "--threads", "1", "--batch-size", "2", "--examples", str(trap_ex)]  # fmt: skip
@@ -223,8 +223,8 @@ def _make_output(case: str, root: Path, name: str, finished: Path) -> Path:
 
 
 def sweep_outputs(work: Path, model: Path) -> dict[str, Any]:
-    from tests.capture_helpers import write_toml
-    from tests.integration.conftest import sft_args
+    from testkit.captures import write_toml
+    from testkit.toy_runs import sft_args
 
     finished = work / "finished"
     ex = shipped_rows(work / "ex.jsonl", 8)
@@ -312,7 +312,7 @@ def _flag_cases(work: Path) -> list[list[str]]:
 
 
 def sweep_flag_values(work: Path, model: Path) -> dict[str, Any]:
-    from tests.integration.conftest import sft_args
+    from testkit.toy_runs import sft_args
     from twinrun.cli.main import run_cli
     from twinrun.config.run import SETTINGS
 
@@ -342,7 +342,7 @@ def sweep_flag_values(work: Path, model: Path) -> dict[str, Any]:
 
 
 def sweep_checkpoints(work: Path, model: Path, rng: random.Random, flips: int) -> dict[str, Any]:
-    from tests.integration.conftest import sft_args
+    from testkit.toy_runs import sft_args
 
     ex = shipped_rows(work / "ex.jsonl", 16)
     extra = ("--diag", "--checkpoint-every", "1")
@@ -396,7 +396,7 @@ def sweep_replay_copies(
     """`doc`: a replay config of the capture in `source` (from the flips section)."""
     import copy as copying
 
-    from tests.capture_helpers import write_toml
+    from testkit.captures import write_toml
 
     fresh = []
     for name in ("fresh-a", "fresh-b"):

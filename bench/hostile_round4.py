@@ -1,7 +1,7 @@
 """The hostile sweep of round 4: `export`, `plot`, `reproduce`, plugins, adapters,
 rewards, bounds and one-line errors, each case a real `python -m twinrun ...` process.
 
-`python bench/hostile_round4.py [--quick] [--only SUBSTRING]`
+`python -m bench hostile_round4 [--quick] [--only SUBSTRING]`
 
 Every case runs in its own process group under a wall-clock cap (60 s; 120 s where it trains) and
 an address-space cap (`RLIMIT_AS`, 3 GiB: torch and twinrun import and train the toy model under
@@ -45,9 +45,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from bench import benchkit  # noqa: E402
 from bench import hostile_reliability as rel  # noqa: E402
-from tests.integration.conftest import sft_args  # noqa: E402
+from testkit.toy_runs import sft_args  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 AS_CAP = 3 << 30
 TIME_CAP, TRAIN_CAP = 60.0, 120.0
 RSS_BOUND = 1024.0  # MB, for the readers of big inputs: the toy model's training needs ~400
@@ -794,9 +793,7 @@ def main() -> None:
     if a.only:
         print(json.dumps(doc["summary"], indent=2))
         return
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "hostile_round4.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (RESULTS / "hostile_round4.md").write_text(markdown(doc))
+    benchkit.write_results("hostile_round4", doc, markdown(doc))
     if not doc["quick"]:
         benchkit.update_docs_section("hostile_round4", "", "", docs_summary(doc))
     print(markdown(doc))
@@ -834,7 +831,7 @@ def markdown(doc: dict[str, Any]) -> str:
     flag = " --quick" if doc["quick"] else ""
     return (
         f"# Hostile sweep, round 4{' — quick' if doc['quick'] else ''}\n\n"
-        f"`python bench/hostile_round4.py{flag}` at {doc['git']}"
+        f"`python -m bench hostile_round4{flag}` at {doc['git']}"
         f"{' (src/ modified)' if doc['dirty'] else ''}: {doc['wall_s']} s "
         f"({doc['fixtures_s']} s building fixtures), {doc['cores']} cores of {doc['cpu']}. "
         f"Each case a `python -m twinrun` process, capped at {doc['time_cap_s']:.0f} s "

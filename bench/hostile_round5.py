@@ -4,7 +4,7 @@ claims 60 GB under a memory limit, the kernels `check`'s children run, unbounded
 `--repeat`, sidecars and file lists of the wrong shape, a file-size limit, an MCP schema holding
 NaN, and Ctrl-C or SIGTERM during `export` and during a tool call that never returns.
 
-`python bench/hostile_round5.py [--quick] [--only SUBSTRING] [--keep DIR]`
+`python -m bench hostile_round5 [--quick] [--only SUBSTRING] [--keep DIR]`
 
 Each case is a real `python -m twinrun ...` process, run and judged as in `bench/hostile_round4.py`
 (its wall-clock and address-space caps, one line, nothing lost, no marker). A signal case holds
@@ -41,9 +41,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from bench import benchkit  # noqa: E402
 from bench import hostile_round4 as h4  # noqa: E402
 from bench.hostile_round4 import TRAIN_CAP, Case  # noqa: E402
-from tests.integration.conftest import sft_args  # noqa: E402
+from testkit.toy_runs import sft_args  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 # what any export prints on its way (its own line, the libraries' bars and deprecation notes):
 # a failing export is judged by the lines it prints besides these
 EXPORT_PROGRESS = ("export: merging ", "Loading weights", "Writing model shards",
@@ -341,9 +340,7 @@ def main() -> None:
     if a.only:
         print(json.dumps(doc["summary"], indent=2))
         return
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "hostile_round5.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (RESULTS / "hostile_round5.md").write_text(markdown(doc))
+    benchkit.write_results("hostile_round5", doc, markdown(doc))
     if not a.new_only:
         benchkit.update_docs_section("hostile_round5", "", "", docs_summary(doc))
     print(markdown(doc))
@@ -389,7 +386,7 @@ def markdown(doc: dict[str, Any]) -> str:
     text = h4.markdown(doc)
     flag = " --quick" if doc["quick"] else ""
     text = text.replace("# Hostile sweep, round 4", "# Hostile sweep, round 5", 1)
-    text = text.replace("`python bench/hostile_round4.py", "`python bench/hostile_round5.py", 1)
+    text = text.replace("`python -m bench hostile_round4", "`python -m bench hostile_round5", 1)
     assert f"hostile_round5.py{flag}`" in text
     return text
 

@@ -1,8 +1,8 @@
 """The full hostile sweep: what a new user and an attacker would try, counted.
 
-`python bench/hostile_sweep.py [--per-parser 1500] [--kills 6] [--seed 0] [--quick]`
+`python -m bench hostile_sweep [--per-parser 1500] [--kills 6] [--seed 0] [--quick]`
 
-1. inputs: every parser of a user-supplied file (tests/hostile.py) fed the hostile snippets,
+1. inputs: every parser of a user-supplied file (testkit/hostile.py) fed the hostile snippets,
    random bytes and seeded mutations of valid files; an outcome other than a result or one
    twinrun error line is an internal error;
 2. flips: a real capture (toy model, GRPO, one step) and, for every file its replay reads, a
@@ -43,10 +43,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
+from bench import benchkit  # noqa: E402
 from bench import hostile_reliability as rel  # noqa: E402
-from tests.hostile import HOSTILE, PARSERS, mutate, outcome, seeds  # noqa: E402
+from testkit.hostile import HOSTILE, PARSERS, mutate, outcome, seeds  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
+RESULTS = benchkit.RESULTS
 CANARY = "CANARY5e1d0"
 
 
@@ -82,7 +83,7 @@ def sweep_inputs(per_parser: int, rng: random.Random) -> dict[str, Any]:
 
 
 def make_capture(work: Path, model: Path) -> tuple[Path, dict[str, Any]]:
-    from tests.capture_helpers import Capture, arith, grpo_source, write_toml
+    from testkit.captures import Capture, arith, grpo_source, write_toml
 
     init = work / "init"
     res = twinrun("init-adapter", str(init), "--model", str(model), "--seed", "7",
@@ -99,7 +100,7 @@ def make_capture(work: Path, model: Path) -> tuple[Path, dict[str, Any]]:
 def sweep_flips(
     work: Path, init: Path, doc: dict[str, Any], rng: random.Random, per_file: int
 ) -> dict[str, Any]:
-    from tests.capture_helpers import write_toml
+    from testkit.captures import write_toml
 
     source = work / "source"
     manifest = Path(doc["optimizer_batch"]["replay_path"])
@@ -133,7 +134,7 @@ def sweep_flips(
 
 
 def sweep_kills(work: Path, model: Path, rng: random.Random, kills: int) -> dict[str, Any]:
-    from tests.integration.conftest import sft_args
+    from testkit.toy_runs import sft_args
     from twinrun.data.examples import shipped_examples
 
     ex = work / "ex.jsonl"
@@ -176,8 +177,8 @@ def sweep_kills(work: Path, model: Path, rng: random.Random, kills: int) -> dict
 
 
 def sweep_canaries(work: Path, model: Path) -> dict[str, Any]:
-    from tests.integration.conftest import sft_args
-    from tests.integration.test_check_cli import fake
+    from testkit.fake_trainer import fake
+    from testkit.toy_runs import sft_args
 
     secrets = ["--env-arg", f"token={CANARY}", f"https://u:{CANARY}@h/x?token={CANARY}",
                f"--api-key={CANARY}"]  # fmt: skip
@@ -200,8 +201,7 @@ def sweep_canaries(work: Path, model: Path) -> dict[str, Any]:
 
 
 def sweep_reads(work: Path, model: Path) -> dict[str, Any]:
-    from tests.integration.conftest import sft_args
-    from tests.integration.test_text_cli import text_args
+    from testkit.toy_runs import sft_args, text_args
 
     os.mkfifo(work / "fifo")
     (work / "dir").mkdir()
@@ -328,7 +328,7 @@ def main() -> None:
     )
     (RESULTS / "hostile_sweep.md").write_text(
         f"# Hostile sweep (seed {a.seed}, {result['wall_s']} s)\n\n"
-        f"`python bench/hostile_sweep.py --per-parser {a.per_parser} --flips-per-file "
+        f"`python -m bench hostile_sweep --per-parser {a.per_parser} --flips-per-file "
         f"{a.flips_per_file} --kills {a.kills} --overwrite-cases {a.overwrite_cases} "
         f"--checkpoint-flips {a.checkpoint_flips} --replay-copies {a.replay_copies} "
         f"--seed {a.seed}`" + (" (`--quick`)" if a.quick else "") + "\n\n"

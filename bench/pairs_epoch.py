@@ -8,7 +8,7 @@ start-up and loading cancel; medians (min-max) over repeats. `--batch-size` coun
 is two rows; DPO also runs the reference forward of each side with the adapter off). Each
 configuration also runs with `--batch-invariant`, alternating which goes first.
 
-    python bench/pairs_epoch.py [--repeats 3] [--epochs 5] [--quick] [--render]
+    python -m bench pairs_epoch [--repeats 3] [--epochs 5] [--quick] [--render]
 
 Writes bench/results/pairs_epoch.{json,md} and regenerates the batch_invariant section of
 docs/benchmarks.md (bench/batch_invariant.py's results included).
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchkit  # noqa: E402
 from batch_invariant import (  # noqa: E402  (a sibling script)
     RESULTS,
     ROOT,
@@ -94,7 +95,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for batch in args.batch_sizes:
             cpu: dict[str, list[float]] = {m: [] for m in MODES}
             for rep in range(args.repeats):
-                for mode in MODES if rep % 2 == 0 else MODES[::-1]:
+                for mode in benchkit.alternating(MODES, rep):
                     t = {
                         k: twinrun(
                             env,
@@ -127,7 +128,7 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [
         "### Preference training: seconds per epoch at batch sizes 1, 4, 8",
         "",
-        f"Measured {res['date']} by `python bench/pairs_epoch.py` on {m['cpus']} CPUs "
+        f"Measured {res['date']} by `python -m bench pairs_epoch` on {m['cpus']} CPUs "
         f"({m['cpu']}), torch {m['torch']}, Python {m['python']}, git {m['git_commit']} plus the "
         f"working tree (snapshot sha256 {res['snapshot_sha256'][:12]}); load average "
         f"{m['loadavg'][0]:.2f} at start. Toy model (hidden 64), the 32 shipped pairs, threads 1, "

@@ -5,7 +5,7 @@ transcendental functions, ATen's AVX2 kernels) cost per step against the machine
 Cost. SFT with LoRA rank 8 (q/k/v/o), f32, chat template on, seed 1, lr 1e-3:
 - the toy model (`twinrun toy-model --seed 0`), the 64 shipped SFT examples, batch 4, 1 epoch
   (16 steps), one thread;
-- SmolLM2-135M (`python -m tests.real.smollm2` builds/caches it), the first 8 shipped examples,
+- SmolLM2-135M (`python -m testkit.smollm2` builds/caches it), the first 8 shipped examples,
   batch 2, 1 epoch (4 steps), at one and at two threads.
 Each pair is one fresh `twinrun tune sft` process per mode, the order alternating. Per step: the
 loop's `wall_s` from metrics.jsonl (step 0 left out); portable / native is the ratio of the
@@ -17,7 +17,7 @@ one library's code path moved by its own variable — ATen's capability
 (`MKL_CBWR=COMPATIBLE`, `MKL_CBWR=AVX2`) — and whether oneDNN ran at all (`ONEDNN_VERBOSE=1`
 lines). Native bytes move with MKL's branch; portable bytes must not.
 
-    python bench/portable_cost.py [--pairs 3] [--smollm2-pairs 2] [--no-smollm2]
+    python -m bench portable_cost [--pairs 3] [--smollm2-pairs 2] [--no-smollm2]
 
 Writes bench/results/portable_cost.json, .md and the `portable_cost` section of
 docs/benchmarks.md.
@@ -26,7 +26,6 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import hashlib
 import json
 import os
@@ -39,11 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import benchkit
-from benchkit import cpu_name, git, package_versions, smollm2_dir, update_docs_section, write_toy
 from benchkit import ms_spread as fmt
+from benchkit import smollm2_dir, update_docs_section, write_toy
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 EXAMPLES = ROOT / "src" / "twinrun" / "examples" / "sft.jsonl"
 PINNED = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_VERBOSE")
 
@@ -81,7 +79,7 @@ def measure(
 ) -> dict[str, Any]:
     runs = []
     for i in range(pairs):
-        order = ("portable", "native") if i % 2 == 0 else ("native", "portable")
+        order = benchkit.alternating(("portable", "native"), i)
         runs.append({m: sft(model, examples, work / f"{model.name}-{threads}-{i}-{m}", batch, m,
                             threads) for m in order})  # fmt: skip
     pooled = {m: [x for r in runs for x in r[m]["wall_s"]] for m in ("portable", "native")}
@@ -139,16 +137,12 @@ def main() -> None:
             few.write_text("".join(EXAMPLES.read_text().splitlines(True)[:8]))
             for threads in (1, 2):
                 result[f"smollm2-{threads}"] = measure(sm, few, 2, a.smollm2_pairs, threads, work)
-    meta = {
-        "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-        "native_capability": result["decide"][0]["cpu_kernels"]["native_capability"],
-        **package_versions("torch", "transformers"),
-        "git_commit": git("rev-parse", "--short", "HEAD"),
-        "load_avg_start": load0, "load_avg_end": os.getloadavg()[0],
-    }  # fmt: skip
+    meta = benchkit.meta(
+        load0, "torch", "transformers", python=platform.python_version(),
+        native_capability=result["decide"][0]["cpu_kernels"]["native_capability"],
+    )  # fmt: skip
     lines = [
-        f"Measured {meta['when']} by `python bench/portable_cost.py` on {meta['cpu_count']} CPUs "
+        f"Measured {meta['when']} by `python -m bench portable_cost` on {meta['cpu_count']} CPUs "
         f"({meta['cpu']}, {meta['native_capability']}), torch {meta['torch']}, commit "
         f"{meta['git_commit']}; load average {load0:.2f} at start, {meta['load_avg_end']:.2f} at "
         "end. SFT, LoRA rank 8, f32; per-step `wall_s` in ms, median (min–max), step 0 left out.",
@@ -178,12 +172,10 @@ def main() -> None:
                      f"`{d['adapter_sha256'][:12]}` |")  # fmt: skip
     md = "\n".join(lines)
     print(md)
-    RESULTS.mkdir(parents=True, exist_ok=True)
     doc = {"meta": meta, **result}
-    (RESULTS / "portable_cost.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (RESULTS / "portable_cost.md").write_text("# Portable CPU kernels: cost\n\n" + md + "\n")
+    benchkit.write_results("portable_cost", doc, "# Portable CPU kernels: cost\n\n" + md + "\n")
     intro = ("What the portable CPU kernels cost per step against the machine's own, and which "
-             "libraries decide the bytes (`python bench/portable_cost.py`).")  # fmt: skip
+             "libraries decide the bytes (`python -m bench portable_cost`).")  # fmt: skip
     update_docs_section("portable_cost", "Portable CPU kernels: cost", intro, md)
 
 

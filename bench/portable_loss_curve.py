@@ -1,7 +1,7 @@
 """Benchmark: does a portable SmolLM2 run learn what a native one does? A 100-step SFT run's loss
 curve under `--cpu-kernels portable` against the spread of 3 native seeds.
 
-SmolLM2-135M-Instruct (`python -m tests.real.smollm2` builds/caches it), the 64 shipped SFT
+SmolLM2-135M-Instruct (`python -m testkit.smollm2` builds/caches it), the 64 shipped SFT
 examples, batch 2, 4 epochs planned (128 steps, cosine) and the first 100 run (`--stop-after`),
 LoRA rank 8, lr 1e-3, f32, chat template on, 2 threads. Native runs at seeds 1, 2 and 3 and a
 portable run at seed 1 (the seed decides the LoRA start and the data order). Per step: the
@@ -9,7 +9,7 @@ portable loss's distance from native seed 1 (the same start and data: what the k
 move) against the spread of the native seeds' losses (what a seed moves), and whether it lies
 inside their [min, max]; the same for the curves smoothed over 10 steps.
 
-    python bench/portable_loss_curve.py [--steps 100] [--threads 2]
+    python -m bench portable_loss_curve [--steps 100] [--threads 2]
 
 Writes bench/results/portable_loss_curve.json, .md and the `portable_loss_curve` section of
 docs/benchmarks.md.
@@ -18,7 +18,6 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import statistics
@@ -29,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import benchkit
-from benchkit import cpu_name, git, package_versions, smollm2_dir, update_docs_section
+from benchkit import smollm2_dir, update_docs_section
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 EXAMPLES = ROOT / "src" / "twinrun" / "examples" / "sft.jsonl"
 NATIVE_SEEDS = (1, 2, 3)
 SMOOTH = 10
@@ -94,22 +92,14 @@ def main() -> None:
         portable = losses(model, work / "portable-1", 1, "portable", a.steps, a.threads)
     raw = compare(portable, native)
     smooth = compare(smoothed(portable), {s: smoothed(v) for s, v in native.items()})
-    meta = {
-        "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": cpu_name(), "cpu_count": os.cpu_count(), "threads": a.threads,
-        **package_versions("torch", "transformers"),
-        "git_commit": git("rev-parse", "--short", "HEAD"),
-        "load_avg_start": load0, "load_avg_end": os.getloadavg()[0],
-    }  # fmt: skip
+    meta = benchkit.meta(load0, "torch", "transformers", threads=a.threads)
     doc = {"meta": meta, "raw": raw, "smoothed": smooth, "portable": portable,
            "native": {str(s): v for s, v in native.items()}}  # fmt: skip
     md = markdown(doc)
     print(md)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "portable_loss_curve.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (RESULTS / "portable_loss_curve.md").write_text("# Portable loss curve\n\n" + md + "\n")
+    benchkit.write_results("portable_loss_curve", doc, "# Portable loss curve\n\n" + md + "\n")
     intro = ("Whether a portable SmolLM2 run learns what native runs do: a 100-step SFT loss curve "
-             "against 3 native seeds (`python bench/portable_loss_curve.py`).")  # fmt: skip
+             "against 3 native seeds (`python -m bench portable_loss_curve`).")  # fmt: skip
     update_docs_section("portable_loss_curve", "Portable CPU kernels: the loss curve", intro, md)
 
 
@@ -124,7 +114,7 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{w['median']:.2e} ({w['min']:.1e}–{w['max']:.1e}) | {r['inside_band']} |"
         )
     return "\n".join([
-        f"Measured {m['when']} by `python bench/portable_loss_curve.py` on {m['cpu_count']} CPUs "
+        f"Measured {m['when']} by `python -m bench portable_loss_curve` on {m['cpu_count']} CPUs "
         f"({m['cpu']}), {m['threads']} threads, torch {m['torch']}, commit {m['git_commit']}; "
         f"load average {m['load_avg_start']:.2f} at start, {m['load_avg_end']:.2f} at end. "
         "SmolLM2-135M-Instruct SFT, the 64 shipped examples, batch 2, LoRA rank 8, lr 1e-3 "

@@ -1,6 +1,6 @@
 """Where a portable SmolLM2 step's time goes, op by op, against a native step.
 
-`python bench/portable_profile.py [--steps N] [--threads T ...]` times a forward and backward of
+`python -m bench portable_profile [--steps N] [--threads T ...]` times a forward and backward of
 SmolLM2-135M-Instruct with a rank-8 PEFT LoRA adapter (batch 2 x 128 tokens, eager attention,
 f32) in three fresh processes per thread count — native kernels, native kernels with ATen pinned
 to AVX2 (what the portable mode pins), and the portable mode — and, inside the portable one, the
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime as dt
 import json
 import os
 import statistics
@@ -25,10 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchkit import cpu_name, git, package_versions, smollm2_dir, update_docs_section
+import benchkit
+from benchkit import smollm2_dir, update_docs_section
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 MODES = ("native", "native-avx2", "portable")
 
 
@@ -147,14 +146,9 @@ def main() -> None:
     result: dict[str, Any] = {}
     for threads in a.threads:
         result[str(threads)] = {m: run_child(m, model, a.steps, threads) for m in MODES}
-    meta = {
-        "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_name(),
-        "cpu_count": os.cpu_count(), **package_versions("torch", "transformers", "peft"),
-        "git_commit": git("rev-parse", "--short", "HEAD"),
-        "load_avg_start": load0, "load_avg_end": os.getloadavg()[0],
-    }  # fmt: skip
+    meta = benchkit.meta(load0, "torch", "transformers", "peft")
     md = [
-        f"Measured {meta['when']} by `python bench/portable_profile.py` on {meta['cpu_count']} "
+        f"Measured {meta['when']} by `python -m bench portable_profile` on {meta['cpu_count']} "
         f"CPUs ({meta['cpu']}), torch {meta['torch']}, commit {meta['git_commit']}; load average "
         f"{load0:.2f} at start, {meta['load_avg_end']:.2f} at end. SmolLM2-135M, LoRA rank 8 on "
         f"q/k/v/o, batch 2 x 128 tokens, forward and backward; {a.steps} steps after a first.",
@@ -163,11 +157,13 @@ def main() -> None:
         md += ["", f"**{threads} thread(s)**", "", *table(runs)]
     text = "\n".join(md)
     print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "portable_profile.json").write_text(json.dumps({"meta": meta, **result}, indent=2))
-    (RESULTS / "portable_profile.md").write_text("# Where a portable step goes\n\n" + text + "\n")
+    benchkit.write_results(
+        "portable_profile",
+        {"meta": meta, **result},
+        "# Where a portable step goes\n\n" + text + "\n",
+    )
     intro = ("Where a portable SmolLM2 step's time goes, part by part, against a native step "
-             "(`python bench/portable_profile.py`).")  # fmt: skip
+             "(`python -m bench portable_profile`).")  # fmt: skip
     update_docs_section("portable_profile", "Where a portable step goes", intro, text)
 
 

@@ -16,7 +16,7 @@ transformers + PEFT loop, and the toy model's whole-process SFT time.
    TRL's `SFTTrainer` on the same work (twinrun / TRL ≤ 0.7); TRL is not a dependency and is not
    measured here yet, so the table says so.
 
-    python bench/real_model.py [--repeats 3] [--steps 6] [--quick]
+    python -m bench real_model [--repeats 3] [--steps 6] [--quick]
 
 Writes bench/results/real_model.json and .md and the `real_model` section of
 docs/benchmarks.md (`--quick`: 1 repeat, 3 steps, prints only).
@@ -36,12 +36,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import benchkit
 from benchkit import ROOT, cpu_name, git, package_versions, spread, update_docs_section
 
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-RESULTS = ROOT / "bench" / "results"
 SHIPPED_SFT = ROOT / "src" / "twinrun" / "examples" / "sft.jsonl"
 SEED, RANK, ALPHA, LR, BATCH = 0, 8, 16.0, 1e-3, 4
 
@@ -86,7 +86,7 @@ def plain_sft(model: Path, data: Path, out: Path) -> list[str]:
 
 
 def measure(repeats: int, steps: int, work: Path) -> dict[str, Any]:
-    from tests.real.smollm2 import ensure_smollm2
+    from testkit.smollm2 import ensure_smollm2
 
     env = os.environ | {"PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
     smol = ensure_smollm2()
@@ -199,13 +199,11 @@ def main() -> None:
     print(body)
     if args.quick:
         return
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "real_model.json").write_text(json.dumps(res, indent=2) + "\n")
-    (RESULTS / "real_model.md").write_text("# real_model\n\n" + body)
+    benchkit.write_results("real_model", res, "# real_model\n\n" + body)
     update_docs_section(
         "real_model",
         "real_model — SmolLM2 per step and memory vs a plain loop; the toy SFT process",
-        "`python bench/real_model.py` (bench/real_model.py; its docstring says what is timed).",
+        "`python -m bench real_model` (bench/real_model.py; its docstring says what is timed).",
         body,
     )
 

@@ -18,7 +18,7 @@ median and min/max over repeats, and twinrun/plain as the ratio of the medians (
 The 1-epoch processes also give the whole-process wall time a user waits for (goal: twinrun
 <= 4 s).
 
-    python bench/sft_epoch.py [--quick] [--repeats 5] [--batch-sizes 1,4,8] [--epochs 9]
+    python -m bench sft_epoch [--quick] [--repeats 5] [--batch-sizes 1,4,8] [--epochs 9]
                               [--code HEAD|REV|worktree]
 
 twinrun is timed from a copy of src/twinrun taken at the start (by default the committed HEAD,
@@ -52,7 +52,7 @@ import benchkit
 from benchkit import cpu_name, git, package_versions, update_docs_section
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+RESULTS = benchkit.RESULTS
 DOCS = ROOT / "docs" / "benchmarks.md"
 SNAPSHOT_FILES = {"plain_sft.py": ROOT / "bench" / "plain_sft.py"}
 RATIO_GOAL = 1.05
@@ -197,7 +197,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     checks: dict[int, dict[str, Any]] = {}
     for rep in range(args.repeats):
         for k, batch in enumerate(args.batch_sizes):
-            order = LOOPS if (rep + k) % 2 == 0 else LOOPS[::-1]
+            order = benchkit.alternating(LOOPS, rep + k)
             for epochs in (1, long_e):
                 for loop in order:
                     out = work / f"{loop}-b{batch}-e{epochs}-r{rep}"
@@ -266,7 +266,7 @@ def markdown(res: dict[str, Any]) -> str:
     code = f"git {m['git_commit']}" + (" plus uncommitted changes" if m["src_modified"] else "")
     ok = all(r["ratio_epoch_cpu_s"] <= RATIO_GOAL for r in rows)
     lines = [
-        f"Measured {res['date']} by `python bench/sft_epoch.py{' --quick' if res['quick'] else ''}`"
+        f"Measured {res['date']} by `python -m bench sft_epoch{' --quick' if res['quick'] else ''}`"
         f" on {m['cpu_count']} CPUs ({m['cpu']}), torch {m['torch']}, transformers "
         f"{m['transformers']}, peft {m['peft']}, Python {m['python']}; load average "
         f"{res['loadavg_start'][0]:.2f} at start, {res['loadavg_end'][0]:.2f} at end (the machine "
@@ -300,7 +300,7 @@ def markdown(res: dict[str, Any]) -> str:
     lines += [
         "",
         f"Goal: twinrun/plain CPU ≤ {RATIO_GOAL} at every batch size — "
-        f"{'met' if ok else 'not met'} (on the ratio of the medians). Per-repeat ratios pair "
+        f"{benchkit.verdict(ok)} (on the ratio of the medians). Per-repeat ratios pair "
         "the twinrun and plain runs made one after the other in the same repeat; their range "
         "shows the noise: a per-epoch figure is the difference of two whole-process times "
         f"divided by {e - 1}. Wall figures include time spent waiting for a core behind other "
@@ -322,7 +322,7 @@ def markdown(res: dict[str, Any]) -> str:
     worst = max(r["twinrun"]["process_1epoch_wall_s"]["median"] for r in rows)
     lines += [
         "",
-        f"Goal: twinrun ≤ {WALL_GOAL_S:g} s wall — {'met' if worst <= WALL_GOAL_S else 'not met'} "
+        f"Goal: twinrun ≤ {WALL_GOAL_S:g} s wall — {benchkit.verdict(worst <= WALL_GOAL_S)} "
         f"(slowest median {worst:.2f} s, at load average ~{res['loadavg_start'][0]:.1f} on "
         f"{m['cpu_count']} CPUs). CPU s is the process's own user + sys, close to what the wall "
         "time is on an idle core.",

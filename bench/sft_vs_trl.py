@@ -1,6 +1,6 @@
 """Toy SFT, whole process: twinrun against TRL's SFTTrainer on the same checkpoint and examples.
 
-    python bench/sft_vs_trl.py [--repeats N] [--splits M]
+    python -m bench sft_vs_trl [--repeats N] [--splits M]
 
 Both processes train LoRA (rank 8, alpha 16, q/k/v/o) on the 64 shipped examples for one epoch
 at batch 4, lr 5e-3, warmup 2 then cosine, one torch thread, and write their adapter; the time is
@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import benchkit
 from benchkit import cpu_name, git, package_versions, update_docs_section, write_toy
 from grpo_vs_trl import TRL_VERSION, trl_python
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 EXAMPLES = ROOT / "src" / "twinrun" / "examples" / "sft.jsonl"
 GOAL = 0.7
 SETTINGS = {"seed": 1, "batch_size": 4, "learning_rate": 5e-3, "lora_rank": 8, "lora_alpha": 16}
@@ -164,13 +164,13 @@ def main() -> None:
         result = measure(py, write_toy(work / "toy"), work, a.repeats, a.splits)
     meta = {
         "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python bench/sft_vs_trl.py", "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+        "command": "python -m bench sft_vs_trl", "cpu": cpu_name(), "cpu_count": os.cpu_count(),
         **package_versions("torch", "transformers", "peft"), "trl": TRL_VERSION,
         "git_commit": git("rev-parse", "--short", "HEAD"), "load_avg_start": load0,
         "load_avg_end": os.getloadavg()[0], "repeats": a.repeats, "splits": a.splits,
         "settings": SETTINGS, "phases": PHASES,
     }  # fmt: skip
-    met = "met" if result["ratio"] <= GOAL else "not met"
+    met = benchkit.verdict(result["ratio"] <= GOAL)
     md = "\n".join([
         f"Measured {meta['when']} by `{meta['command']}` on {meta['cpu_count']} CPUs "
         f"({meta['cpu']}), torch {meta['torch']}, transformers {meta['transformers']}, peft "
@@ -188,13 +188,13 @@ def main() -> None:
         *split_table(result["split"], a.splits),
     ])  # fmt: skip
     print(md)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "sft_vs_trl.json").write_text(json.dumps({"meta": meta, **result}, indent=2) + "\n")
-    (RESULTS / "sft_vs_trl.md").write_text("# Toy SFT process: twinrun vs TRL\n\n" + md + "\n")
+    benchkit.write_results(
+        "sft_vs_trl", {"meta": meta, **result}, "# Toy SFT process: twinrun vs TRL\n\n" + md + "\n"
+    )
     update_docs_section(
         "sft_vs_trl",
         "sft_vs_trl — toy SFT, whole process, twinrun vs TRL's SFTTrainer",
-        "`python bench/sft_vs_trl.py` (the TRL side runs in `bench/.venv-trl` only).",
+        "`python -m bench sft_vs_trl` (the TRL side runs in `bench/.venv-trl` only).",
         md,
     )
 

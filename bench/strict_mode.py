@@ -5,7 +5,7 @@ SFT with LoRA rank 8 (q/k/v/o), f32, chat template on, one torch thread, seed 1,
 two models:
 - the toy model (`twinrun toy-model --seed 0`), the 64 shipped SFT examples, batch 4, 1 epoch
   (16 steps);
-- SmolLM2-135M (`python -m tests.real.smollm2` builds/caches it), the first 8 shipped examples,
+- SmolLM2-135M (`python -m testkit.smollm2` builds/caches it), the first 8 shipped examples,
   batch 2, 1 epoch (4 steps).
 Each pair is one fresh `twinrun tune sft` process with `--strict` and one with `--no-strict`,
 the order alternating. Per step: the loop's `wall_s` from metrics.jsonl (step 0 left out);
@@ -13,7 +13,7 @@ strict / non-strict is the ratio of the pooled medians, with the per-pair ratios
 Bytes: the SHA256 of every run's adapter_model.safetensors, and whether the loss columns of
 metrics.jsonl are equal.
 
-    python bench/strict_mode.py [--pairs 3] [--smollm2-pairs 2] [--no-smollm2]
+    python -m bench strict_mode [--pairs 3] [--smollm2-pairs 2] [--no-smollm2]
 
 Writes bench/results/strict_mode.json, .md and the `strict_mode` section of docs/benchmarks.md.
 """
@@ -21,7 +21,6 @@ Writes bench/results/strict_mode.json, .md and the `strict_mode` section of docs
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import hashlib
 import json
 import os
@@ -34,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import benchkit
-from benchkit import cpu_name, git, package_versions, smollm2_dir, update_docs_section, write_toy
 from benchkit import ms_spread as fmt
+from benchkit import smollm2_dir, update_docs_section, write_toy
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 EXAMPLES = ROOT / "src" / "twinrun" / "examples" / "sft.jsonl"
 
 
@@ -67,9 +65,8 @@ def sft(model: Path, examples: Path, out: Path, batch: int, strict: bool) -> dic
 def measure(model: Path, examples: Path, batch: int, pairs: int, work: Path) -> dict[str, Any]:
     runs = []
     for i in range(pairs):
-        order = (True, False) if i % 2 == 0 else (False, True)
         got = {}
-        for strict in order:
+        for strict in benchkit.alternating((True, False), i):
             mode = "strict" if strict else "plain"
             got[mode] = sft(model, examples, work / f"{model.name}-{i}-{mode}", batch, strict)
         runs.append(got)
@@ -107,15 +104,9 @@ def main() -> None:
             few = work / "sft8.jsonl"
             few.write_text("".join(EXAMPLES.read_text().splitlines(True)[:8]))
             result["smollm2"] = measure(sm, few, 2, a.smollm2_pairs, work)
-    meta = {
-        "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-        **package_versions("torch", "transformers"),
-        "git_commit": git("rev-parse", "--short", "HEAD"),
-        "load_avg_start": load0, "load_avg_end": os.getloadavg()[0],
-    }  # fmt: skip
+    meta = benchkit.meta(load0, "torch", "transformers", python=platform.python_version())
     lines = [
-        f"Measured {meta['when']} by `python bench/strict_mode.py` on {meta['cpu_count']} CPUs "
+        f"Measured {meta['when']} by `python -m bench strict_mode` on {meta['cpu_count']} CPUs "
         f"({meta['cpu']}), torch {meta['torch']}, transformers {meta['transformers']}, commit "
         f"{meta['git_commit']}; load average {load0:.2f} at start, {meta['load_avg_end']:.2f} at "
         "end. SFT, LoRA rank 8, f32, one thread; per-step `wall_s` in ms, median (min–max), "
@@ -145,11 +136,10 @@ def main() -> None:
     ]  # fmt: skip
     md = "\n".join(lines)
     print(md)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "strict_mode.json").write_text(json.dumps({"meta": meta, **result}, indent=2) + "\n")
-    (RESULTS / "strict_mode.md").write_text("# Strict mode: cost and bytes\n\n" + md + "\n")
+    res = {"meta": meta, **result}
+    benchkit.write_results("strict_mode", res, "# Strict mode: cost and bytes\n\n" + md + "\n")
     intro = ("What `--strict` (the default) costs per step and whether it changes a byte "
-             "(`python bench/strict_mode.py`).")  # fmt: skip
+             "(`python -m bench strict_mode`).")  # fmt: skip
     update_docs_section("strict_mode", "Strict mode: cost and bytes", intro, md)
 
 

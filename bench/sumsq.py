@@ -4,7 +4,7 @@ Both run side by side in one process on the same tensor (default: 16M float32 va
 seeded normal), alternating order each repeat. Reports medians, min/max and the ratio of the
 medians; the goal is exact <= 3x naive. Also times bfloat16 and float64 inputs (fewer repeats).
 
-    python bench/sumsq.py [--n 16777216] [--repeats 9] [--threads N]
+    python -m bench sumsq [--n 16777216] [--repeats 9] [--threads N]
 
 Writes bench/results/sumsq.json and bench/results/sumsq.md.
 """
@@ -12,20 +12,17 @@ Writes bench/results/sumsq.json and bench/results/sumsq.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
+import benchkit
 import torch
 
 from twinrun.diag.checksum import sumsq
 
 GOAL = 3.0
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def naive(x: torch.Tensor) -> float:
@@ -38,15 +35,6 @@ def timed(fn: Callable[[torch.Tensor], float], x: torch.Tensor) -> tuple[float, 
     return time.perf_counter() - t0, v
 
 
-def stats(ts: list[float]) -> dict[str, float | list[float]]:
-    return {
-        "median": statistics.median(ts),
-        "min": min(ts),
-        "max": max(ts),
-        "all": [round(t, 6) for t in ts],
-    }
-
-
 def pair(x: torch.Tensor, repeats: int) -> dict[str, object]:
     naive(x), sumsq(x)  # warm up allocators and kernels
     tn: list[float] = []
@@ -54,11 +42,11 @@ def pair(x: torch.Tensor, repeats: int) -> dict[str, object]:
     vals: dict[str, float] = {}
     for i in range(repeats):
         order = [("naive", naive), ("exact", sumsq)]
-        for name, fn in order if i % 2 == 0 else order[::-1]:
+        for name, fn in benchkit.alternating(order, i):
             t, v = timed(fn, x)
             (tn if name == "naive" else te).append(t)
             vals[name] = v
-    sn, se = stats(tn), stats(te)
+    sn, se = benchkit.spread(tn, 6), benchkit.spread(te, 6)
     return {
         "dtype": str(x.dtype).removeprefix("torch."),
         "n": x.numel(),
@@ -113,8 +101,6 @@ def main() -> None:
             "python": platform.python_version(),
         },
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "sumsq.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = [
         "# sumsq: exact vs naive float64",
         "",
@@ -136,7 +122,7 @@ def main() -> None:
         )
     verdict = "PASS" if out["pass"] else "FAIL"
     lines += ["", f"Goal (float32): exact <= {GOAL}x naive — {verdict}.", ""]
-    (RESULTS / "sumsq.md").write_text("\n".join(lines))
+    benchkit.write_results("sumsq", out, "\n".join(lines))
     print("\n".join(lines))
 
 

@@ -24,7 +24,7 @@ all weights, `SFT["toy"]` steps on the whole batch; a LoRA on the random toy did
 user question, and again after a tool result), cached in CACHE by its inputs. Both sides train
 that checkpoint. It keeps calling, so most episodes run to the turn limit on both sides; the
 mean turns and model tokens per episode are reported for each side. `--smollm2` uses
-SmolLM2-135M-Instruct (`tests/real/smollm2.py`'s cache) as it is, only the template extended
+SmolLM2-135M-Instruct (`testkit/smollm2.py`'s cache) as it is, only the template extended
 (a fine-tune of it does not fit in CPU minutes; it rarely calls the tool, so its episodes are
 mostly one turn).
 
@@ -66,7 +66,7 @@ toy's shape (the texts and token counts the tool caller produces: turn 0 the use
 tool messages) plus the diag recorder's checksum and digest of those leaves, as
 a share of the step.
 
-    python bench/tool_grpo_vs_trl.py [--rounds 3] [--steps 5] [--diag-pairs 2] [--smollm2] [--quick]
+    python -m bench tool_grpo_vs_trl [--rounds 3] [--steps 5] [--diag-pairs 2] [--smollm2] [--quick]
 
 Writes bench/results/tool_grpo_vs_trl.json, .md and the `tool_grpo_vs_trl` section of
 docs/benchmarks.md (`--quick`: 1 round of 3 steps, 1 diag pair, prints only).
@@ -89,9 +89,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import benchkit
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-RESULTS = BENCH / "results"
 EXAMPLES = ROOT / "src" / "twinrun" / "examples" / "arith.jsonl"
 CACHE = Path(tempfile.gettempdir()) / "twinrun-tool-bench"
 ENV = "tool_grpo_vs_trl:Calculator"
@@ -560,7 +561,7 @@ def main() -> None:
             result["smollm2"] = {"tool_caller": made, "settings": settings("smollm2"),
                                  **compare(py, sm, work, "smollm2", r2, s2)}  # fmt: skip
             result["smollm2"]["rounds_run"], result["smollm2"]["steps_per_process"] = r2, s2
-    cmd = "python bench/tool_grpo_vs_trl.py" + (" --smollm2" if a.smollm2 else "")
+    cmd = "python -m bench tool_grpo_vs_trl" + (" --smollm2" if a.smollm2 else "")
     if not a.quick and (a.rounds, a.steps, a.diag_pairs) != (3, 5, 2):
         cmd += f" --rounds {a.rounds} --steps {a.steps} --diag-pairs {a.diag_pairs}"
     if a.smollm2 and (a.smollm2_rounds, a.smollm2_steps) != (1, 3):
@@ -638,17 +639,15 @@ def main() -> None:
     print(md)
     if a.quick:
         return
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "tool_grpo_vs_trl.json").write_text(
-        json.dumps({"meta": meta, **result}, indent=2) + "\n"
-    )
-    (RESULTS / "tool_grpo_vs_trl.md").write_text(
-        "# Multi-turn GRPO in a tool environment: twinrun vs TRL\n\n" + md + "\n"
+    benchkit.write_results(
+        "tool_grpo_vs_trl",
+        {"meta": meta, **result},
+        "# Multi-turn GRPO in a tool environment: twinrun vs TRL\n\n" + md + "\n",
     )
     intro = (
         "Multi-turn GRPO with a calculator tool: twinrun and TRL's GRPOTrainer "
         "(`environment_factory`) on the same environment class, model and settings, and what the "
-        "observation checksums cost (`python bench/tool_grpo_vs_trl.py`; TRL only in "
+        "observation checksums cost (`python -m bench tool_grpo_vs_trl`; TRL only in "
         "`bench/.venv-trl`; also in `bench/results/tool_grpo_vs_trl.md`); do not edit between "
         "the markers."
     )

@@ -28,7 +28,7 @@ Qwen2.5's template (`qwen2_5_training.jinja`, shipped in TRL), which renders the
 SmolLM2 vocabulary. Its one difference is known and accepted only in exactly its shape
 (`HEADER_NEWLINE`); any other difference makes the exit status 1.
 
-    python bench/trl_tokens.py
+    python -m bench trl_tokens
 
 Writes bench/results/trl_tokens.json, .md, the `trl_tokens` section of docs/benchmarks.md and
 the figures in docs/comparison.md (between `<!-- trl_tokens_figures:begin/end -->`).
@@ -46,11 +46,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import benchkit
 from benchkit import cpu_name, git, package_versions, smollm2_dir, update_docs_section
 from grpo_vs_trl import trl_python
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+RESULTS = benchkit.RESULTS
 COMPARISON = ROOT / "docs" / "comparison.md"
 MAX_LENGTH = 8192
 
@@ -373,7 +374,7 @@ def main() -> None:
     own = result["trl"]["own_template"]
     meta = {
         "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python bench/trl_tokens.py", "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+        "command": "python -m bench trl_tokens", "cpu": cpu_name(), "cpu_count": os.cpu_count(),
         **package_versions("torch", "transformers", "peft"), "trl": result["trl"]["versions"],
         "git_commit": git("rev-parse", "--short", "HEAD"),
         # this checkout's twinrun, or the one installed elsewhere (then the commit is not its)
@@ -391,7 +392,7 @@ def main() -> None:
     )
     update_docs_section(
         "trl_tokens", "trl_tokens — token ids and loss masks, twinrun vs TRL's own trainers",
-        "`python bench/trl_tokens.py` (the TRL side runs in `bench/.venv-trl` only).", md,
+        "`python -m bench trl_tokens` (the TRL side runs in `bench/.venv-trl` only).", md,
     )  # fmt: skip
     update_docs_section("trl_tokens_figures", "", "", figures(result), docs=COMPARISON)
     sys.exit(0 if all(c["status"] != "differs" for c in result["cases"]) else 1)

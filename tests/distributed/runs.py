@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.capture_helpers import Capture, arith, grpo_source, init_adapter, plugin, write_toml
-from tests.integration.toy_runs import (
+from testkit.captures import Capture, arith, grpo_source, init_adapter, plugin, write_toml
+from testkit.toy_runs import (
     OBJECTIVES,
     STATEFUL_MODULE,
     run_args,

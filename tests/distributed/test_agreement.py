@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.toy_runs import run_args, write_examples
 from tests.distributed.launch import FAULT_ENV, FAULT_TIMEOUT_S, Job, torchrun
-from tests.integration.toy_runs import run_args, write_examples
 
 PER_RANK = Path(__file__).with_name("per_rank.py")
 OTHER_BYTES = Path(__file__).with_name("other_bytes.py")

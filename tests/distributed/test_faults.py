@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.toy_runs import run_args, write_examples
 from tests.distributed.launch import FAULT_ENV, FAULT_TIMEOUT_S, torchrun
-from tests.integration.toy_runs import run_args, write_examples
 
 FAILING_ENV = '''
 import os

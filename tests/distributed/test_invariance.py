@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.capture_helpers import Capture, metrics, write_toml
+from testkit.captures import Capture, metrics, write_toml
+from testkit.toy_runs import OBJECTIVES, sha256_of
 from tests.distributed.launch import torchrun_many
 from tests.distributed.runs import (
     EXTRA_GRPO,
@@ -21,7 +22,6 @@ from tests.distributed.runs import (
     timeless,
     with_flags,
 )
-from tests.integration.toy_runs import OBJECTIVES, sha256_of
 from twinrun.cli.main import run_cli
 
 

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from testkit.toy_runs import run_args
 from tests.distributed.launch import launch_env
-from tests.integration.toy_runs import run_args
 
 
 def test_a_refusal_under_twinrun_launch_is_one_line(tmp_path: Path, toy_model_dir: Path) -> None:

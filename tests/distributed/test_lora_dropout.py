@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.capture_helpers import metrics
+from testkit.captures import metrics
+from testkit.toy_runs import run_args, sha256_of, write_examples
 from tests.distributed.launch import torchrun_many
 from tests.distributed.runs import timeless, with_flags
-from tests.integration.toy_runs import run_args, sha256_of, write_examples
 from twinrun.cli.main import run_cli
 
 OBJECTIVES = ("sft", "dpo", "grpo")

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.capture_helpers import Capture, metrics, write_toml
+from testkit.captures import Capture, metrics, write_toml
+from testkit.toy_runs import OBJECTIVES, sha256_of
 from tests.distributed.launch import (
     FAULT_ENV,
     FAULT_TIMEOUT_S,
@@ -38,7 +39,6 @@ from tests.distributed.runs import (
     timeless,
     with_flags,
 )
-from tests.integration.toy_runs import OBJECTIVES, sha256_of
 from twinrun.cli.main import run_cli
 
 FILES = ("adapter_model.safetensors", "diag.jsonl")

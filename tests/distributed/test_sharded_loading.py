@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from testkit.toy_runs import run_args, write_examples
 from tests.distributed.launch import launch_env, torchrun
 from tests.distributed.runs import with_flags
-from tests.integration.toy_runs import run_args, write_examples
 from twinrun.cli.main import run_cli
 from twinrun.core.safetensors_io import tensor_spans
 

@@ -42,7 +42,7 @@ from .conftest import REPO, lay_out
 #: Longer entries first: each is applied in order.
 SUBSTITUTIONS: tuple[tuple[str, str, str], ...] = (
     (
-        "python -m tests.real.smollm2 --dir runs/smollm2",
+        "python -m testkit.smollm2 --dir runs/smollm2",
         "twinrun toy-model runs/toy --seed 0",
         "CI does not build the 520 MiB SmolLM2 checkpoint per test: the toy checkpoint stands in",
     ),
@@ -121,7 +121,7 @@ def substitute(command: str) -> str:
 
 
 def test_substitutions() -> None:
-    assert substitute("python -m tests.real.smollm2 --dir runs/smollm2") == (
+    assert substitute("python -m testkit.smollm2 --dir runs/smollm2") == (
         "twinrun toy-model runs/toy --seed 0"
     )
     assert substitute("twinrun tune sft --model runs/smollm2 --output runs/real/sft") == (

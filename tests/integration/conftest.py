@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from testkit.toy_runs import sft_args
 from twinrun.cli.main import run_cli
 from twinrun.data.examples import shipped_examples
 
@@ -19,17 +20,6 @@ def sft_examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out.write_text("\n".join(lines) + "\n")
     assert all(json.loads(line) for line in lines)
     return out
-
-
-def sft_args(model: Path, examples: Path, out: Path, seed: int, *extra: str) -> list[str]:
-    return [
-        "tune", "sft", "--model", str(model), "--examples", str(examples), "--output", str(out),
-        "--seed", str(seed), "--epochs", "1", "--batch-size", "4", "--accumulation", "1",
-        "--learning-rate", "1e-2", "--warmup-steps", "1",
-        "--lr-schedule", "cosine", "--lora-rank", "4",
-        "--lora-alpha", "8", "--precision", "f32", "--chat-template", "on", "--quiet",
-        "--threads", "1", *extra,
-    ]  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -46,7 +46,7 @@ def native_digests() -> dict[str, str]:
 
 
 def portable_digests(root: Path, threads: str) -> dict[str, str]:
-    from tests.integration.toy_runs import run_args, sha256_of, write_examples
+    from testkit.toy_runs import run_args, sha256_of, write_examples
     from twinrun.cli.main import run_cli
     from twinrun.model.toy import write_toy_checkpoint
 

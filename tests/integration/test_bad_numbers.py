@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.capture_helpers import grpo_source, write_toml
+from testkit.captures import grpo_source, write_toml
 from twinrun.cli.main import run_cli
 from twinrun.config.run import SETTINGS
 from twinrun.config.setting import Setting

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import sft_args
+from testkit.toy_runs import sft_args
 from twinrun.cli.main import run_cli
 from twinrun.core.digest import sha256_file
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.capture_helpers import grpo_source, write_toml
-from tests.integration.conftest import sft_args
+from testkit.captures import grpo_source, write_toml
+from testkit.toy_runs import sft_args
 from twinrun.cli.main import run_cli
 from twinrun.core.determinism import THREADS_FLOOR, machine_cores, threads_cap
 

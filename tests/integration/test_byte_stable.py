@@ -30,8 +30,8 @@ from pathlib import Path
 
 import tomli_w
 
-from tests.capture_helpers import epoch_source, shipped
-from tests.integration.toy_runs import run_args, write_examples
+from testkit.captures import epoch_source, shipped
+from testkit.toy_runs import run_args, write_examples
 from twinrun.cli.main import run_cli
 from twinrun.data.examples import shipped_examples
 
@@ -182,7 +182,7 @@ def test_golden_write(tmp_path: Path) -> None:
 WRITERS = """
 import sys
 from pathlib import Path
-from tests.integration.toy_runs import run_args
+from testkit.toy_runs import run_args
 from twinrun.cli.main import run_cli
 from twinrun.data.examples import shipped_examples
 model, examples, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.capture_helpers import (
+from testkit.captures import (
     Capture,
     arith,
     epoch_source,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.toy_runs import sha256_of
+from testkit.toy_runs import sha256_of
 from twinrun.cli.main import run_cli
 
 # OpenEnv-style, multi-turn: every reset and step appends one line to CALLS (the side effect a

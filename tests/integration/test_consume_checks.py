@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.toy_runs import sha256_of
+from testkit.toy_runs import sha256_of
 from twinrun.cli.main import run_cli
 
 ADAPTER = "adapter_model.safetensors"
@@ -201,7 +201,7 @@ def test_grpo_rewards_past_the_bound_stop_the_step_in_one_line(
     tmp_path: Path, toy_model_dir: Path, capsys: pytest.CaptureFixture[str], value: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    from tests.integration.toy_runs import run_args, write_examples
+    from testkit.toy_runs import run_args, write_examples
 
     data = write_examples(tmp_path / "data")
     (tmp_path / "plug").mkdir()

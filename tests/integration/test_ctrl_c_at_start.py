@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import sft_args
+from testkit.toy_runs import sft_args
 from twinrun.cli import main as cli_main
 from twinrun.cli.main import INTERRUPTED_LINE, run_cli
 

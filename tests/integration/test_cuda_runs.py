@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.capture_helpers import (
+from testkit.captures import (
     Capture,
     arith,
     grpo_source,
@@ -21,8 +21,8 @@ from tests.capture_helpers import (
     run_config,
     write_toml,
 )
+from testkit.toy_runs import OBJECTIVES, run_args, sha256_of, write_examples
 from tests.distributed.launch import torchrun
-from tests.integration.toy_runs import OBJECTIVES, run_args, sha256_of, write_examples
 from twinrun.cli.main import run_cli
 
 pytestmark = pytest.mark.gpu

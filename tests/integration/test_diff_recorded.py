@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from testkit.toy_runs import run_args, write_examples
 from tests.integration.diff_cases import drifting
-from tests.integration.toy_runs import run_args, write_examples
 from twinrun.cli.main import run_cli
 
 SIDECAR: dict[str, Any] = {

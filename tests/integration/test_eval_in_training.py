@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.conftest import sft_args
+from testkit.toy_runs import sft_args
 from twinrun.cli.main import run_cli
 from twinrun.data.examples import shipped_examples
 from twinrun.diag.checksum import sumsq

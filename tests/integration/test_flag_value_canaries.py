@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.toy_runs import run_args
+from testkit.toy_runs import run_args
 from twinrun.cli.main import run_cli
 
 CANARY = "sk-live-7f3a9c"  # a short plain word: the old choice errors showed those

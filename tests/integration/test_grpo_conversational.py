@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.toy_runs import run_args
+from testkit.toy_runs import run_args
 from twinrun.cli.main import run_cli
 
 ROWS = [("What is 1 + 2?", "3"), ("What is 3 + 4?", "7"), ("What is 2 + 2?", "4"),

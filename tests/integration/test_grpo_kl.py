@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from tests.capture_helpers import Capture, grpo_source, init_adapter, run_config
-from tests.integration.toy_runs import SHAPED_MODULE, run_args, write_examples
+from testkit.captures import Capture, grpo_source, init_adapter, run_config
+from testkit.toy_runs import SHAPED_MODULE, run_args, write_examples
 from twinrun.cli.main import run_cli
 from twinrun.objectives.grpo import grpo_loss
 

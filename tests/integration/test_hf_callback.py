@@ -124,7 +124,7 @@ def peft_run(model_dir: Path, init: Path, rows: list, out: Path, max_grad_norm: 
 def test_a_trainer_run_lines_up_with_a_twinrun_run(
     toy_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.capture_helpers import shipped
+    from testkit.captures import shipped
     from twinrun.data.batching import epoch_order
     from twinrun.data.examples import encode_sft_rows, load_rows
     from twinrun.model.tokens import load_tokenizer

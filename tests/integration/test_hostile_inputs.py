@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import sft_args
-from tests.integration.test_check_cli import fake
+from testkit.fake_trainer import fake
+from testkit.toy_runs import sft_args
 from tests.integration.test_evaluate_generate_cli import gen
 from tests.integration.test_grpo_cli import grpo_args
 from tests.integration.test_resume import cli

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.capture_helpers import grpo_source, write_toml
+from testkit.captures import grpo_source, write_toml
 from twinrun.cli.main import run_cli
 from twinrun.config.toml import load_toml
 
@@ -100,7 +100,7 @@ def test_a_directory_as_a_config_is_refused_by_kind(
 def test_dev_zero_as_examples_is_refused_by_kind(
     tmp_path: Path, toy_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.integration.conftest import sft_args
+    from testkit.toy_runs import sft_args
 
     out = tmp_path / "out"
     before = tree(tmp_path)
@@ -114,7 +114,7 @@ def test_dev_zero_as_examples_is_refused_by_kind(
 
 
 def test_a_fifo_of_examples_is_refused_not_waited_on(tmp_path: Path, toy_model_dir: Path) -> None:
-    from tests.integration.conftest import sft_args
+    from testkit.toy_runs import sft_args
 
     os.mkfifo(tmp_path / "ex.jsonl")
     before = tree(tmp_path)
@@ -313,7 +313,7 @@ def test_a_hostile_chat_template_is_one_line_and_writes_nothing(
 ) -> None:  # fmt: skip
     import shutil
 
-    from tests.integration.conftest import sft_args
+    from testkit.toy_runs import sft_args
 
     model = tmp_path / "model"
     shutil.copytree(toy_model_dir, model)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import sft_args
+from testkit.toy_runs import sft_args
 from tests.integration.test_resume import assert_same_run, cli
 from tests.integration.test_resume_inputs import snapshot
 from twinrun.cli.main import run_cli

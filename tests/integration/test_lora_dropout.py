@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.capture_helpers import (
+from testkit.captures import (
     Capture,
     arith,
     epoch_source,
@@ -27,8 +27,8 @@ from tests.capture_helpers import (
     run_config,
     shipped,
 )
+from testkit.toy_runs import OBJECTIVES, run_args, sha256_of, write_examples
 from tests.distributed.runs import resumable, timeless, with_flags
-from tests.integration.toy_runs import OBJECTIVES, run_args, sha256_of, write_examples
 from twinrun.cli.main import run_cli
 
 ADAPTER = "adapter_model.safetensors"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.capture_helpers import (
+from testkit.captures import (
     Capture,
     epoch_source,
     init_adapter,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.toy_runs import run_args, write_examples
+from testkit.toy_runs import run_args, write_examples
 from twinrun.cli.main import run_cli
 
 ECHOING_ENV = """

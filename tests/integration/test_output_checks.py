@@ -18,9 +18,9 @@ import pytest
 import twinrun.capture.hashing  # noqa: F401
 import twinrun.dispatch.reproduce  # noqa: F401
 import twinrun.train.resume_check  # noqa: F401
-from tests.capture_helpers import write_toml
+from testkit.captures import write_toml
+from testkit.toy_runs import run_args, write_examples
 from tests.integration.test_overwrite_safety import snapshot
-from tests.integration.toy_runs import run_args, write_examples
 from twinrun.cli.main import run_cli
 
 CASES = ("symlink", "dangling", "under-file", "unwritable", "foreign")

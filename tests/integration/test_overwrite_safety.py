@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.toy_runs import OBJECTIVES, run_args, write_examples
+from testkit.toy_runs import OBJECTIVES, run_args, write_examples
 from twinrun.cli.main import run_cli
 from twinrun.core.owned import survey
 from twinrun.train.outputs import run_layout

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.toy_runs import OBJECTIVES, run_args, sha256_of, write_examples
+from testkit.toy_runs import OBJECTIVES, run_args, sha256_of, write_examples
 from twinrun.cli.main import run_cli
 from twinrun.golden.fingerprint import fingerprint
 

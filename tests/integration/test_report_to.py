@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.toy_runs import run_args, sha256_of, write_examples
+from testkit.toy_runs import run_args, sha256_of, write_examples
 from twinrun.cli.main import run_cli
 from twinrun.config.run import check_report_to
 from twinrun.core.errors import ConfigError

@@ -13,15 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.launch import torchrun
-from tests.integration.test_text_cli import text_args, write_corpus
-from tests.integration.toy_runs import (
+from testkit.toy_runs import (
     OBJECTIVES,
     SHAPED_MODULE,
     run_args,
     sha256_of,
+    text_args,
+    write_corpus,
     write_examples,
 )
+from tests.distributed.launch import torchrun
 from twinrun.cli.main import run_cli
 
 OUTPUTS = ("adapter_model.safetensors", "reward_head.safetensors", "diag.jsonl")

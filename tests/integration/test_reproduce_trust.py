@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.toy_runs import SHAPED_MODULE, run_args, write_examples
+from testkit.toy_runs import SHAPED_MODULE, run_args, write_examples
 from twinrun.cli.main import run_cli
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import sft_args
+from testkit.toy_runs import sft_args
 from twinrun.cli.main import run_cli
 from twinrun.core.ledger import LEDGER, read_listed
 from twinrun.data.examples import shipped_examples

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import sft_args
+from testkit.toy_runs import sft_args
 from tests.integration.test_resume import assert_same_run, cli
 from twinrun.cli.main import run_cli
 from twinrun.train.resume_check import INPUTS

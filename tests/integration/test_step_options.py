@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.capture_helpers import Capture, epoch_source, init_adapter, run_config, shipped
+from testkit.captures import Capture, epoch_source, init_adapter, run_config, shipped
+from testkit.toy_runs import OBJECTIVES, run_args, sha256_of, write_examples
 from tests.integration.test_pinned_bytes import FILES, PINNED
-from tests.integration.toy_runs import OBJECTIVES, run_args, sha256_of, write_examples
 from twinrun.cli.main import run_cli
 
 # a factor each objective's pinned run exceeds at some step (sft's losses only fall: no spike)

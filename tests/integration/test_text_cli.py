@@ -11,32 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from testkit.toy_runs import text_args, write_corpus
 from tests.integration.test_resume import assert_same_run
 from twinrun.cli.main import run_cli
 from twinrun.core.rng import stream
 from twinrun.diag.checksum import sumsq
 from twinrun.model.tokens import load_tokenizer
-
-WORDS = "the quick brown fox jumps over a lazy dog while seven small birds sing".split()
-
-
-def write_corpus(folder: Path) -> list[Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    a, b = folder / "a.txt", folder / "b.txt"
-    a.write_text(" ".join(WORDS[(i * 7) % len(WORDS)] for i in range(60)), encoding="utf-8")
-    b.write_text("Ünïcode line.\n" + " ".join(WORDS[::-1] * 3), encoding="utf-8")
-    return [a, b]
-
-
-def text_args(model: Path, corpus: list[Path], out: Path, *extra: str, seed: int = 3) -> list[str]:
-    files = [x for p in corpus for x in ("--corpus", str(p))]
-    return [
-        "tune", "text", "--model", str(model), *files, "--output", str(out),
-        "--seed", str(seed), "--window", "24", "--windows-per-step", "3", "--steps", "4",
-        "--batch-size", "2", "--learning-rate", "1e-2", "--warmup-steps", "1",
-        "--lr-schedule", "cosine", "--lora-rank", "4", "--lora-alpha", "8", "--precision", "f32",
-        "--threads", "1", "--quiet", *extra,
-    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +138,7 @@ def test_a_text_step_captured_from_a_toml_run_replays_bit_for_bit(
 ) -> None:
     """`twinrun run` with trainer = "text" and capture_steps = [1]; the replay of step 1 (no
     corpus read) ends with the source's adapter after step 1, and the same loss."""
-    from tests.capture_helpers import Capture, metrics, run_config
+    from testkit.captures import Capture, metrics, run_config
 
     doc = {
         "training": {"trainer": "text", "seed": 3, "max_steps": 3, "learning_rate": 1e-2,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.toy_runs import sha256_of
+from testkit.toy_runs import sha256_of
 from twinrun.cli.main import run_cli
 from twinrun.train.recipes.grpo import LOGPROB_CHUNK
 
@@ -243,7 +243,7 @@ def test_timestamp_step_captured_once_replays_twice_bit_for_bit(
 ) -> None:
     """The situation capture/replay exists for: a tool whose answers carry the wall clock, so no
     two runs agree. The captured step replays twice, with no environment, tool or sampling."""
-    from tests.capture_helpers import Capture, arith, grpo_source, init_adapter, run_config
+    from testkit.captures import Capture, arith, grpo_source, init_adapter, run_config
     from twinrun.capture.payload import decode
 
     init = init_adapter(tmp_path / "init", toy_model_dir)

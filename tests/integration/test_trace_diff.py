@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import sft_args
+from testkit.toy_runs import sft_args
 from twinrun.cli.main import run_cli
 from twinrun.diag.trace import compare_traces, read_trace
 

@@ -1,5 +1,5 @@
 """Fixtures of the real-model tests: SmolLM2-135M-Instruct (built once into a cache outside the
-repository, see tests/real/smollm2.py) and tiny random checkpoints of other architectures."""
+repository, see testkit/smollm2.py) and tiny random checkpoints of other architectures."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.real.smollm2 import ensure_smollm2
+from testkit.smollm2 import ensure_smollm2
 from tests.real.tiny_archs import write_tiny_checkpoint
 
 

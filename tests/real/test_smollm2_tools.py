@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.toy_runs import sha256_of
 from tests.distributed.launch import torchrun
-from tests.integration.toy_runs import sha256_of
 from twinrun.cli.main import run_cli
 from twinrun.model.tokens import load_tokenizer
 from twinrun.rl.tool_calls import check_tool_template, template_takes_tools

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.capture_helpers import Capture, epoch_source, init_adapter, metrics, run_config
+from testkit.captures import Capture, epoch_source, init_adapter, metrics, run_config
 from tests.real.reference import reference_model
 from tests.real.test_smollm2_numbers import examples_file
 from tests.real.test_smollm2_tokens import trl_tokenize

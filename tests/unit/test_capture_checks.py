@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.capture_helpers import (
+from testkit.captures import (
     Capture,
     arith,
     grpo_source,

@@ -95,7 +95,7 @@ def test_gather_without_a_group_returns_the_forwards_as_they_are() -> None:
 def test_shard_base_without_torchrun_is_a_clear_error_and_writes_nothing(
     toy_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.integration.toy_runs import run_args, write_examples
+    from testkit.toy_runs import run_args, write_examples
     from twinrun.cli.main import run_cli
 
     examples = write_examples(tmp_path / "data")["sft"]

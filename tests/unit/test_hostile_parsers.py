@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.hostile import HOSTILE, PARSERS, mutate, outcome, seeds
+from testkit.hostile import HOSTILE, PARSERS, mutate, outcome, seeds
 
 SEEDS = seeds()
 BOUNDED = settings(

@@ -89,7 +89,7 @@ def test_unusable_output_locations_are_one_line(tmp_path: Path, where: str) -> N
 def test_two_training_runs_on_one_output(tmp_path: Path, toy_model_dir: Path) -> None:
     """Two real `twinrun tune sft` processes started together on one --output: one trains, the
     other stops with one line and writes nothing."""
-    from tests.integration.conftest import sft_args
+    from testkit.toy_runs import sft_args
     from twinrun.data.examples import shipped_examples
 
     ex = tmp_path / "ex.jsonl"

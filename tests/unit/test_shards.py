@@ -217,7 +217,7 @@ def test_the_memory_refusal_comes_before_a_byte_of_the_base_is_read(
     capsys: pytest.CaptureFixture[str],
     base: str,
 ) -> None:
-    from tests.integration.toy_runs import run_args, write_examples
+    from testkit.toy_runs import run_args, write_examples
     from twinrun.cli.main import run_cli
 
     model = tmp_path / "model"

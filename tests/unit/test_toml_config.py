@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.capture_helpers import grpo_source, write_toml
+from testkit.captures import grpo_source, write_toml
 from twinrun.config.contract import (
     V1_ALLOWED_DIFFERENCES,
     allowlist_problems,

