@@ -177,9 +177,9 @@ def test_a_kv_cached_decode_matches_eager(models: dict[str, Any]) -> None:
 def test_the_chunked_head_and_loss_is_the_whole_ones_bits(
     models: dict[str, Any], portable: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from twinrun.objectives import sft
+    from twinrun.objectives import chunks, sft
 
-    monkeypatch.setattr(sft, "HEAD_CHUNK", 16)  # several chunks and a partial one
+    monkeypatch.setattr(chunks, "HEAD_CHUNK", 16)  # several chunks and a partial one
     model = models["blockwise"]
     assert model.chunked_head
     ids, attn, _ = _batch()

@@ -4,7 +4,8 @@ Rows go through forwards of `batch_size` in input order (no shuffle). An example
 token-mean completion NLL; the report's `loss` is the mean over examples. With `batch_invariant`
 the model runs in batch-invariant mode (`twinrun.model.invariant`) and each row's sum is taken over
 its own span (objectives/sft.py): every per-example number is then bitwise what a batch of one
-gives, whatever `batch_size`.
+gives, whatever `batch_size`. Rows longer than one head chunk are scored from the hidden states
+by position chunks (`model/head_chunks.py`), except with `--diag`, which records the whole logits.
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
     bs = cfg.batch_size
     assert bs is not None
     for batch_no, scored in enumerate(
-        score_batches(model, rows, p.tok.pad_id, bs, cfg.device, cfg.batch_invariant)
+        score_batches(
+            model, rows, p.tok.pad_id, bs, cfg.device, cfg.batch_invariant, recorder is not None
+        )
     ):
         per_example += scored.examples()
         if recorder is not None:
@@ -142,18 +145,32 @@ class ScoredBatch:
 
 
 def score_batches(
-    model: Any, rows: list[Any], pad_id: int, batch_size: int, device: str, invariant: bool
+    model: Any,
+    rows: list[Any],
+    pad_id: int,
+    batch_size: int,
+    device: str,
+    invariant: bool,
+    keep_logits: bool = True,
 ) -> Any:
-    """Forwards of `batch_size` rows in input order, without gradients: one ScoredBatch each."""
+    """Forwards of `batch_size` rows in input order, without gradients: one ScoredBatch each.
+    Without `keep_logits` (no `--diag`) rows longer than one head chunk are scored from the
+    hidden states by chunks (`model/head_chunks.py`): no [B, T, V] logits, and None in the
+    batch's `logits`."""
     import torch
 
     from twinrun.data.batching import pad_rows
+    from twinrun.model.head_chunks import chunks_head, completion_nll_by_chunks
     from twinrun.objectives.sft import completion_nll
 
     with torch.no_grad():
         for start in range(0, len(rows), batch_size):
             batch = rows[start : start + batch_size]
             ids, attn, mask = (t.to(device) for t in pad_rows(batch, pad_id))
+            if not keep_logits and chunks_head(model, ids.shape[1] - 1):
+                sums, counts, _ = completion_nll_by_chunks(model, ids, attn, mask)
+                yield ScoredBatch(start, ids.cpu(), None, sums.cpu(), counts.cpu())
+                continue
             logits = model(ids, attn)
             sums, counts = completion_nll(logits, ids, mask, invariant)
             yield ScoredBatch(start, ids.cpu(), logits.float().cpu(), sums.cpu(), counts.cpu())
@@ -188,6 +205,7 @@ def score_pairs(
     import torch.nn.functional as F
 
     from twinrun.data.batching import pad_rows
+    from twinrun.model.head_chunks import chunks_head, completion_nll_by_chunks
     from twinrun.objectives.dpo import sequence_logprob
 
     def side(rows: list[Any]) -> torch.Tensor:
@@ -196,6 +214,8 @@ def score_pairs(
             from twinrun.model.reward_head import scores
 
             return scores(model, head, ids, attn).double().cpu()
+        if chunks_head(model, ids.shape[1] - 1):  # long rows: no [B, T, V] logits
+            return (-completion_nll_by_chunks(model, ids, attn, mask)[0]).double().cpu()
         logits = model(ids, attn)
         return sequence_logprob(logits, ids, mask, cfg.batch_invariant).double().cpu()
 

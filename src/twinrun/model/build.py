@@ -150,11 +150,18 @@ class CausalLM:
 
     @property
     def chunked_head(self) -> bool:
-        """Whether a training forward makes no [B, T, V] logits: the long-row mode
-        (`--attention blockwise`) computes the output layer and the SFT loss in token chunks
-        (`objectives.sft.chunked_completion_nll`); not under batch-invariant mode or a sharded
-        base, whose forwards make the logits."""
+        """Whether every training forward runs the output layer and its loss by position chunks
+        (`model.head_chunks`), short rows too: the long-row mode (`--attention blockwise`); not
+        under batch-invariant mode or a sharded base, whose forwards make the logits."""
         return self.attention == "blockwise" and not self.batch_invariant and not self.sharded
+
+    @property
+    def plain_head(self) -> bool:
+        """Whether the logits are the output head on `last_hidden`'s states, so the head may run
+        on some positions alone (`logits_at`, `model.head_chunks`): a plain projection
+        (`PLAIN_HEADS`), no batch-invariant rows, no sharded base, no steering."""
+        return (self.model_type in PLAIN_HEADS and not self.batch_invariant
+                and not self.sharded and self.steering is None)  # fmt: skip
 
     @property
     def gradient_checkpointing(self) -> bool:
@@ -200,11 +207,14 @@ class CausalLM:
         kv_cache: Any = None,
         steer: tuple[int, torch.Tensor] | None = None,
         position_ids: torch.Tensor | None = None,
+        last_only: bool = False,
     ) -> torch.Tensor:
         """float32 logits [B, T, V] for right-padded `input_ids` [B, T] (mask 1 = real token);
-        a left-padded batch (KV-cached decoding) also gives each row's `position_ids`."""
+        a left-padded batch (KV-cached decoding) also gives each row's `position_ids`.
+        `last_only`: the last position's logits alone, [B, 1, V] (a prefill: transformers'
+        `logits_to_keep=1` runs the head on that position's hidden state only)."""
         return self.run(input_ids, attention_mask, kv_cache, steer=steer,
-                        position_ids=position_ids).logits  # fmt: skip
+                        position_ids=position_ids, last_only=last_only).logits  # fmt: skip
 
     def hidden_states_at(
         self, input_ids: torch.Tensor, layer: int, attention_mask: torch.Tensor | None = None
@@ -245,9 +255,7 @@ class CausalLM:
         marked positions' hidden states alone, so no [B, T, V] tensor is made for the backward
         (a long multi-turn GRPO row trains a fraction of its positions); otherwise the marked
         rows are picked from the whole logits."""
-        plain = (self.model_type in PLAIN_HEADS and not self.batch_invariant
-                 and not self.sharded and self.steering is None)  # fmt: skip
-        if not plain:
+        if not self.plain_head:
             logits = self(input_ids, attention_mask)
             return logits[at], logits if keep_all else None
         hidden = self.last_hidden(input_ids, attention_mask)
@@ -267,9 +275,10 @@ class CausalLM:
         hidden_layer: int | None = None,
         steer: tuple[int, torch.Tensor] | None = None,
         position_ids: torch.Tensor | None = None,
+        last_only: bool = False,
     ) -> ModelOutput:
         """The full forward; see the module docstring for `hidden_layer`, `steer`, `position_ids`
-        and batch-invariant mode."""
+        and batch-invariant mode; `last_only` as in `__call__` (batched or cached forwards)."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
         if steer is None:
@@ -298,7 +307,7 @@ class CausalLM:
             if input_ids.shape[0] != 1:
                 raise ValueError("batch-invariant mode runs a KV cache for one row only")
         return self.run_batch(
-            input_ids, attention_mask, kv_cache, hidden_layer, steer, position_ids
+            input_ids, attention_mask, kv_cache, hidden_layer, steer, position_ids, last_only
         )
 
     def run_batch(
@@ -309,11 +318,13 @@ class CausalLM:
         hidden_layer: int | None,
         steer: tuple[int, torch.Tensor] | None,
         position_ids: torch.Tensor | None = None,
+        last_only: bool = False,
     ) -> ModelOutput:
         """The ordinary batched forward (transformers' model), with the residual-stream taps."""
         captured: list[torch.Tensor] = []
         if self.pace is not None:
             self.pace()
+        keep = {"logits_to_keep": 1} if last_only else {}
         with self._residual_taps(hidden_layer, steer, captured), self.autocast():
             out = self.hf(
                 input_ids=input_ids,
@@ -321,6 +332,7 @@ class CausalLM:
                 position_ids=position_ids,
                 cache=kv_cache,
                 use_cache=kv_cache is not None,
+                **keep,
             )
         return ModelOutput(out.logits.float(), captured[0] if captured else None)
 

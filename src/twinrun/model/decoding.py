@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from twinrun.model.build import CausalLM
+from twinrun.objectives import chunks
 
 
 @dataclass
@@ -106,6 +107,15 @@ class Prefix:
         return cache
 
 
+def last_only(ids: torch.Tensor) -> bool:
+    """Whether a prefill of `ids` [P, W] makes its last position's logits alone: when the prompts
+    are longer than one head chunk (`objectives.chunks.HEAD_CHUNK`), so a long prompt makes no
+    [P, W, V] logits. A shorter prefill makes every position's logits as it always did: native
+    BLAS may round the last row of a product of another height differently, and a short
+    prompt's samples keep their bytes."""
+    return ids.shape[1] > chunks.HEAD_CHUNK
+
+
 def prefill(
     model: CausalLM, prompt_ids: list[int], steer: tuple[int, torch.Tensor] | None = None
 ) -> Prefix:
@@ -115,7 +125,7 @@ def prefill(
     cache = model.new_cache()
     with torch.no_grad():
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-        logits = model(ids, kv_cache=cache, steer=steer)[0, -1]
+        logits = model(ids, kv_cache=cache, steer=steer, last_only=last_only(ids))[0, -1]
     return Prefix(list(prompt_ids), cache, logits)
 
 
@@ -288,7 +298,7 @@ def prefill_block(
     with torch.no_grad():
         if min(lengths) == width:
             ids = torch.tensor([list(p) for p in prompts], dtype=torch.long, device=device)
-            logits = model(ids, kv_cache=cache, steer=steer)[:, -1]
+            logits = model(ids, kv_cache=cache, steer=steer, last_only=last_only(ids))[:, -1]
             padded = None
         else:
             ids = torch.zeros((len(prompts), width), dtype=torch.long)  # pad id 0: masked out
@@ -298,7 +308,8 @@ def prefill_block(
                 mask[i, width - len(p) :] = 1
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
             logits = model(ids.to(device), mask.to(device), kv_cache=cache, steer=steer,
-                           position_ids=positions.to(device))[:, -1]  # fmt: skip
+                           position_ids=positions.to(device),
+                           last_only=last_only(ids))[:, -1]  # fmt: skip
             lens = torch.tensor(lengths, dtype=torch.long)
             padded = (mask.repeat_interleave(group, 0), lens.repeat_interleave(group, 0))
     if group > 1:

@@ -28,8 +28,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from twinrun.objectives.chunks import by_chunks
+
 BATCH_INVARIANT_TAG = "twinrun_batch_invariant"
-HEAD_CHUNK = 512  # target positions per chunk of `chunked_completion_nll`
 
 
 def wants_invariant(logits: torch.Tensor, batch_invariant: bool | None) -> bool:
@@ -67,6 +68,14 @@ def completion_nll(
     return row_sums(nll, mask, wants_invariant(logits, batch_invariant)), mask.sum(dim=1)
 
 
+def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each position's NLL of its target: logits [..., V] (upcast to float32), targets [...] ->
+    float32 [...] — `completion_nll`'s per-token values, position by position."""
+    v = logits.shape[-1]
+    nll = F.cross_entropy(logits.float().reshape(-1, v), targets.reshape(-1), reduction="none")
+    return nll.view(targets.shape)
+
+
 def chunked_completion_nll(
     hidden: torch.Tensor,
     head: Callable[[torch.Tensor], torch.Tensor],
@@ -76,29 +85,14 @@ def chunked_completion_nll(
     autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`completion_nll(head(hidden), ...)` without the [B, T, V] logits: the output layer and
-    the token NLLs run on `HEAD_CHUNK` positions at a time, each chunk under non-reentrant
-    checkpointing (its logits are recomputed in the backward, never kept), so the loss costs
-    memory for one chunk's logits, not T x vocabulary. Used by the long-row mode
-    (`--attention blockwise`) only. Each position's logits and NLL are computed as the whole
+    the token NLLs run on `HEAD_CHUNK` positions at a time (`objectives.chunks.by_chunks`, each
+    chunk's logits recomputed in the backward, never kept), so the loss costs memory for one
+    chunk's logits, not T x vocabulary. Each position's logits and NLL are computed as the whole
     forward computes them (an output-layer product per token row, a log-softmax per row): in
     portable mode the exact products give a row the same bits in a chunk as in the whole, so
     the sums are those `completion_nll` gives on the same hidden states."""
-    from torch.utils.checkpoint import checkpoint
-
-    b, t, _ = hidden.shape
     targets = input_ids[:, 1:]
     mask = loss_mask[:, 1:].bool()
-
-    def chunk_nll(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with autocast():
-            logits = head(h)
-        v = logits.shape[-1]
-        return F.cross_entropy(logits.float().reshape(-1, v), y.reshape(-1), reduction="none")
-
-    parts = []
-    for s in range(0, t - 1, HEAD_CHUNK):
-        h, y = hidden[:, s : min(s + HEAD_CHUNK, t - 1)], targets[:, s : s + HEAD_CHUNK]
-        parts.append(checkpoint(chunk_nll, h, y, use_reentrant=False).view(b, -1))
-    nll = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    nll = by_chunks(hidden[:, :-1], head, token_nll, targets, dim=1, autocast=autocast)
     nll = torch.where(mask, nll, torch.zeros((), dtype=nll.dtype))
     return row_sums(nll, mask, batch_invariant), mask.sum(dim=1)

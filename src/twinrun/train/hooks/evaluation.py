@@ -43,7 +43,7 @@ class EvaluationHook(Hook):
         batches = list(
             score_batches(
                 self.s.model, self.rows, self.s.tok.pad_id, self.s.run.batch_size, backend.device,
-                backend.batch_invariant,
+                backend.batch_invariant, self.recorder is not None,
             )
         )  # fmt: skip
         examples = [e for b in batches for e in b.examples()]

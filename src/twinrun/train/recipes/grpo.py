@@ -53,6 +53,7 @@ from twinrun.config.resolved import (
 from twinrun.core.rng import stream
 from twinrun.data.batching import epoch_order
 from twinrun.data.examples import SourcedRow, conversational_prompt
+from twinrun.model.head_chunks import by_chunks, chunks_head, whole_logits
 from twinrun.model.lora import lora_disabled
 from twinrun.objectives.grpo import grpo_loss
 from twinrun.rl.advantages import apply_token_cap, compute_advantages
@@ -581,34 +582,55 @@ def kept_at(kept: torch.Tensor) -> torch.Tensor:
 def rows_logprobs(
     rows: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor, temperature: float
 ) -> torch.Tensor:
-    """`kept_logprobs` from the kept positions' logits alone (`rows` [K, V], row-major order).
-    The float64 log-softmax runs over those rows — the prompt and capped positions, most of a
-    row, are never converted — `LOGPROB_CHUNK` rows at a time, each chunk under non-reentrant
+    """`kept_logprobs` from the kept positions' logits alone (`rows` [K, V], row-major order),
+    placed at the kept positions (`picked_rows` makes them)."""
+    out = torch.zeros(kept.shape, dtype=torch.float64, device=rows.device)
+    return out.masked_scatter(kept, picked_rows(rows, ids[:, 1:][kept], temperature))
+
+
+def picked_rows(rows: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[K] float64 `log_softmax(rows.float().double() / T)` at `targets`. The float64
+    log-softmax runs over the kept rows only — the prompt and capped positions, most of a row,
+    are never converted — `LOGPROB_CHUNK` rows at a time, each chunk under non-reentrant
     checkpointing: no [K, V] float64 tensor is made or kept for the backward (a long multi-turn
     row keeps hundreds of positions), only the kept rows' float32 logits. The softmax is per
     position, so each value, and its gradient, is the one a log-softmax over every position
     gives, bit for bit."""
-    targets = ids[:, 1:][kept]
+    rows = rows.float()
     picked = [
         chunk_logprobs(part, target, temperature)
         for part, target in zip(
             torch.split(rows, LOGPROB_CHUNK), torch.split(targets, LOGPROB_CHUNK), strict=True
         )
     ]
-    out = torch.zeros(kept.shape, dtype=torch.float64, device=rows.device)
-    return out.masked_scatter(kept, torch.cat(picked))
+    return torch.cat(picked)
 
 
 def policy_logprobs(
-    s: ModelSession, ids: torch.Tensor, attn: torch.Tensor, kept: torch.Tensor, temperature: float
+    s: ModelSession,
+    ids: torch.Tensor,
+    attn: torch.Tensor,
+    kept: torch.Tensor,
+    temperature: float,
+    keep_all: bool = False,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One update forward's kept logprobs and, for `--diag`'s `forward.logits`, its whole
-    logits (no grad). Only the kept positions' logits are made for the backward
+    """One update forward's kept logprobs and, with `keep_all` (`--diag`'s `forward.logits`),
+    its whole logits (no grad). Only the kept positions' logits are made for the backward
     (`CausalLM.logits_at`: the output head runs on their hidden states alone), so a long
-    multi-turn row, which trains a fraction of its positions, makes no [N, W, V] tensor for it."""
-    rows, logits = s.model.logits_at(ids, attn, kept_at(kept), s.run.switches.diag)
-    logp = rows_logprobs(rows, ids, kept, temperature)
-    return logp, [] if logits is None else [logits]
+    multi-turn row, which trains a fraction of its positions, makes no [N, W, V] tensor for it.
+    More kept positions than one head chunk: the head runs on them by chunks too
+    (`model/head_chunks.py`), so not even their [K, V] float32 logits are kept."""
+    model, at = s.model, kept_at(kept)
+    if not chunks_head(model, int(kept.sum())):
+        rows, logits = model.logits_at(ids, attn, at, keep_all)
+        logp = rows_logprobs(rows, ids, kept, temperature)
+        return logp, [] if logits is None else [logits]
+    hidden = model.last_hidden(ids, attn)
+    head = model.hf.get_output_embeddings()
+    targets = ids[:, 1:][kept]
+    picked = by_chunks(hidden[at], head, picked_rows, targets, 0, (temperature,), model.autocast)
+    logp = torch.zeros(kept.shape, dtype=torch.float64, device=picked.device)
+    return logp.masked_scatter(kept, picked), [whole_logits(model, hidden)] if keep_all else []
 
 
 def chunk_logprobs(rows: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -647,12 +669,13 @@ def update_forwards(s: ModelSession, batch: list[UpdateRow], step: int) -> StepF
         f_ids, f_attn = u.ids[sl, :w].to(device), u.attn[sl, :w].to(device)
         kept = u.kept[sl, : w - 1].to(device)
         with dropout_for(s, step, [(i,) for i in range(sl.start, sl.stop)]):
-            logp, logits = policy_logprobs(s, f_ids, f_attn, kept, policy.temperature)
+            logp, logits = policy_logprobs(
+                s, f_ids, f_attn, kept, policy.temperature, s.run.switches.diag
+            )
         kl = None
         if kl_beta:  # --kl-beta: the reference is the base (adapter off), no grad
             with torch.no_grad(), lora_disabled(s.model):
-                rows, _ = s.model.logits_at(f_ids, f_attn, kept_at(kept))
-                ref = rows_logprobs(rows, f_ids, kept, policy.temperature)
+                ref, _ = policy_logprobs(s, f_ids, f_attn, kept, policy.temperature)
             kl = (kl_beta, ref)
         out = grpo_loss(
             logp, u.old[sl, : w - 1].to(device), u.advantages[sl].to(device),

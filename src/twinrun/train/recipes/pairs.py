@@ -33,6 +33,7 @@ from twinrun.capture.batch import OptimizerBatch
 from twinrun.config.resolved import Preference, ValidRun
 from twinrun.data.batching import StepPlan, pad_rows
 from twinrun.data.pairs import EncodedPair, encode_pairs
+from twinrun.model.head_chunks import chunks_head, completion_nll_by_chunks
 from twinrun.model.lora import lora_disabled
 from twinrun.objectives.dpo import DPOOut, dpo_loss, sequence_logprob
 from twinrun.objectives.ipo import ipo_loss
@@ -49,7 +50,7 @@ from twinrun.train.recipes.base import (
     examples_data,
     row_starts,
 )
-from twinrun.train.recipes.sft import Padded
+from twinrun.train.recipes.sft import Padded, chunked_forward
 from twinrun.train.session import ModelSession, Session
 from twinrun.train.sharding import forward_slots
 
@@ -238,11 +239,12 @@ def side_forward(
     head: torch.nn.Module | None,
     reference: bool,
     dropout: AbstractContextManager[None],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """One forward over one side of the pairs: (values [B], ids, logits, reference values —
     None unless `reference`). With a head the values are its scores, else the sequence
-    log-probs. `dropout`: the LoRA dropout of the policy's forward (the reference runs
-    without)."""
+    log-probs; rows longer than one head chunk take them from the hidden states by chunks
+    (`model/head_chunks.py`), their logits made whole only for `--diag` (else None).
+    `dropout`: the LoRA dropout of the policy's forward (the reference runs without)."""
     ids, attn, mask = (t.to(s.run.backend.device) for t in padded)
     invariant = s.run.backend.batch_invariant
     if head is not None:
@@ -251,13 +253,21 @@ def side_forward(
         with dropout:
             values = scores(s.model, head, ids, attn)  # type: ignore[arg-type]  # a Linear head
         return values, ids, values, None
+    if chunks_head(s.model, ids.shape[1] - 1):  # long rows: the head and loss by chunks
+        with dropout:
+            sums, logits = chunked_forward(s, ids, attn, mask)
+        ref = None
+        if reference:
+            with torch.no_grad(), lora_disabled(s.model):
+                ref = -completion_nll_by_chunks(s.model, ids, attn, mask)[0]
+        return -sums, ids, logits[0] if logits else None, ref
     with dropout:
-        logits = s.model(ids, attn)
+        whole = s.model(ids, attn)
     ref = None
     if reference:
         with torch.no_grad(), lora_disabled(s.model):
             ref = sequence_logprob(s.model(ids, attn), ids, mask, batch_invariant=invariant)
-    return sequence_logprob(logits, ids, mask, batch_invariant=invariant), ids, logits, ref
+    return sequence_logprob(whole, ids, mask, batch_invariant=invariant), ids, whole, ref
 
 
 def group_sides(
@@ -278,7 +288,8 @@ def group_sides(
         c, r = c / nc, r / nr
         c_ref = None if c_ref is None else c_ref / nc
         r_ref = None if r_ref is None else r_ref / nr
-    return PairSides(c, r, c_ref, r_ref), [c_ids, r_ids], [c_logits, r_logits]
+    logits = [x for x in (c_logits, r_logits) if x is not None]
+    return PairSides(c, r, c_ref, r_ref), [c_ids, r_ids], logits
 
 
 def pair_forwards(

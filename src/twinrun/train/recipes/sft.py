@@ -4,7 +4,9 @@ shuffled per epoch by `stream(seed, "shuffle", epoch)`, AdamW, warmup then cosin
 A step is `accumulation` forwards of `batch_size` rows; each forward's loss is its rows'
 completion NLL sums divided by the step's completion-token count, so the forwards' gradients sum
 to the gradient of the step's mean token loss. With `--lora-dropout` a row's masks are keyed by
-its index among the step's rows (`recipes.base.dropout_for`).
+its index among the step's rows (`recipes.base.dropout_for`). Rows longer than one head chunk
+(every row under `--attention blockwise`) run the output layer and loss by position chunks from
+the final hidden states (`model/head_chunks.py`): no [B, T, V] logits.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from twinrun.capture.batch import OptimizerBatch
 from twinrun.config.resolved import ValidRun
 from twinrun.data.batching import StepPlan, pad_rows, padding_fraction
 from twinrun.data.examples import EncodedRow, SourcedRow, encode_sft_rows
-from twinrun.objectives.sft import chunked_completion_nll, completion_nll
+from twinrun.model.head_chunks import chunks_head, completion_nll_by_chunks
+from twinrun.objectives.sft import completion_nll
 from twinrun.rl.tool_calls import ToolFieldsWarning, dropped_tool_fields
 from twinrun.train.distributed import in_global_order
 from twinrun.train.loop import Forward, StepForwards, StepOutcome
@@ -110,7 +113,7 @@ def sft_forwards(
     for i, padding in forward_slots(len(forwards), s.model):
         ids, attn, mask = (t.to(device) for t in padded[i])
         rows = [(starts[i] + r,) for r in range(len(forwards[i]))]
-        if getattr(s.model, "chunked_head", False):  # the long-row mode: no [B, T, V] logits
+        if chunks_head(s.model, ids.shape[1] - 1):  # long rows: no [B, T, V] logits
             with dropout_for(s, step, rows):
                 sums, logits = chunked_forward(s, ids, attn, mask)
         else:
@@ -147,18 +150,11 @@ def sft_forwards(
 def chunked_forward(
     s: ModelSession, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One forward of the long-row mode: the final hidden states, then the output layer and loss
-    by chunks (`chunked_completion_nll`). The logits are made whole only for `--diag` (without
-    a graph: one [B, T, V] copy)."""
-    model = s.model
-    hidden = model.last_hidden(ids, attn)
-    head = model.hf.get_output_embeddings()
-    invariant = bool(s.run.backend.batch_invariant)
-    sums, _ = chunked_completion_nll(hidden, head, ids, mask, invariant, model.autocast)
-    if not s.run.switches.diag:
-        return sums, []
-    with torch.no_grad(), model.autocast():
-        return sums, [head(hidden).float()]
+    """One forward of long rows: the final hidden states, then the output layer and loss by
+    chunks (`model.head_chunks`). The logits are made whole only for `--diag` (without a
+    graph: one [B, T, V] copy)."""
+    sums, _, logits = completion_nll_by_chunks(s.model, ids, attn, mask, s.run.switches.diag)
+    return sums, [] if logits is None else [logits]
 
 
 def rows_from_batch(batch: OptimizerBatch) -> list[list[EncodedRow]]:
