@@ -4,8 +4,8 @@
 Each objective's output head and loss run on position chunks (`twinrun.model.head_chunks`): no
 [B, T, V] logits are kept (SmolLM2's 49,152-token vocabulary: 1.6 GB per float32 copy at 8,192
 tokens). Each (objective, length) is one fresh `twinrun tune OBJECTIVE` process of one optimizer
-step of one row (one pair for dpo, ipo and reward: a chosen and a rejected forward, and the
-reference's two no-grad forwards for dpo and ipo); peak RSS is the process's `ru_maxrss`
+step of one row (one pair for dpo, ipo, simpo and reward: a chosen and a rejected forward, and
+the reference's two no-grad forwards for dpo and ipo); peak RSS is the process's `ru_maxrss`
 (`os.wait4`). The rows: a prompt of repeated one-token words and a five-word completion
 (`utilisation.exact_rows`, chat template off), T tokens in all; the pairs share the prompt, their
 rejected side another five words. GRPO: a T-token prompt (its rollout prefill makes the last
@@ -38,7 +38,7 @@ from utilisation import ALPHA, LR, RANK, SEED, child_env, exact_rows, run_child 
 
 NAME = "long_rows_memory"
 LENGTHS = (2048, 8192)
-OBJECTIVES = ("sft", "dpo", "ipo", "reward", "grpo")
+OBJECTIVES = ("sft", "dpo", "ipo", "simpo", "reward", "grpo")
 GOAL_MIB = {2048: 2048, 8192: 4096}  # issue 52: <= 2 GB at 2,048 tokens, <= 4 GB at 8,192
 MMAP_THRESHOLD = 1 << 20  # what a blockwise run sets itself (docs/training.md)
 PLUGIN = '''
@@ -68,7 +68,8 @@ def write_data(model: Path, work: Path, seq: int) -> dict[str, Path]:
     prompts = work / f"prompts-{seq}.jsonl"
     prompts.write_text(json.dumps({"prompt": row["prompt"]}) + "\n", encoding="utf-8")
     (work / "twinrun_bench_lengths.py").write_text(PLUGIN, encoding="utf-8")
-    return {"sft": sft, "dpo": pairs, "ipo": pairs, "reward": pairs, "grpo": prompts}
+    return {"sft": sft, "dpo": pairs, "ipo": pairs, "simpo": pairs, "reward": pairs,
+            "grpo": prompts}  # fmt: skip
 
 
 def tune_args(
@@ -90,6 +91,8 @@ def tune_args(
             "--advantage-clip", "5", "--token-cap", "8", "--env", "twinrun_bench_lengths:make",
         ]  # fmt: skip
     args += ["--epochs", "1", "--accumulation", "1"]
+    if objective == "simpo":
+        return args + ["--beta", "2.0", "--gamma", "0.5"]
     return args + (["--beta", "0.1"] if objective in ("dpo", "ipo") else [])
 
 

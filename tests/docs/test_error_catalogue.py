@@ -73,7 +73,7 @@ CASES = [
          ("No such option '--max_steps'. twinrun's name for TRL's --max_steps: --stop-after "
           "(this run's length is --epochs; --stop-after N runs its first N).",)),
     Case("another objective's flag", sft("--beta", "0.1"),
-         ("No such option '--beta': a flag of twinrun tune dpo, ipo, not of tune sft.",)),
+         ("No such option '--beta': a flag of twinrun tune dpo, ipo, simpo, not of tune sft.",)),
     Case("an objective as a command", ["sft", *sft()[2:]],
          ("no such command; training is `twinrun tune sft`",)),
     Case("another device name", sft("--device", "gpu"), ("--device must be cpu, cuda or cuda:N",)),

@@ -39,7 +39,7 @@ def test_the_committed_golden_file_matches(
 ) -> None:
     rc, lines, err = golden(capsys, "check", str(GOLDEN))
     assert rc == 0, "\n".join(lines) + err
-    assert lines == [f"golden: PASS — 13 items equal {committed} (torch {fingerprint()['torch']}, "
+    assert lines == [f"golden: PASS — 14 items equal {committed} (torch {fingerprint()['torch']}, "
                      f"{fingerprint()['device']}, f32)"]  # fmt: skip
     items = json.loads(committed.read_text())["items"]
     assert len(items["generate.tokens"]) == 24 and len(items["extract.hidden"]) == 512
@@ -70,7 +70,7 @@ def test_a_changed_value_fails_naming_the_first_item_that_moved(
     assert rc == 1
     assert lines[0].startswith(f"golden: FAIL — first moved item {named}: expected ")
     assert lines[0].endswith(f"got {json.dumps(want)}")
-    assert lines[1].startswith(f"  1 of 13 items moved: {named}")
+    assert lines[1].startswith(f"  1 of 14 items moved: {named}")
     assert lines[3].startswith("  written on ") and "; this machine: " in lines[3]
     if doc["written_on"] == written_on():
         assert lines[4].startswith("  if the change is intended") and "golden write" in lines[4]

@@ -225,7 +225,8 @@ def test_observation_fault_localised(
         (("--env", "arithmetic", "--group-size", "1"), "--group-size must be >= 2"),
         (
             ("--env", "arithmetic", "--epochs", "2"),
-            "No such option '--epochs': a flag of twinrun tune sft, dpo, ipo, reward, not of tune",
+            "No such option '--epochs': a flag of twinrun tune sft, dpo, ipo, simpo, reward, "
+            "not of tune",
         ),
         (("--env", "arithmetic", "--replay", "per"), "--replay per needs"),
         (("--env", "arithmetic", "--rollout-block", "0"), "--rollout-block must be >= 1, got 0"),
@@ -310,7 +311,7 @@ def test_a_shell_command_as_environment_never_runs(
 ) -> None:
     """`--env os:system --env-arg 'command=touch F'`: refused (standard library) by tune and by
     explain (which never imports a plugin) — F is never made, nothing is written."""
-    from tests.capture_helpers import grpo_source, write_toml
+    from testkit.captures import grpo_source, write_toml
 
     marker = tmp_path / "F"
     command = f"command=touch {marker}"
@@ -334,7 +335,7 @@ def test_explain_locates_a_plugin_without_importing_it(
 ) -> None:
     import sys
 
-    from tests.capture_helpers import grpo_source, write_toml
+    from testkit.captures import grpo_source, write_toml
 
     marker = tmp_path / "imported"
     (tmp_path / "twinrun_test_loud_env.py").write_text(

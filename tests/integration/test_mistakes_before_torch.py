@@ -237,7 +237,10 @@ def mistakes(f: Files) -> dict[str, tuple[list[str], str]]:
         # another library's flag names
         "trl-lr": (f.sft_args(lr="1e-3"), "twinrun's name for TRL's --lr: --learning-rate"),
         "trl-num-train-epochs": ([*f.sft_args(), "--num_train_epochs", "1"], "--epochs"),
-        "beta-on-sft": (f.sft_args(beta="0.1"), "'--beta': a flag of twinrun tune dpo, ipo, not"),
+        "beta-on-sft": (
+            f.sft_args(beta="0.1"),
+            "'--beta': a flag of twinrun tune dpo, ipo, simpo, not",
+        ),
         "trl-beta-on-grpo": (f.grpo_args(f.arith, beta="0.1"), "TRL's --beta: --kl-beta"),
         "trl-max-steps-on-sft": (
             [*f.sft_args(), "--max_steps", "4"],

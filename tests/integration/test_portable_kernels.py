@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.toy_runs import run_args, sha256_of, write_examples
+from testkit.toy_runs import run_args, sha256_of, write_examples
 from twinrun.cli.main import run_cli
 
 
@@ -30,7 +30,8 @@ def test_a_native_cpu_run_without_threads_is_refused(
     assert run_cli(args) == 2
     err = capsys.readouterr().err
     assert err == ("twinrun: error: missing required flag: --threads — every training number "
-                   "must be given (twinrun has no silent defaults)\n")  # fmt: skip
+                   "must be given (twinrun has no silent defaults), or --defaults trl takes "
+                   "TRL's\n")  # fmt: skip
     assert not out.exists()
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.conftest import sft_args
+from testkit.toy_runs import sft_args
 from twinrun.cli.main import run_cli
 
 WALL_KEYS = {"wall_s"}
@@ -228,6 +228,7 @@ def test_unexpected_error_is_one_line_too(
     monkeypatch.setattr(twinrun.train.recipes, "train", boom)
     monkeypatch.setattr("twinrun.config.resolved.validate", lambda cfg: None)  # reach the trainer
     monkeypatch.setattr("twinrun.train.preflight.preflight", lambda run: None)
+    monkeypatch.setattr("twinrun.cli.tune.print_defaults_table", lambda run: None)
     assert run_cli(["tune", "sft"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("twinrun: internal error: RuntimeError: something broke")

@@ -24,10 +24,12 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("train/recipes/grpo.py", "grpo"): "GRPO's own recipe",
     ("train/recipes/pairs.py", "dpo"): "DPO's own recipe class",
     ("train/recipes/pairs.py", "ipo"): "IPO's own recipe class",
+    ("train/recipes/pairs.py", "simpo"): "SimPO's own recipe class",
     ("train/recipes/pairs.py", "reward"): "the reward model's own recipe class",
     ("golden/suite.py", "sft"): "the suite's fixed run of each objective, and its sft adapter",
     ("golden/suite.py", "dpo"): "the suite's fixed run of each objective",
     ("golden/suite.py", "ipo"): "the suite's fixed run of each objective",
+    ("golden/suite.py", "simpo"): "the suite's fixed run of each objective",
     ("golden/suite.py", "reward"): "the suite's fixed run of each objective",
     ("golden/suite.py", "grpo"): "the suite's fixed run of each objective",
     ("golden/suite.py", "text"): "the suite's fixed run of each objective, and its text adapter",
@@ -87,7 +89,7 @@ def test_records_are_unique_and_say_what_the_rest_of_twinrun_knows() -> None:
         assert set(o.faults) <= set(FAULTS), o.name
         assert applies("steps" if o.counts == "steps" else "epochs", o.name), o.name
         assert applies("examples", o.name) == o.reads_examples, o.name
-    assert names(counts="epochs") == ("sft", "dpo", "ipo", "reward")
+    assert names(counts="epochs") == ("sft", "dpo", "ipo", "simpo", "reward")
     assert names(has_reference=True) == ("dpo", "ipo")
     assert names(samples=True) == ("grpo",)
 
@@ -110,12 +112,12 @@ def test_each_pair_recipe_s_loss_agrees_with_its_record(name: str) -> None:
     assert issubclass(kind, PairRecipe)
     record = objective(name)
     assert kind.loss.needs_reference == record.has_reference
-    if kind.loss.settings is not None:  # the record's every setting applies to the objective
-        import dataclasses
+    import dataclasses
 
-        fields = [f.name for f in dataclasses.fields(kind.loss.settings)]
-        assert fields and all(applies(f, name) for f in fields if f in SETTINGS), (name, fields)
-    assert (kind.loss.settings is None) == (not record.has_reference)
+    # the settings the loss reads are the ones its record declares, and they apply to it
+    fields = [f.name for kind_ in kind.loss.settings for f in dataclasses.fields(kind_)]
+    assert sorted(fields) == sorted(record.settings), (name, fields)
+    assert all(f in SETTINGS and applies(f, name) for f in fields), (name, fields)
 
 
 def test_the_golden_suite_runs_every_objective() -> None:

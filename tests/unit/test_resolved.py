@@ -20,6 +20,7 @@ from twinrun.config.resolved import (
     EpochPlan,
     Evaluation,
     Examples,
+    Margin,
     Optimizer,
     PerReplay,
     PolicyUpdate,
@@ -42,7 +43,7 @@ VALUES: dict[str, Any] = {
     "model": "m", "examples": "e.jsonl", "output": "o", "seed": 7, "epochs": 2, "batch_size": 2,
     "accumulation": 3, "learning_rate": 1e-3, "warmup_steps": 0, "lr_schedule": "cosine",
     "lora_rank": 4, "lora_alpha": 8.0, "precision": "f32", "chat_template": "on", "beta": 0.1,
-    "steps": 5, "corpus": ["a.txt", "b.txt"], "window": 8, "windows_per_step": 4,
+    "gamma": 0.5, "steps": 5, "corpus": ["a.txt", "b.txt"], "window": 8, "windows_per_step": 4,
     "prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6, "temperature": 0.7,
     "clip_eps": 0.2, "advantage_clip": 5.0, "token_cap": 3, "env": "arithmetic",
 }  # fmt: skip
@@ -59,7 +60,8 @@ def expected(name: str) -> set[type]:
     kinds: set[type] = {EpochPlan if o.counts == "epochs" else StepCount}
     kinds |= {Examples} if o.reads_examples else {TextWindows}
     kinds |= {Rollouts, PolicyUpdate} if o.samples else set()
-    kinds |= {Preference} if o.has_reference else set()
+    kinds |= {Preference} if "beta" in o.settings else set()
+    kinds |= {Margin} if "gamma" in o.settings else set()
     return kinds
 
 
@@ -163,8 +165,8 @@ def test_the_options_are_typed_values() -> None:
                          env_args={"k": 1}, lora_targets=["q_proj"],
                          max_grad_norm=1.0))  # fmt: skip
     assert run.backend == Backend("cpu", 1, run.backend.cpu_kernels, True, False, False, False)
-    assert run.build == Build(("q_proj",), None, "eager", None, None)
-    assert run.optimizer == Optimizer(0.0, (0.9, 0.999), 1e-8, 1.0, None)
+    assert run.build == Build(("q_proj",), None, "eager", None, None, None)
+    assert run.optimizer == Optimizer(0.0, (0.9, 0.999), 1e-8, 1.0, None, None)
     assert run.sampling.kl_beta == 0.05 and run.sampling.rollout_block == 4
     assert dict(run.sampling.env_args or {}) == {"k": 1}
     assert run.switches.capture_steps == (0, 2) and run.switches.inject == ("sampler@1",)

@@ -29,6 +29,7 @@ COMMON = {
     "--lora-targets", "--attention", "--max-length", "--shard-base", "--lr-schedule",
     "--decay-steps", "--eval-examples", "--eval-every", "--eval-limit", "--stop-after",
     "--cpu-kernels", "--max-grad-norm", "--gradient-checkpointing", "--lora-dropout",
+    "--defaults", "--warmup-ratio",
 }  # fmt: skip
 GRPO = {
     "--steps", "--prompts-per-step", "--group-size", "--max-new-tokens", "--temperature",
@@ -37,7 +38,7 @@ GRPO = {
     "--rollout-block", "--max-turns", "--tool-timeout", "--kl-beta", "--log-completions",
 }  # fmt: skip
 EXPECTED_FLAGS = {
-    "sft": COMMON | {"--epochs", "--accumulation"},
+    "sft": COMMON | {"--epochs", "--accumulation", "--messages-loss"},
     "dpo": COMMON | {"--epochs", "--accumulation", "--beta"},
     "reward": COMMON | {"--epochs", "--accumulation"},
     "grpo": COMMON | GRPO,

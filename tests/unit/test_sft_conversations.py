@@ -109,3 +109,20 @@ def test_rows_trl_writes_that_cannot_train_as_sft_say_why(
     with pytest.raises(DataError, match="x:7") as err:
         encode_sft_row(tok, SourcedRow(row, "x:7"), chat)
     assert message in str(err.value) + str(err.value.hint or "")
+
+
+def test_messages_loss_all_trains_every_token_of_a_messages_row(tok: CheckpointTokenizer) -> None:
+    """`--messages-loss all` (TRL's default `assistant_only_loss=False`): every token of a
+    {messages} row is a target, the same ids; prompt-completion rows keep their completion."""
+    row = SourcedRow({"messages": CONVERSATION}, "x:1")
+    every = encode_sft_row(tok, row, True, all_tokens=True)
+    assistant = encode_sft_row(tok, row, True)
+    assert every.input_ids == assistant.input_ids
+    assert list(every.loss_mask) == [1] * len(every.input_ids)
+    plain = encode_sft_row(tok, row, False, all_tokens=True)  # no template: the plain text
+    assert plain.input_ids == encode_sft_row(tok, row, False).input_ids
+    assert list(plain.loss_mask) == [1] * len(plain.input_ids)
+    pc = SourcedRow({"prompt": CONVERSATION[:3], "completion": CONVERSATION[3:]}, "x:2")
+    assert encode_sft_row(tok, pc, True, all_tokens=True) == encode_sft_row(tok, pc, True)
+    (listed,) = encode_sft_rows(tok, [row], True, 4096, all_tokens=True)
+    assert listed == every

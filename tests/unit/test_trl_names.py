@@ -34,15 +34,19 @@ from twinrun.config.run import SETTINGS
         (["tune", "grpo", "--beta", "0.04"], "TRL's --beta: --kl-beta"),
         (["tune", "grpo", "--gradient_accumulation_steps", "2"], "TRL's "
          "--gradient_accumulation_steps: --accumulation, a flag of twinrun tune sft, dpo, ipo, "
-         "reward (grpo has no such setting)."),
+         "simpo, reward (grpo has no such setting)."),
         (["tune", "sft", "--learning-rate", "1", "--warmup_ratio", "0.1"], "TRL's "
-         "--warmup_ratio: --warmup-steps (twinrun counts the warm-up in steps)."),
+         "--warmup_ratio: --warmup-ratio."),
+        (["tune", "sft", "--assistant_only_loss"], "TRL's --assistant_only_loss: "
+         "--messages-loss assistant (all: every token, TRL's default)."),
+        (["tune", "dpo", "--assistant_only_loss"], "a flag of twinrun tune sft (dpo has no such "
+         "setting)"),
         (["tune", "sft", "--lr-scheduler-type", "cosine"], "TRL's --lr-scheduler-type: "
          "--lr-schedule."),
         (["tune", "sft", "--config", "sft.yaml"], "TRL's --config: `twinrun run CONFIG.toml`"),
         # twinrun's own flag, of another objective
         (["tune", "sft", "--beta", "0.1"], "No such option '--beta': a flag of twinrun tune "
-         "dpo, ipo, not of tune sft."),
+         "dpo, ipo, simpo, not of tune sft."),
         (["tune", "dpo", "--kl-beta", "0.1"], "'--kl-beta': a flag of twinrun tune grpo, not "
          "of tune dpo."),
         (["tune", "sft", "--corpus", "c.txt"], "'--corpus': a flag of twinrun tune text, not "
@@ -82,7 +86,10 @@ def test_a_name_by_objective_is_a_flag_of_that_objective() -> None:
     [
         (["sft", "--model", "m"], "no such command; training is `twinrun tune sft`"),
         (["train", "dpo"], "no such command; training is `twinrun tune dpo`"),
-        (["train"], "training is `twinrun tune OBJECTIVE` (sft, dpo, ipo, reward, grpo, text)"),
+        (
+            ["train"],
+            "training is `twinrun tune OBJECTIVE` (sft, dpo, ipo, simpo, reward, grpo, text)",
+        ),
     ],
 )
 def test_an_objective_named_as_a_command_gets_tune(
@@ -94,7 +101,7 @@ def test_an_objective_named_as_a_command_gets_tune(
 
 
 def test_kl_beta_0_says_to_leave_the_flag_out(capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.integration.toy_runs import run_args
+    from testkit.toy_runs import run_args
 
     argv = run_args("grpo", "/nonexistent/model", "/nonexistent/e.jsonl", "/nonexistent/o")
     assert run_cli([*argv, "--kl-beta", "0"]) == 2  # refused before any file is looked at

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "check": ("twinrun.cli.check", "check", "Determinism harness: run a command three times."),
     "demo": ("twinrun.cli.demo", "demo", "The guided tour on the toy model."),
     "run": ("twinrun.cli.run", "run", "Run a TOML config (any trainer, or a replay)."),
+    "init": ("twinrun.cli.init_config", "init_config", "Write a TOML config to edit and run."),
     "explain": ("twinrun.cli.explain", "explain", "Check a replay config; no model built."),
     "evidence": ("twinrun.cli.evidence", "evidence", "Evidence gates for a capture's replays."),
     "init-adapter": ("twinrun.cli.init_adapter", "init_adapter", "Write an initial adapter."),

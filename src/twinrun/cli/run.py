@@ -11,9 +11,12 @@ import click
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def run(config: str, output: str | None, quiet: bool) -> None:
     """Run CONFIG.toml ([training] trainer = sft | dpo | reward | grpo | optimizer_replay)."""
+    from twinrun.cli.tune import print_defaults_table
     from twinrun.dispatch.toml_runs import run_toml
 
-    record = run_toml(config, output, quiet)
+    record = run_toml(
+        config, output, quiet, loaded=lambda valid: print_defaults_table(valid, "toml")
+    )
     if quiet or not record:  # no record: a data-parallel process other than rank 0
         return
     m = record["metrics"]

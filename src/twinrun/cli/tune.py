@@ -4,13 +4,18 @@ summary and its flags the run settings that apply to its objective."""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from twinrun.cli.options import config_from_options, run_options, settings_options
 from twinrun.config.inference import EvalConfig
 from twinrun.objectives.registry import OBJECTIVES, Objective
+
+if TYPE_CHECKING:
+    from twinrun.config.resolved import ValidRun
+    from twinrun.config.setting import Source
 
 
 @click.group()
@@ -35,6 +40,18 @@ def print_run_summary(record: dict[str, Any], quiet: bool, output: str | None = 
     click.echo(", ".join(said))
 
 
+def print_defaults_table(valid: ValidRun, source: Source = "flag") -> None:
+    """The numbers a run took from `--defaults`, once, to stderr (stdout stays for results):
+    not under --quiet, and under torchrun by rank 0 only; named as flags or TOML keys."""
+    from twinrun.config.trl_defaults import defaults_table
+
+    if valid.switches.quiet or os.environ.get("RANK", "0") != "0":
+        return
+    table = defaults_table(valid.as_config(), source)
+    if table:
+        click.echo(table, err=True)
+
+
 def training_command(objective: Objective) -> click.Command:
     """`twinrun tune NAME`: the record's summary as help, the settings that apply as flags."""
 
@@ -43,6 +60,7 @@ def training_command(objective: Objective) -> click.Command:
 
         cfg = config_from_options(objective.name, opts)
         valid = validate(cfg)  # every missing or bad value in one line, before torch is imported
+        print_defaults_table(valid)
         from twinrun.train.preflight import preflight
 
         preflight(valid)  # a path that cannot be used: one line, before torch is imported

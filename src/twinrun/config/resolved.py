@@ -5,11 +5,11 @@ The numbers every run has are fields (`run.seed`, `run.learning_rate`, ...). The
 some objectives have are small frozen records that exist exactly when the run uses them — which
 objectives use a setting is its declaration's (config/run.py), read from the objective records
 (objectives/registry.py), so no objective is named here: an examples file, an epoch plan or a
-step count, the preference temperature, GRPO's rollouts and policy update, a text run's windows,
-the prioritized replay buffer, evaluation during training. A recipe reads its record with
-`run.record(Kind)`; a record a run does not have is a bug in twinrun (validation gave it to
-every run that reads it), so asking for one fails loudly as an internal error, never as the
-user's.
+step count, the preference temperature and target margin, GRPO's rollouts and policy update, a
+text run's windows, the prioritized replay buffer, evaluation during training. A recipe reads
+its record with `run.record(Kind)`; a record a run does not have is a bug in twinrun (validation
+gave it to every run that reads it), so asking for one fails loudly as an internal error, never
+as the user's.
 
 A replay (`trainer = "optimizer_replay"`) names its `ReplayPins` when it is loaded, and is
 resolved by `replay_run` once its optimizer contract equals its source's: the contract pins the
@@ -84,6 +84,13 @@ class Preference:
 
 
 @dataclass(frozen=True, slots=True)
+class Margin:
+    """A preference loss's target reward margin (SimPO's gamma)."""
+
+    gamma: float
+
+
+@dataclass(frozen=True, slots=True)
 class Rollouts:
     """What a sampling run draws each step: prompts, completions per prompt, their length, the
     advantages' clip, and the environment that scores them."""
@@ -135,8 +142,8 @@ class Evaluation:
 
 # every record a run may have; a record's fields are the config fields it holds
 RECORDS: tuple[type, ...] = (
-    Examples, EpochPlan, StepCount, Preference, Rollouts, PolicyUpdate, TextWindows, PerReplay,
-    Evaluation,
+    Examples, EpochPlan, StepCount, Preference, Margin, Rollouts, PolicyUpdate, TextWindows,
+    PerReplay, Evaluation,
 )  # fmt: skip
 R = TypeVar("R")
 
@@ -160,26 +167,30 @@ class Backend:
 class Build:
     """How the model is built: the modules LoRA adapts (`None`: the architecture's default), the
     LoRA dropout (`None`: off, and not recorded), the attention implementation, the most tokens
-    per row (`None`: the model's positions) and the adapter the run starts from (`None`: a
-    fresh one)."""
+    per row (`None`: the model's positions), the adapter the run starts from (`None`: a
+    fresh one) and what a {messages} row trains (`None`: its assistant turns; "all": every
+    token)."""
 
     lora_targets: tuple[str, ...] | None
     lora_dropout: float | None
     attention: str
     max_length: int | None
     init_adapter: str | None
+    messages_loss: str | None
 
 
 @dataclass(frozen=True, slots=True)
 class Optimizer:
-    """AdamW's fixed numbers, the gradient's clip norm (`None`: no clipping) and wsd's decay
-    steps (`None` unless the schedule is wsd)."""
+    """AdamW's fixed numbers, the gradient's clip norm (`None`: no clipping), wsd's decay
+    steps (`None` unless the schedule is wsd) and the warm-up as a fraction of the run's steps
+    (`None`: `--warmup-steps` gives it)."""
 
     weight_decay: float
     adam_betas: tuple[float, float]
     adam_eps: float
     max_grad_norm: float | None
     decay_steps: int | None
+    warmup_ratio: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +215,8 @@ class Switches:
     (`None`: none), progress output, replacing or resuming its directory, batches prepared ahead,
     checkpoints (`None` or 0: none), the steps it stops after (`None`: all), the trackers it
     reports to, optimizer-batch capture (`capture_steps` `None`: a v1 capture of step 0),
-    planted faults, the spike rerun (`None`: off) and the evaluation rows kept (`None`: all)."""
+    planted faults, the spike rerun (`None`: off), the evaluation rows kept (`None`: all), and
+    the defaults the run took numbers from (`None`: none) with the settings it took."""
 
     diag: bool
     trace_step: int | None
@@ -221,6 +233,8 @@ class Switches:
     spike_factor: float | None
     spike_window: int | None
     eval_limit: int | None
+    defaults: str | None
+    taken: tuple[str, ...]
 
 
 # the option records every run has, each the ValidRun field of its name in lower case
@@ -241,7 +255,7 @@ class ValidRun:
     seed: int
     batch_size: int
     learning_rate: float
-    warmup_steps: int
+    warmup_steps: int | None  # None: --warmup-ratio's, until the run's steps are known
     lr_schedule: str
     lora_rank: int
     lora_alpha: float
@@ -270,6 +284,14 @@ class ValidRun:
 
     def has(self, kind: type) -> bool:
         return kind in self.by_kind
+
+    def with_warmup(self, total_steps: int) -> ValidRun:
+        """The run with its warm-up in steps, once its `total_steps` are known (`--warmup-ratio`
+        makes ceil(ratio x steps)); ConfigError when both warm-ups are given and disagree."""
+        from twinrun.config.schedule import warmup_of
+
+        made = warmup_of(self.warmup_steps, self.optimizer.warmup_ratio, total_steps)
+        return self if made == self.warmup_steps else dataclasses.replace(self, warmup_steps=made)
 
     def with_switches(self, **changes: Any) -> ValidRun:
         """The same run with options that do not shape it changed (the device a process of a
@@ -310,13 +332,19 @@ COMMON = tuple(
 
 def validate(cfg: RunConfig, source: Source = "flag") -> ValidRun:
     """Every problem at once: missing numbers first, then bad values; each named as the user gave
-    it (`source`: "flag" for the command line, "toml" for a TOML config). Returns the run."""
+    it (`source`: "flag" for the command line, "toml" for a TOML config). Numbers left out are
+    first taken from the run's `--defaults`, when it names them. Returns the run."""
+    from twinrun.config.trl_defaults import fill_defaults
+
     if cfg.objective not in OBJECTIVES:
         raise ConfigError(
             f"unknown objective {cfg.objective!r}", f"use one of {', '.join(OBJECTIVES)}"
         )
+    cfg = fill_defaults(cfg)
     missing = [
-        SETTINGS[n].name(source) for n in required_fields(cfg.objective) if getattr(cfg, n) is None
+        SETTINGS[n].name(source)
+        for n in required_fields(cfg.objective)
+        if getattr(cfg, n) is None and not (n == "warmup_steps" and cfg.warmup_ratio is not None)
     ]
     if cfg.threads is None and cfg.device == "cpu" and cfg.cpu_kernels == "native":
         missing.append(SETTINGS["threads"].name(source))  # native BLAS sums split by thread
@@ -324,7 +352,10 @@ def validate(cfg: RunConfig, source: Source = "flag") -> ValidRun:
         what = "flag" if source == "flag" else "key"
         raise ConfigError(
             f"missing required {what if len(missing) == 1 else what + 's'}: {' '.join(missing)}",
-            "every training number must be given (twinrun has no silent defaults)",
+            f"TRL has no default twinrun can take for {'it' if len(missing) == 1 else 'these'}"
+            if cfg.defaults
+            else "every training number must be given (twinrun has no silent defaults), or "
+            f"{SETTINGS['defaults'].name(source)} trl takes TRL's",
         )
     if cfg.lr_schedule == "wsd" and cfg.decay_steps is None:
         raise ConfigError(
@@ -344,7 +375,8 @@ def validate(cfg: RunConfig, source: Source = "flag") -> ValidRun:
         raise ConfigError("; ".join(problems))
     check_report_to(cfg.report_to, SETTINGS["report_to"].name(source))
     check_exclusive(cfg, source)
-    return _resolved(cfg, [k for k in RECORDS if _used(k, cfg)])
+    run = _resolved(cfg, [k for k in RECORDS if _used(k, cfg)])
+    return run.with_warmup(run.record(StepCount).steps) if run.has(StepCount) else run
 
 
 def check_exclusive(cfg: RunConfig, source: Source) -> None:
@@ -402,7 +434,10 @@ def _used(kind: type, cfg: RunConfig) -> bool:
 
 
 def _resolved(cfg: RunConfig, kinds: list[type]) -> ValidRun:
-    values = {n: _given(cfg, n) for n in COMMON}
+    values = {n: _given(cfg, n) for n in COMMON if n != "warmup_steps"}
+    values["warmup_steps"] = (
+        cfg.warmup_steps if cfg.warmup_ratio is not None else _given(cfg, "warmup_steps")
+    )
     records = tuple(k(**{n: _given(cfg, n) for n in _names(k)}) for k in kinds)
     options = {_attr(k): k(**{n: _frozen(getattr(cfg, n)) for n in _names(k)}) for k in OPTIONS}
     held = {n for k in (*kinds, *OPTIONS) for n in _names(k)} | {"objective", *COMMON}
@@ -447,7 +482,7 @@ _LISTS = ("list[str]", "list[int]", "targets")
 
 def _thawed(name: str, value: Any) -> Any:
     """A record's value as a RunConfig holds it (`_frozen` undone)."""
-    if isinstance(value, tuple) and SETTINGS[name].kind in _LISTS:
+    if isinstance(value, tuple) and name in SETTINGS and SETTINGS[name].kind in _LISTS:
         return list(value)
     if isinstance(value, MappingProxyType):
         return dict(value)

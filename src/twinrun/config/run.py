@@ -28,7 +28,7 @@ from twinrun.core.determinism import ATTENTION_IMPLEMENTATIONS, threads_problem
 from twinrun.core.errors import ConfigError
 from twinrun.core.portable import MODES, default_mode
 from twinrun.core.redact import redact, redact_env_args
-from twinrun.objectives.registry import BY_NAME, names
+from twinrun.objectives.registry import BY_NAME, names, taking
 
 PRECISIONS = ("f32", "bf16")
 EPOCHS = names(counts="epochs")  # objectives that count passes over the examples
@@ -62,6 +62,14 @@ class RunConfig:
     output: str | None = _s(
         "str", "--output", "logging.dir", "Run directory to write.", required=True, shapes=False
     )
+    defaults: str | None = _s(
+        "str", "--defaults", "training.defaults",
+        "trl: take every number left out from TRL 1.16's defaults for this trainer (PEFT's "
+        "LoraConfig for the adapter, the seed too); printed as a table before the run starts "
+        "and recorded in twinrun.json with where each came from. Without it every training "
+        "number must be given.",
+        choices=("trl",), shapes=False,
+    )  # fmt: skip
     seed: int | None = _s(
         "int", "--seed", "training.seed", "Seed in [0, 2**63): fixes the whole run.",
         required=True, low=0, high=INT_LIMIT, high_open=True,
@@ -89,6 +97,12 @@ class RunConfig:
         "int", "--warmup-steps", "training.warmup_steps",
         "Linear warmup steps (then the schedule).", required=True, low=0,
         contract=True,
+    )  # fmt: skip
+    warmup_ratio: float | None = _s(
+        "float", "--warmup-ratio", "training.warmup_ratio",
+        "Warm up for this fraction of the run's steps instead of --warmup-steps: "
+        "ceil(ratio x steps), transformers' rule (recorded, with the steps it made).",
+        low=0, high=1, high_open=True, contract=True,
     )  # fmt: skip
     lr_schedule: str | None = _s(
         "str", "--lr-schedule", "training.lr_schedule",
@@ -131,12 +145,25 @@ class RunConfig:
         "str", "--chat-template", "model.chat_template", "on | off.",
         required=True, choices=("on", "off"), objectives=EXAMPLES,
     )  # fmt: skip
+    messages_loss: str | None = _s(
+        "str", "--messages-loss", "data.messages_loss",
+        "What a {messages} row trains: assistant (every assistant turn, TRL's "
+        "assistant_only_loss=True; the default when left out) | all (every token, TRL's "
+        "default). Prompt-completion rows always train their completion.",
+        choices=("assistant", "all"), objectives=names(data="examples"),
+    )  # fmt: skip
     # objective coefficients
     beta: float | None = _s(
         "float", "--beta", "dpo.beta",
-        "Preference temperature beta (> 0): DPO's beta, IPO's tau.",
-        required=True, objectives=names(has_reference=True), low=0, low_open=True,
+        "Preference temperature beta (> 0): DPO's and SimPO's beta, IPO's tau.",
+        required=True, objectives=taking("beta"), low=0, low_open=True,
         contract=True,
+    )  # fmt: skip
+    gamma: float | None = _s(
+        "float", "--gamma", "simpo.gamma",
+        "Target reward margin gamma (>= 0) of SimPO's loss -logsigmoid(beta * (chosen - "
+        "rejected) - gamma) (TRL's simpo_gamma).",
+        required=True, objectives=taking("gamma"), low=0, contract=True,
     )  # fmt: skip
     kl_beta: float | None = _s(
         "float", "--kl-beta", "grpo.kl_beta",
@@ -389,6 +416,10 @@ class RunConfig:
     adam_eps: float = _s("float", "", "optimizer.eps", "AdamW epsilon.", default=1e-8,
                         low=0, low_open=True, contract=True)  # fmt: skip
 
+    taken: tuple[str, ...] = ()
+    """The settings whose values were taken from `defaults` (config/trl_defaults.py), in the
+    order they were taken: not a setting of its own, but the record of where numbers came from."""
+
     def __post_init__(self) -> None:
         if self.inject is None:
             self.inject = []
@@ -515,7 +546,9 @@ def _joint_problems(cfg: RunConfig, source: Source) -> list[str]:
 
 # settings added after runs were first recorded: absent from the sidecar (and the optimizer
 # contract) when left out, so a run or capture recorded before they existed still compares equal
-RECORDED_WHEN_GIVEN = ("max_turns", "max_grad_norm", "kl_beta", "lora_dropout")
+RECORDED_WHEN_GIVEN = (
+    "max_turns", "max_grad_norm", "kl_beta", "lora_dropout", "messages_loss", "warmup_ratio"
+)  # fmt: skip
 
 
 def shaping_numbers(cfg: RunConfig, resolved: Mapping[str, Any] | None = None) -> dict[str, Any]:

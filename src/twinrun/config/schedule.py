@@ -25,7 +25,24 @@ import math
 from twinrun.config.run import SCHEDULES
 from twinrun.core.errors import ConfigError
 
-__all__ = ["SCHEDULES", "check_schedule", "lr_at"]
+__all__ = ["SCHEDULES", "check_schedule", "lr_at", "warmup_of"]
+
+
+def warmup_of(warmup_steps: int | None, warmup_ratio: float | None, total_steps: int) -> int:
+    """The warm-up steps of a `total_steps`-step run: `--warmup-steps`, or `--warmup-ratio`'s
+    ceil(ratio x steps) (transformers' `get_warmup_steps`). Both given must agree."""
+    if warmup_ratio is None:
+        if warmup_steps is None:  # validation requires one of them: a bug in twinrun
+            raise RuntimeError("a run with neither --warmup-steps nor --warmup-ratio")
+        return warmup_steps
+    made = math.ceil(total_steps * warmup_ratio)
+    if warmup_steps is not None and warmup_steps != made:
+        raise ConfigError(
+            f"--warmup-steps {warmup_steps} and --warmup-ratio {warmup_ratio} disagree: "
+            f"{warmup_ratio} of the {total_steps}-step run is {made} step(s)",
+            "give one of them",
+        )
+    return made
 
 
 def check_schedule(

@@ -226,7 +226,7 @@ def load_toml(path: str | Path, output: str | None = None, quiet: bool = False) 
     problems, values = _sorted_values(flat, keys)
     trainer = values["cfg"].get("objective")
     problems += _trainer_problem(trainer)
-    problems += _missing(trainer, set(flat), keys)
+    problems += _missing(trainer, set(flat) | _defaulted(values["cfg"]), keys)
     if problems:
         raise ConfigError(f"{p}: {_count(problems)}: " + "; ".join(problems), _HINT)
     cfg_values = values["cfg"]
@@ -256,6 +256,20 @@ _HINT = "docs/training.md lists every key and its meaning"
 
 def _count(problems: list[str]) -> str:
     return "1 problem" if len(problems) == 1 else f"{len(problems)} problems"
+
+
+def _defaulted(cfg_values: dict[str, Any]) -> set[str]:
+    """The keys `training.defaults` fills when the file leaves them out (none without it)."""
+    from twinrun.config.trl_defaults import CHOICES, trl_defaults
+    from twinrun.objectives.registry import BY_NAME
+
+    trainer = cfg_values.get("objective")
+    if cfg_values.get("defaults") not in CHOICES or not (
+        trainer in BY_NAME and BY_NAME[trainer].trl_config
+    ):
+        return set()
+    known = settings_of(RunConfig)
+    return {known[n].toml for n in trl_defaults(RunConfig(**cfg_values))}
 
 
 def _missing(trainer: Any, given: set[str], keys: dict[str, tuple[str, str, str]]) -> list[str]:

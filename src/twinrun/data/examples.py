@@ -396,31 +396,45 @@ def sft_row_text(
 
 
 def encode_sft_row(
-    tok: Tokenizer, row: SourcedRow, chat_template: bool, max_length: int | None = None
+    tok: Tokenizer,
+    row: SourcedRow,
+    chat_template: bool,
+    max_length: int | None = None,
+    all_tokens: bool = False,
 ) -> EncodedRow:
     """An SFT row's ids and loss mask. Through the chat template every assistant turn of a
     {messages} row is a target (TRL's `assistant_only_loss`), of a prompt-completion row the
     completion alone (TRL's `completion_only_loss`: an assistant turn in the prompt is context),
     and the row's `tools` are rendered; without it the row is plain text (the contents one per
-    line) and the last answer is the target."""
+    line) and the last answer is the target. `all_tokens` (`--messages-loss all`, TRL's default
+    `assistant_only_loss=False`): every token of a {messages} row is a target (after the
+    first, which nothing predicts)."""
     conversation, tools = sft_row_text(row, chat_template)
     if max_length is not None:
         check_length_floor(tok, conversation, chat_template, row.where, max_length)
     if not chat_template:
         *messages, answer = conversation
-        return encode_prompt_completion(tok, messages, answer["content"], chat_template)
-    ids, mask = tok.conversation_ids(
-        conversation, tools, last_only="messages" not in row.data, limit=max_length
-    )
+        enc = encode_prompt_completion(tok, messages, answer["content"], chat_template)
+        ids, mask = list(enc.input_ids), list(enc.loss_mask)
+    else:
+        ids, mask = tok.conversation_ids(
+            conversation, tools, last_only="messages" not in row.data, limit=max_length
+        )
+    if all_tokens and "messages" in row.data and (max_length is None or len(ids) <= max_length):
+        mask = [1] * len(ids)
     return EncodedRow(tuple(ids), tuple(mask))
 
 
 def encode_sft_rows(
-    tok: Tokenizer, rows: list[SourcedRow], chat_template: bool, max_length: int
+    tok: Tokenizer,
+    rows: list[SourcedRow],
+    chat_template: bool,
+    max_length: int,
+    all_tokens: bool = False,
 ) -> list[EncodedRow]:
     out = []
     for row in rows:
-        enc = encode_sft_row(tok, row, chat_template, max_length)
+        enc = encode_sft_row(tok, row, chat_template, max_length, all_tokens)
         check_length(enc, row.where, max_length)
         out.append(enc)
     return out

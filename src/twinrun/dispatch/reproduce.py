@@ -94,7 +94,10 @@ def config_from_sidecar(
         )
     paths = {k: inputs[k] for k in ("model", "examples", "corpus", "eval_examples") if k in inputs}
     try:
-        return RunConfig(**values, **paths, output=str(output), quiet=quiet, overwrite=overwrite)
+        return RunConfig(
+            **values, **paths, **_defaults_taken(sidecar), output=str(output), quiet=quiet,
+            overwrite=overwrite,
+        )  # fmt: skip
     except TwinrunError:
         raise
     except (TypeError, ValueError, AttributeError, KeyError) as exc:
@@ -103,6 +106,24 @@ def config_from_sidecar(
             f"{' '.join(str(exc).split())[:200]}",
             "give the directory a run wrote, with its twinrun.json unedited",
         ) from None
+
+
+def _defaults_taken(sidecar: dict[str, Any]) -> dict[str, Any]:
+    """Where the run's numbers came from (its `--defaults` and the settings it took), as the
+    sidecar's `defaults` section records it, so the re-run records it too ({} when none)."""
+    from twinrun.config.run import SETTINGS
+    from twinrun.config.trl_defaults import CHOICES
+
+    record = sidecar.get("defaults")
+    if not isinstance(record, dict) or record.get("from") not in CHOICES:
+        return {}
+    taken = record.get("taken")
+    if not isinstance(taken, dict) or not all(name in SETTINGS for name in taken):
+        raise DataError(
+            "the sidecar's defaults section names settings twinrun does not have",
+            "give the directory a run wrote, with its twinrun.json unedited",
+        )
+    return {"defaults": record["from"], "taken": tuple(taken)}
 
 
 def _recorded_type(name: str, value: Any) -> bool:

@@ -14,18 +14,28 @@ is checked before anything is written:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from twinrun.capture.source import FINAL, FINAL_FILES, RESOLVED, source_problems
+from twinrun.config.resolved import ValidRun
 from twinrun.config.toml import load_toml, resolved_tree
 from twinrun.core.errors import ConfigError
 from twinrun.core.fileio import atomic_write_bytes, atomic_write_json
 
 
-def run_toml(path: str | Path, output: str | None = None, quiet: bool = False) -> dict[str, Any]:
-    """Run a TOML config; returns the run's sidecar record."""
+def run_toml(
+    path: str | Path,
+    output: str | None = None,
+    quiet: bool = False,
+    loaded: Callable[[ValidRun], None] | None = None,
+) -> dict[str, Any]:
+    """Run a TOML config; returns the run's sidecar record. `loaded` is given a training run
+    once its config is checked, before anything else (the CLI prints its defaults table)."""
     run = load_toml(path, output, quiet=quiet)
+    if loaded is not None and run.trainer != "optimizer_replay":
+        loaded(run.training())
     if run.trainer == "optimizer_replay":
         from twinrun.replay.runner import replay
         from twinrun.train.distributed import launched

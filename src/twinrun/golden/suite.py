@@ -3,7 +3,7 @@ and numbers that must not move on one platform.
 
 Items, in the order they are checked (the first that moved is the one reported):
 
-- `<objective>.adapter_sha256` for sft, dpo, ipo, reward (and `reward.head_sha256`), grpo and
+- `<objective>.adapter_sha256` for sft, dpo, ipo, simpo, reward (and `reward.head_sha256`), grpo and
   text: runs of 2 to 4 optimizer steps on shipped examples (a fixed text for `text`);
   `grpo.diag_sha256`, the GRPO run's diag.jsonl — its sampled tokens, logprobs and rewards.
   GRPO's reward varies with the sampled bytes (`twinrun.golden.shaped_env`), so its advantages
@@ -76,6 +76,7 @@ def run_settings(data: dict[str, Path], device: str) -> dict[str, dict[str, Any]
         "sft": {"examples": str(data["sft.jsonl"]), **epochs},
         "dpo": {"examples": str(data["pairs.jsonl"]), "beta": 0.1, **epochs},
         "ipo": {"examples": str(data["pairs.jsonl"]), "beta": 0.1, **epochs},
+        "simpo": {"examples": str(data["pairs.jsonl"]), "beta": 2.0, "gamma": 0.5, **epochs},
         "reward": {"examples": str(data["pairs.jsonl"]), **epochs},
         "grpo": {
             "examples": str(data["arith.jsonl"]), "steps": 4, "prompts_per_step": 2,

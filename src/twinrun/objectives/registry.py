@@ -45,8 +45,13 @@ class Objective:
     """Trains a scalar head with the adapter (`reward_head.safetensors`)."""
     has_reference: bool = False
     """Compares the policy with the frozen reference (the model with the adapter disabled)
-    through a preference loss, whose temperature is `--beta`; the recipe's pair loss says how
-    (train/recipes/pairs.py)."""
+    through a preference loss; the recipe's pair loss says how (train/recipes/pairs.py)."""
+    settings: tuple[str, ...] = ()
+    """The settings its loss alone takes (config/run.py declares them; a setting's objectives
+    are the records that name it here): `beta` (a preference temperature), `gamma` (a target
+    reward margin)."""
+    trl_config: str = ""
+    """TRL's trainer config whose defaults `--defaults trl` takes (config/trl_defaults.py)."""
 
     @property
     def reads_examples(self) -> bool:
@@ -72,24 +77,40 @@ OBJECTIVES: tuple[Objective, ...] = (
         data="examples",
         batch="rows",
         faults=_EXAMPLE_FAULTS,
+        trl_config="SFTConfig",
     ),
     Objective(
         name="dpo",
         summary="Direct preference optimisation on {prompt, chosen, rejected} pairs.",
         **_PAIRS,
         has_reference=True,
+        settings=("beta",),
+        trl_config="DPOConfig",
     ),
     Objective(
         name="ipo",
         summary="Identity preference optimisation (IPO, as TRL's loss_type='ipo') on pairs.",
         **_PAIRS,
         has_reference=True,
+        settings=("beta",),
+        trl_config="DPOConfig",
+    ),
+    Objective(
+        name="simpo",
+        summary=(
+            "SimPO: a reference-free, length-normalised preference loss on pairs (TRL's "
+            "CPOTrainer with loss_type='simpo' and cpo_alpha=0)."
+        ),
+        **_PAIRS,
+        settings=("beta", "gamma"),
+        trl_config="CPOConfig",
     ),
     Objective(
         name="reward",
         summary="Reward model: LoRA + a scalar head, Bradley-Terry loss on preference pairs.",
         **_PAIRS,
         head=True,
+        trl_config="RewardConfig",
     ),
     Objective(
         name="grpo",
@@ -98,6 +119,7 @@ OBJECTIVES: tuple[Objective, ...] = (
         data="environment",
         batch="rollouts",
         faults=("sampler", "rng", "reduction", "observation", "replay"),
+        trl_config="GRPOConfig",
     ),
     Objective(
         name="text",
@@ -109,6 +131,7 @@ OBJECTIVES: tuple[Objective, ...] = (
         data="corpus",
         batch="rows",
         faults=("rng", "reduction"),
+        trl_config="SFTConfig",
     ),
 )
 
@@ -120,6 +143,11 @@ def names(**where: Any) -> tuple[str, ...]:
     """The names of the objectives whose attributes equal `where`, in registry order:
     `names(counts="epochs")`."""
     return tuple(o.name for o in OBJECTIVES if all(getattr(o, k) == v for k, v in where.items()))
+
+
+def taking(setting: str) -> tuple[str, ...]:
+    """The objectives whose loss takes `setting` (a name in their record's `settings`)."""
+    return tuple(o.name for o in OBJECTIVES if setting in o.settings)
 
 
 def objective(name: str) -> Objective:

@@ -30,7 +30,7 @@ from twinrun.capture.payload import BatchArrays
 from twinrun.capture.source import FINAL, RESOLVED
 from twinrun.capture.state import HEAD_PARAM, load_optimizer_state
 from twinrun.config.resolved import ValidRun
-from twinrun.config.schedule import lr_at
+from twinrun.config.schedule import lr_at, warmup_of
 from twinrun.config.toml import TomlRun, resolved_tree
 from twinrun.core.determinism import runtime_versions
 from twinrun.core.digest import sha256_file
@@ -154,7 +154,7 @@ def check_schedule(v: Verified) -> None:
     lr = lr_at(
         step,
         valid.learning_rate,
-        valid.warmup_steps,
+        warmup_of(valid.warmup_steps, valid.optimizer.warmup_ratio, total),
         total,
         valid.lr_schedule,
         valid.optimizer.decay_steps,

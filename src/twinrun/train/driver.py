@@ -113,7 +113,9 @@ def build_loop(
     the loop's policies (its backward, gradient parts and combination, spike rerun and planted
     stray draw), all chosen from the run's settings. `faults`: the run's planted faults (a
     replay plants none)."""
+    run = run.with_warmup(total_steps)  # --warmup-ratio's steps, now that the run's are known
     opt, switches = run.optimizer, run.switches
+    assert run.warmup_steps is not None  # with_warmup made them
     check_schedule(run.warmup_steps, total_steps, run.lr_schedule, opt.decay_steps)
     planted = {fault for fault, _ in faults.planted} if faults is not None else set()
     backward: BackwardPolicy = PlainBackward()

@@ -77,16 +77,21 @@ def preflight(run: ValidRun) -> None:
         check_init_header(run.build.init_adapter)
 
 
-def check_run_schedule(run: ValidRun, examples: int) -> None:
+def check_run_schedule(run: ValidRun, examples: int) -> ValidRun:
     """The learning-rate schedule fits the run's steps (checked before anything is written):
-    `--steps`, or the epochs over its `examples` (pairs for dpo/reward)."""
+    `--steps`, or the epochs over its `examples` (pairs for dpo/reward). Returns the run with
+    its warm-up in steps (`--warmup-ratio`'s, made from the run's steps)."""
     if run.has(StepCount):
         total = run.record(StepCount).steps
+        run = run.with_warmup(total)
+        assert run.warmup_steps is not None  # with_warmup made them
         check_schedule(run.warmup_steps, total, run.lr_schedule, run.optimizer.decay_steps)
-        return
+        return run
     plan = run.record(EpochPlan)
     per_epoch = steps_per_epoch(examples, run.batch_size, plan.accumulation)
     try:
+        run = run.with_warmup(plan.epochs * per_epoch)
+        assert run.warmup_steps is not None  # with_warmup made them
         check_schedule(run.warmup_steps, plan.epochs * per_epoch, run.lr_schedule,
                        run.optimizer.decay_steps)  # fmt: skip
     except ConfigError as exc:  # say where the step count came from: the data and the batch
@@ -103,3 +108,4 @@ def check_run_schedule(run: ValidRun, examples: int) -> None:
                 f"give more examples or a smaller --batch-size / --accumulation (or {exc.hint})",
             ) from exc
         raise ConfigError(f"{exc.message} ({made})", exc.hint) from exc
+    return run

@@ -17,6 +17,7 @@ from twinrun.config.resolved import (
     ValidRun,
 )
 from twinrun.config.run import shaping_numbers
+from twinrun.config.trl_defaults import defaults_record
 from twinrun.core.digest import sha256_file
 from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.core.lock import acquire, release
@@ -255,7 +256,7 @@ def _read_data(
         check_output_dir(out, run.switches.overwrite)  # its partial logs go; anything foreign stops
     max_length = p.max_length(run.build.max_length)
     encoded = encode(run, p.tok, rows, max_length)
-    check_run_schedule(run, len(encoded))
+    run = check_run_schedule(run, len(encoded))  # and --warmup-ratio's steps made
     eval_rows = read_eval_rows(run, p.tok, max_length)
     return run, RunData(
         encoded, data_sha256, eval_sha256, eval_rows, max_length, inputs, base, outline
@@ -306,7 +307,8 @@ def eval_digest(run: ValidRun) -> str | None:
 
 
 def read_eval_rows(run: ValidRun, tok: CheckpointTokenizer, max_length: int) -> list[EncodedRow]:
-    """The `--eval-examples` rows (SFT rows, the run's chat template; a text run's plain),
+    """The `--eval-examples` rows (SFT rows, the run's chat template and `--messages-loss`; a
+    text run's plain),
     encoded and cut to `--eval-limit`; checked like training examples, before anything is
     written."""
     if not run.has(Evaluation):
@@ -315,7 +317,8 @@ def read_eval_rows(run: ValidRun, tok: CheckpointTokenizer, max_length: int) -> 
 
     raw = load_rows(run.record(Evaluation).eval_examples)
     templated = run.has(Examples) and run.record(Examples).templated
-    return encode_sft_rows(tok, raw[: run.switches.eval_limit], templated, max_length)
+    all_tokens = run.build.messages_loss == "all"  # evaluated as the run trains its rows
+    return encode_sft_rows(tok, raw[: run.switches.eval_limit], templated, max_length, all_tokens)
 
 
 def check_adapter_shape(run: ValidRun) -> None:
@@ -366,6 +369,7 @@ def finish_session(
         metrics=summary | {"wall_s": time.perf_counter() - s.started},
         extra={"inputs": redact(inputs_of(s.run))}
         | ({"eval": {"sha256": s.eval_sha256, "examples": len(s.eval_rows)}} if s.eval_rows else {})
+        | ({"defaults": taken} if (taken := defaults_record(s.run.as_config())) else {})
         | (extra or {}),
     )
     atomic_write_json(s.out / "twinrun.json", record)

@@ -118,7 +118,7 @@ def dropout_for(s: ModelSession, step: int, rows: Iterable[RowKey]) -> AbstractC
     step's rows give back in the same order (so a replay draws the same masks):
 
     - sft, text: `(i,)`, the row's index among the step's rows in order (forward after forward);
-    - dpo, ipo, reward: `(i, side)`, the pair's index among the step's pairs and its side
+    - dpo, ipo, simpo, reward: `(i, side)`, the pair's index among the step's pairs and its side
       (0 chosen, 1 rejected);
     - grpo: `(i,)`, the row's index in the step's update batch: the fresh rollouts prompt group
       after prompt group (group g's sample k at `g * group_size + k`), then the replayed ones in

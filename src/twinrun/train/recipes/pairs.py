@@ -1,4 +1,4 @@
-"""`twinrun tune dpo`, `tune ipo` and `tune reward`: preference pairs, two rows each.
+"""`twinrun tune dpo`, `tune ipo`, `tune simpo` and `tune reward`: preference pairs, two rows each.
 
 `--batch-size` counts pairs. A forward holds one side of `batch_size` pairs — so at batch size 1
 each side of a pair goes through its own one-row forward — and `--accumulation` counts pair
@@ -11,6 +11,8 @@ per completion token, the settings record it reads, and the loss over the two si
   averaged over the step's pairs (`objectives/dpo.py`).
 - IPO: the same forwards; each side's log-prob per completion token, loss
   `(h - 1/(2 beta))^2` with `h = (pc - rc) - (pr - rr)` (`objectives/ipo.py`).
+- SimPO: no reference; each side's log-prob per completion token, loss
+  `-logsigmoid(beta * (pc - pr) - gamma)` (`objectives/simpo.py`).
 - Reward: a scalar head on the final-norm hidden state of the last real token
   (`model/reward_head.py`), Bradley–Terry loss `-logsigmoid(s_chosen - s_rejected)`, averaged over
   the step's pairs (`objectives/reward.py`). The head trains with the adapter.
@@ -30,7 +32,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 from twinrun.capture.batch import OptimizerBatch
-from twinrun.config.resolved import Preference, ValidRun
+from twinrun.config.resolved import Margin, Preference, ValidRun
 from twinrun.data.batching import StepPlan, pad_rows
 from twinrun.data.pairs import EncodedPair, encode_pairs
 from twinrun.model.head_chunks import chunks_head, completion_nll_by_chunks
@@ -39,6 +41,7 @@ from twinrun.objectives.dpo import DPOOut, dpo_loss, sequence_logprob
 from twinrun.objectives.ipo import ipo_loss
 from twinrun.objectives.registry import objective
 from twinrun.objectives.reward import bradley_terry_loss
+from twinrun.objectives.simpo import simpo_loss
 from twinrun.train.distributed import in_global_order, is_root
 from twinrun.train.loop import Forward, Params, StepForwards, StepOutcome
 from twinrun.train.recipes.base import (
@@ -93,8 +96,9 @@ class PairLoss:
     """Runs the frozen reference's forwards (no grad, adapter disabled) beside the policy's."""
     per_token: bool
     """Each side's log-prob is divided by its completion tokens (TRL's IPO), not the sum."""
-    settings: type | None
-    """The settings record the loss reads (`run.record(settings)`), or None."""
+    settings: tuple[type, ...]
+    """The settings records the loss reads (`run.record(kind)`): what its objective's record
+    declares it takes (`settings` in objectives/registry.py)."""
     loss: Callable[[PairSides, ValidRun], PairOut]
 
 
@@ -114,18 +118,27 @@ def _against_reference(
     return loss
 
 
+def _simpo(sides: PairSides, run: ValidRun) -> PairOut:
+    out = simpo_loss(sides.chosen, sides.rejected, run.record(Preference).beta,
+                     run.record(Margin).gamma)  # fmt: skip
+    return PairOut(out.losses, out.accuracy, out.reward_margin)
+
+
 def _bradley_terry(sides: PairSides, run: ValidRun) -> PairOut:
     bt = bradley_terry_loss(sides.chosen, sides.rejected)
     return PairOut(bt.losses, bt.accuracy, bt.margin)
 
 
 DPO = PairLoss(
-    needs_reference=True, per_token=False, settings=Preference, loss=_against_reference(dpo_loss)
-)
+    needs_reference=True, per_token=False, settings=(Preference,),
+    loss=_against_reference(dpo_loss),
+)  # fmt: skip
 IPO = PairLoss(
-    needs_reference=True, per_token=True, settings=Preference, loss=_against_reference(ipo_loss)
-)
-BRADLEY_TERRY = PairLoss(needs_reference=False, per_token=False, settings=None, loss=_bradley_terry)
+    needs_reference=True, per_token=True, settings=(Preference,),
+    loss=_against_reference(ipo_loss),
+)  # fmt: skip
+SIMPO = PairLoss(needs_reference=False, per_token=True, settings=(Preference, Margin), loss=_simpo)
+BRADLEY_TERRY = PairLoss(needs_reference=False, per_token=False, settings=(), loss=_bradley_terry)
 
 
 def pad_sides(groups: list[list[EncodedPair]], pad_id: int) -> list[Padded]:
@@ -220,12 +233,18 @@ class IpoRecipe(PairRecipe):
 
 
 @dataclass
+class SimpoRecipe(PairRecipe):
+    name: ClassVar[str] = "simpo"
+    loss: ClassVar[PairLoss] = SIMPO
+
+
+@dataclass
 class RewardRecipe(PairRecipe):
     name: ClassVar[str] = "reward"
     loss: ClassVar[PairLoss] = BRADLEY_TERRY
 
 
-PAIR_RECIPES: tuple[type[PairRecipe], ...] = (DpoRecipe, IpoRecipe, RewardRecipe)
+PAIR_RECIPES: tuple[type[PairRecipe], ...] = (DpoRecipe, IpoRecipe, SimpoRecipe, RewardRecipe)
 
 
 def completion_tokens(padded: Padded) -> torch.Tensor:

@@ -65,7 +65,12 @@ class SftRecipe(Recipe):
 
     @classmethod
     def data(cls, given: ValidRun) -> RecipeData:
-        return examples_data(encode_tool_checked)
+        all_tokens = given.build.messages_loss == "all"
+        return examples_data(
+            lambda tok, raw, templated, max_length: encode_tool_checked(
+                tok, raw, templated, max_length, all_tokens
+            )
+        )
 
     @classmethod
     def open(cls, session: Session, encoded: list[Any], context: Any) -> SftRecipe:
@@ -166,7 +171,11 @@ def rows_from_batch(batch: OptimizerBatch) -> list[list[EncodedRow]]:
 
 
 def encode_tool_checked(
-    tok: CheckpointTokenizer, raw: list[SourcedRow], templated: bool, max_length: int
+    tok: CheckpointTokenizer,
+    raw: list[SourcedRow],
+    templated: bool,
+    max_length: int,
+    all_tokens: bool = False,
 ) -> list[EncodedRow]:
     """`encode_sft_rows`, with a warning (`ToolFieldsWarning`, once) when the chat template drops
     the rows' `tools` or assistant `tool_calls`."""
@@ -174,4 +183,4 @@ def encode_tool_checked(
         found = dropped_tool_fields(str(tok.chat_template or ""), [r.data for r in raw])
         if found:
             warnings.warn(found, ToolFieldsWarning, stacklevel=2)
-    return encode_sft_rows(tok, raw, templated, max_length)
+    return encode_sft_rows(tok, raw, templated, max_length, all_tokens)
