@@ -77,13 +77,12 @@ def sft_row(a: int, b: int) -> dict[str, Any]:
     """One conversation in the calculator environment's own words: its system text and first
     user message (asked of the environment itself), a call, the result, the answer."""
     from twinrun.core.rng import stream
+    from twinrun.rl.environments import open_environment
     from twinrun.rl.tool_calls import tools_system_text
-    from twinrun.rl.tool_envs import make_tool_environment
 
     row = {"prompt": f"What is {a} * {b}?", "answer": str(a * b)}
-    episode = make_tool_environment("calculator", None, timeout_s=10.0).episode(
-        row, stream(0, "example", a, b)
-    )
+    env = open_environment("calculator", max_turns=2, timeout_s=10.0)
+    episode = env.episode(row, stream(0, "example", a, b))
     first, tools = episode.start(), list(episode.tools)
     episode.close()
     call = {"name": "calculate", "arguments": {"expression": f"{a} * {b}"}}

@@ -60,7 +60,7 @@ def main(settings_path: str, out_path: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from twinrun.rl.environments import first_integer
+    from twinrun.rl.builtin_envs import first_integer
 
     rows = [json.loads(line) for line in open(s["examples"], encoding="utf-8") if line.strip()]
     data = Dataset.from_list([

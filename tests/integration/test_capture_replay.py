@@ -54,8 +54,8 @@ def forbid_data_and_environment(monkeypatch: pytest.MonkeyPatch, cap: Capture) -
         raise AssertionError("a replay built an environment or sampled")
 
     for target in (
-        "twinrun.rl.environments.make_environment",
-        "twinrun.train.recipes.grpo.make_environment",
+        "twinrun.rl.environments.open_environment",
+        "twinrun.train.recipes.grpo.open_environment",
         "twinrun.train.recipes.grpo.collect_rollouts",
         "twinrun.train.recipes.tool_rollouts.decode_turn",
         "twinrun.data.examples.load_rows",

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from twinrun.core.errors import ConfigError, TwinrunError
-from twinrun.rl.environments import EnvironmentPluginError, checked_reward
+from twinrun.rl.env_checks import checked_reward
+from twinrun.rl.env_protocol import EnvironmentPluginError
+from twinrun.rl.environments import open_environment
 from twinrun.rl.tool_base import (
     MAX_NESTING,
     MAX_REPLY_CHARS,
@@ -20,8 +22,8 @@ from twinrun.rl.tool_base import (
     bounded,
     nesting_problem,
 )
-from twinrun.rl.tool_envs import MAX_TIMEOUT_S, make_tool_environment
 from twinrun.rl.tool_plugins import loopback_url
+from twinrun.rl.tool_settings import MAX_TIMEOUT_S
 
 GUARD = Guard("mypkg:Env", 5.0)
 
@@ -115,7 +117,7 @@ def test_a_plugins_own_keyboard_interrupt_is_its_failure() -> None:
 @pytest.mark.parametrize("timeout", [1e308, MAX_TIMEOUT_S + 1, 0, -1.0, float("nan")])
 def test_the_timeout_value_is_checked_before_any_factory(timeout: float) -> None:
     with pytest.raises(ConfigError) as exc:
-        make_tool_environment("calculator", None, timeout)
+        open_environment("calculator", None, max_turns=1, timeout_s=timeout)
     assert f"--tool-timeout must be a number of seconds in (0, {MAX_TIMEOUT_S}]" in one_line(exc)
 
 
@@ -206,7 +208,7 @@ def test_a_single_turn_plugins_own_interrupt_is_its_failure_and_a_real_one_stops
     import os
     import signal
 
-    from twinrun.rl.environments import checked_prompt
+    from twinrun.rl.env_checks import checked_prompt
 
     class Own:
         def reward(self, row: dict, completion: str) -> float:

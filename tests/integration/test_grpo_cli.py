@@ -285,10 +285,10 @@ def test_completion_depends_on_its_block_only(toy_model_dir: Path, arith: Path) 
     bit whichever prompts fill the second block; with blocks of 1, a prompt sampled alone equals
     it sampled among 4."""
     from twinrun.data.examples import load_rows
-    from twinrun.rl.environments import make_environment
+    from twinrun.rl.environments import open_environment
     from twinrun.train.recipes.grpo import GrpoState, sampled_rollouts
 
-    state = GrpoState(rows=load_rows(arith), env=make_environment("arithmetic"),
+    state = GrpoState(rows=load_rows(arith), env=open_environment("arithmetic"),
                       env_name="arithmetic", replay=None)  # fmt: skip
     two = sampling_session(toy_model_dir, 2)
     a = by_example(sampled_rollouts(two, state, 2, [1, 5, 0, 7]))  # type: ignore[arg-type]

@@ -262,8 +262,8 @@ def test_timestamp_step_captured_once_replays_twice_bit_for_bit(
         raise AssertionError("a replay built an environment or sampled")
 
     for target in ("twinrun.train.recipes.grpo.collect_rollouts",
-                   "twinrun.train.recipes.grpo.tool_environment",
-                   "twinrun.train.recipes.tool_rollouts.tool_environment_of",
+                   "twinrun.train.recipes.grpo.run_environment",
+                   "twinrun.train.recipes.grpo.open_environment",
                    "twinrun.data.examples.load_rows"):  # fmt: skip
         monkeypatch.setattr(target, no)
     for name in ("r1", "r2"):

@@ -12,23 +12,22 @@ import pytest
 
 from twinrun.core.errors import ConfigError, DataError, TwinrunError
 from twinrun.core.rng import stream
-from twinrun.rl.environments import (
+from twinrun.rl.builtin_envs import (
     ArithmeticEnvironment,
     ClockEnvironment,
+    first_integer,
+    observation_fault,
+)
+from twinrun.rl.env_checks import checked_prompt, checked_reward, finite_reward
+from twinrun.rl.env_protocol import (
+    ONE_TURN,
     Environment,
     EnvironmentPluginError,
     EnvReply,
     Episode,
     SingleTurn,
-    checked_prompt,
-    checked_reward,
-    environment_kind,
-    finite_reward,
-    first_integer,
-    make_environment,
-    no_arguments,
-    observation_fault,
 )
+from twinrun.rl.environments import environment_kind, no_arguments, open_environment
 
 ROW = {"prompt": "What is 3 + 4?", "answer": "7"}
 STAMP = re.compile(r"^\[time \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\] ")
@@ -54,7 +53,7 @@ def rng() -> object:
     ],
 )
 def test_arithmetic_reward(completion: str, reward: float) -> None:
-    env = make_environment("arithmetic", {})
+    env = open_environment("arithmetic", {})
     assert env.reward(ROW, completion) == reward
     assert checked_reward(env, "arithmetic", ROW, completion) == reward
 
@@ -79,7 +78,7 @@ def test_arithmetic_bad_rows() -> None:
 
 
 def test_clock_prompts_carry_wall_clock_and_differ() -> None:
-    env = make_environment("clock", {})
+    env = open_environment("clock", {})
     assert isinstance(env, ClockEnvironment)
     first = env.prompt(ROW, rng())
     start = time.time_ns()
@@ -98,11 +97,11 @@ def test_observation_fault_prepends_timestamp() -> None:
 
 def test_builtins_take_no_args_and_unknown_names() -> None:
     with pytest.raises(ConfigError, match="takes no arguments"):
-        make_environment("arithmetic", {"x": 1})
+        open_environment("arithmetic", {"x": 1})
     with pytest.raises(ConfigError, match="unknown environment 'arith'"):
-        make_environment("arith", {})
+        open_environment("arith", {})
     with pytest.raises(EnvironmentPluginError, match="module.path:factory"):
-        make_environment("bad name:f", {})
+        open_environment("bad name:f", {})
 
 
 PLUGIN = """
@@ -171,7 +170,7 @@ def plugin_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def test_plugin_end_to_end(plugin_module: str) -> None:
     name = f"{plugin_module}.envs:make"
-    env = make_environment(name, {"target": "42", "bonus": 0.5})
+    env = open_environment(name, {"target": "42", "bonus": 0.5})
     row = {"prompt": "Say 42."}
     p1 = checked_prompt(env, name, row, stream(3, "env", 1, 0))
     p2 = checked_prompt(env, name, row, stream(3, "env", 1, 0))
@@ -189,7 +188,7 @@ def test_plugin_end_to_end(plugin_module: str) -> None:
         ("envs:NOT_CALLABLE", {}, "not callable"),
         ("envs:raises", {}, "factory raised RuntimeError: factory exploded second line"),
         ("envs:make", {}, "factory raised TypeError"),  # missing required `target`
-        ("envs:no_methods", {}, "no callable prompt or reward"),
+        ("envs:no_methods", {}, "object .object. has none of the shapes: prompt.row, rng."),
         ("envs:imported_elsewhere", {}, "not a Python function or class"),
         ("envs:partial_factory", {}, "is a partial, not a Python function or class"),
         ("envs:Env.prompt", {}, "module.path:factory"),
@@ -198,7 +197,7 @@ def test_plugin_end_to_end(plugin_module: str) -> None:
 def test_plugin_errors(plugin_module: str, target: str, args: dict, pattern: str) -> None:
     name = f"{plugin_module}.{target}"
     with pytest.raises(EnvironmentPluginError, match=pattern) as info:
-        make_environment(name, args)
+        open_environment(name, args)
     err = info.value
     assert isinstance(err, ConfigError) and isinstance(err, TwinrunError)
     assert name in err.message and "\n" not in err.one_line()
@@ -206,7 +205,7 @@ def test_plugin_errors(plugin_module: str, target: str, args: dict, pattern: str
 
 def test_plugin_args_not_echoed(plugin_module: str) -> None:
     with pytest.raises(EnvironmentPluginError) as info:
-        make_environment(f"{plugin_module}.envs:raises", {"api_key": "sk-SECRET"})
+        open_environment(f"{plugin_module}.envs:raises", {"api_key": "sk-SECRET"})
     assert "sk-SECRET" not in info.value.one_line()
 
 
@@ -216,7 +215,7 @@ def test_plugin_error_line_hides_argument_values(plugin_module: str) -> None:
     name = f"{plugin_module}.envs:echoes"
     args = {"api_key": "sk-SECRET-123", "label": "https://u:PW@h/m"}
     with pytest.raises(EnvironmentPluginError, match="factory raised ValueError") as info:
-        make_environment(name, args)
+        open_environment(name, args)
     line = info.value.one_line()
     assert "sk-SECRET-123" not in line and "PW" not in line and "<redacted>" in line
 
@@ -227,20 +226,20 @@ def test_plugin_error_line_hides_argument_values(plugin_module: str) -> None:
 )
 def test_standard_library_is_refused_before_import(target: str) -> None:
     with pytest.raises(EnvironmentPluginError, match="standard library") as info:
-        make_environment(target, {"command": "touch F"})
+        open_environment(target, {"command": "touch F"})
     assert "touch F" not in info.value.one_line()
 
 
 def test_a_callable_imported_into_the_module_is_refused(plugin_module: str) -> None:
     for factory, pattern in (("system", "not a Python function"), ("Popen", "is defined in")):
         with pytest.raises(EnvironmentPluginError, match=pattern):
-            make_environment(f"{plugin_module}.reexport:{factory}", {"args": "touch F"})
+            open_environment(f"{plugin_module}.reexport:{factory}", {"args": "touch F"})
     assert not (Path.cwd() / "F").exists()
 
 
 def test_plugin_spec_locates_without_importing(plugin_module: str, tmp_path: Path) -> None:
     """explain's check: the module is found, its package's __init__ never runs."""
-    from twinrun.rl.environments import check_plugin_name, plugin_spec
+    from twinrun.rl.plugin_trust import check_plugin_name, plugin_spec
 
     assert plugin_spec(f"{plugin_module}.loud.envs") is not None
     assert check_plugin_name(f"{plugin_module}.loud.envs:make", {}) == (
@@ -268,7 +267,7 @@ def test_checked_reward_refuses_non_finite_floats(
     plugin_module: str, completion: str, pattern: str
 ) -> None:
     name = f"{plugin_module}.envs:nan_reward"
-    env = make_environment(name, {})
+    env = open_environment(name, {})
     with pytest.raises(EnvironmentPluginError, match=pattern) as info:
         checked_reward(env, name, {"prompt": "p"}, completion)
     assert name in info.value.message
@@ -307,17 +306,17 @@ def test_environment_kind_reads_the_name_alone(name: str, kind: str) -> None:
 def test_no_arguments_for_every_kind_that_takes_none() -> None:
     for name in ("arithmetic", "calculator", "http://127.0.0.1:1", "math-verify"):
         with pytest.raises(ConfigError, match=f"{re.escape(repr(name))} takes no arguments"):
-            no_arguments(name, {"x": 1})
-        no_arguments(name, {})
+            no_arguments(name, environment_kind(name), {"x": 1})
+        no_arguments(name, environment_kind(name), {})
     for name in ("mypkg.envs:make", "reasoning_gym:leg_counting", "unknown"):
-        no_arguments(name, {"x": 1})
+        no_arguments(name, environment_kind(name), {"x": 1})
     with pytest.raises(ConfigError, match="'math-verify' takes no arguments, got \\['x'\\]"):
-        make_environment("math-verify", {"x": 1})
+        open_environment("math-verify", {"x": 1})
 
 
 def test_a_builtin_is_one_turn_episodes() -> None:
-    env = make_environment("arithmetic", {})
-    assert isinstance(env, Environment) and isinstance(env, SingleTurn) and env.one_turn
+    env = open_environment("arithmetic", {})
+    assert isinstance(env, Environment) and isinstance(env, SingleTurn) and env.plan == ONE_TURN
     ep = env.episode(dict(ROW), rng())
     assert isinstance(ep, Episode) and ep.tools == ()
     assert ep.start() == "What is 3 + 4?"
@@ -332,7 +331,7 @@ def test_a_builtin_is_one_turn_episodes() -> None:
 
 def test_a_plugins_episode_is_a_fresh_instance_and_keeps_its_errors(plugin_module: str) -> None:
     name = f"{plugin_module}.envs:make"
-    env = make_environment(name, {"target": "42", "bonus": 0.5})
+    env = open_environment(name, {"target": "42", "bonus": 0.5})
     first, second = (
         env.episode({"prompt": "Say 42."}, stream(3, "env", 1, 0)),
         env.episode({"prompt": "Say 42."}, stream(3, "env", 1, 0)),
@@ -345,7 +344,7 @@ def test_a_plugins_episode_is_a_fresh_instance_and_keeps_its_errors(plugin_modul
     assert first.env is not second.env is not env  # type: ignore[attr-defined]
     first.answer(" 42 ")
     assert first.reward() == 1.5
-    bad = make_environment(f"{plugin_module}.envs:nan_reward", {}).episode({"prompt": "p"}, rng())
+    bad = open_environment(f"{plugin_module}.envs:nan_reward", {}).episode({"prompt": "p"}, rng())
     bad.answer("inf")
     with pytest.raises(EnvironmentPluginError, match="reward returned inf, not a finite float"):
         bad.reward()

@@ -38,6 +38,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("infer/generate.py", "text"): "the word: generate's result key for the decoded text",
     ("diag/rows.py", "text"): "the word: a diag row's source text",
     ("rl/environments.py", "reward"): "the word: an environment's reward method",
+    ("rl/env_checks.py", "reward"): "the word: the reward method a checked call names",
     ("rl/tool_base.py", "reward"): "the word: a tool environment's reward method or attribute",
     ("rl/tool_plugins.py", "reward"): "the word: OpenEnv's step-result field and reward method",
     ("rl/tool_plugins.py", "text"): "the word: an observation's or MCP content's text field",

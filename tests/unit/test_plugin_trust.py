@@ -14,11 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from twinrun.rl.environments import (
-    EnvironmentPluginError,
-    check_plugin_name,
-    make_environment,
-)
+from twinrun.rl.env_protocol import EnvironmentPluginError
+from twinrun.rl.environments import open_environment
+from twinrun.rl.plugin_trust import check_plugin_name
 
 
 class _Marker:
@@ -68,7 +66,7 @@ def test_untrusted_plugin_refused_and_nothing_runs(
     args = dict(_cases(tmp_path))[name]
     before = set(sys.modules)
     with pytest.raises(EnvironmentPluginError) as info:
-        make_environment(name, args)
+        open_environment(name, args)
     line = str(info.value.message)
     assert "\n" not in line and name in line
     assert "standard library" in line or "'twinrun.environments' entry point" in line
@@ -127,7 +125,7 @@ def test_installed_distribution_needs_entry_point(
     importlib.invalidate_caches()
     name = "fakedist_envs_xyz.envs:make"
     if declare:
-        env = make_environment(name, {})
+        env = open_environment(name, {})
         assert env.prompt({}, None) == "p"
     else:
         with pytest.raises(EnvironmentPluginError, match="fakedist-envs-xyz.*entry point"):
@@ -172,11 +170,12 @@ def _twinrun_writers(tmp_path: Path) -> list[tuple[str, dict[str, object]]]:
 def test_no_twinrun_function_is_a_plugin(
     index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from twinrun.rl.tool_envs import make_tool_environment
-
     monkeypatch.chdir(tmp_path)
     name, args = _twinrun_writers(tmp_path)[index]
-    makers = (lambda: make_environment(name, args), lambda: make_tool_environment(name, args, 5.0))
+    makers = (  # as a single-turn run opens it, and as a tool run does (with its limits)
+        lambda: open_environment(name, args),
+        lambda: open_environment(name, args, max_turns=2, timeout_s=5.0),
+    )
     for make in makers:
         with pytest.raises(EnvironmentPluginError) as info:
             make()
@@ -211,5 +210,5 @@ def test_a_forged_dist_info_in_the_current_directory_declares_nothing(
             ep.value == "numpy:load" for ep in metadata.entry_points(group="twinrun.environments")
         )  # fmt: skip  (the forged entry point is visible: the rule, not luck, refuses it)
         with pytest.raises(EnvironmentPluginError, match="entry point"):
-            make_environment("numpy:load", {"file": str(payload), "allow_pickle": True})
+            open_environment("numpy:load", {"file": str(payload), "allow_pickle": True})
         assert not marker.exists()

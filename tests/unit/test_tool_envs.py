@@ -20,22 +20,19 @@ import pytest
 
 from twinrun.core.errors import ConfigError, DataError
 from twinrun.core.rng import stream
-from twinrun.rl.environments import (
-    EnvironmentPluginError,
-    checked_prompt,
-    checked_reward,
-    make_environment,
-)
-from twinrun.rl.tool_envs import (
+from twinrun.rl.env_checks import checked_prompt, checked_reward
+from twinrun.rl.env_protocol import (
+    ONE_TURN,
     CallRecord,
+    Environment,
+    EnvironmentPluginError,
     EnvReply,
     Episode,
-    ToolEnvironment,
-    ToolEnvironmentError,
-    evaluate,
-    is_tool_environment,
-    make_tool_environment,
+    TurnPlan,
 )
+from twinrun.rl.environments import environment_kind, open_environment
+from twinrun.rl.tool_base import ToolEnvironmentError
+from twinrun.rl.tool_envs import evaluate
 
 ROW = {"prompt": "What is 6 * 7?", "answer": "42"}
 STAMP = re.compile(r"^\[time \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\] ")
@@ -50,8 +47,8 @@ def call(name: str, arguments: Any) -> str:
 
 
 def episode(name: str, row: dict[str, Any] = ROW, args: dict | None = None, timeout: float = 5.0):
-    env = make_tool_environment(name, args, timeout)
-    assert isinstance(env, ToolEnvironment) and not env.one_turn
+    env = open_environment(name, args, max_turns=3, timeout_s=timeout)
+    assert isinstance(env, Environment) and env.plan == TurnPlan(max_turns=3, tool_turns=True)
     ep = env.episode(dict(row), rng())
     assert isinstance(ep, Episode)
     return ep
@@ -159,14 +156,17 @@ def test_lookup_replies_carry_the_wall_clock() -> None:
 
 def test_builtins_take_no_arguments_and_single_turn_names_are_refused() -> None:
     with pytest.raises(ConfigError, match="takes no arguments"):
-        make_tool_environment("calculator", {"x": 1}, 1.0)
-    with pytest.raises(ToolEnvironmentError, match="'arithmetic' is single-turn"):
-        make_tool_environment("arithmetic", None, 1.0)
-    with pytest.raises(ConfigError, match="unknown tool environment 'calc'"):
-        make_tool_environment("calc", None, 1.0)
+        open_environment("calculator", {"x": 1}, max_turns=2, timeout_s=1.0)
+    with pytest.raises(ConfigError, match="--tool-timeout apply to tool .* 'arithmetic' is single"):
+        open_environment("arithmetic", None, timeout_s=1.0)
+    with pytest.raises(ConfigError, match="unknown environment 'calc'"):
+        open_environment("calc", None, max_turns=2, timeout_s=1.0)
     for bad in (0, -1.0, float("nan"), True):
         with pytest.raises(ConfigError, match="--tool-timeout must be a number of seconds in"):
-            make_tool_environment("calculator", None, bad)
+            open_environment("calculator", None, max_turns=2, timeout_s=bad)
+    for turns in (0, True, 1.5):
+        with pytest.raises(ConfigError, match="--max-turns must be an integer >= 1"):
+            open_environment("calculator", None, max_turns=turns, timeout_s=1.0)  # type: ignore[arg-type]
     with pytest.raises(DataError, match="'calculator': examples row has no string 'prompt'"):
         episode("calculator", {"answer": "1"}).start()
     with pytest.raises(DataError, match="'lookup': examples row has no 'answer' field"):
@@ -398,7 +398,7 @@ def test_trl_class_shape(plugins: str) -> None:
 
 
 def test_one_instance_per_rollout(plugins: str) -> None:
-    env = make_tool_environment(f"{plugins}:Counter", None, 5.0)
+    env = open_environment(f"{plugins}:Counter", None, max_turns=2, timeout_s=5.0)
     seen = []
     for _ in range(3):
         ep = env.episode(dict(ROW), rng())
@@ -462,13 +462,14 @@ def test_a_tool_past_the_timeout_is_an_error_naming_it(plugins: str) -> None:
 
 
 def test_reset_takes_the_fields_it_names_and_the_rollouts_stream(plugins: str) -> None:
-    env = make_tool_environment(f"{plugins}:Seeded", None, 5.0)
+    env = open_environment(f"{plugins}:Seeded", None, max_turns=2, timeout_s=5.0)
     first = env.episode(dict(ROW), stream(4, "rollout", 1, 0)).start()
     assert first == env.episode(dict(ROW), stream(4, "rollout", 1, 0)).start()
     assert re.fullmatch(r"draw \d+, answer 42", first)
     assert first != env.episode(dict(ROW), stream(4, "rollout", 2, 0)).start()
     with pytest.raises(ToolEnvironmentError, match="parameter 'x' is positional-only"):
-        make_tool_environment(f"{plugins}:PositionalOnly", None, 5.0).episode(dict(ROW), rng())
+        env = open_environment(f"{plugins}:PositionalOnly", None, max_turns=2, timeout_s=5.0)
+        env.episode(dict(ROW), rng())
 
 
 def test_rewards_of_the_trl_shape(plugins: str) -> None:
@@ -503,7 +504,7 @@ def test_the_environments_faults_are_one_line_without_secrets(plugins: str) -> N
     record = ep.answer(call("use", {})).calls[0]
     assert record.result == "error: PermissionError: no access with <redacted>"
     with pytest.raises(ToolEnvironmentError) as info:
-        make_tool_environment(f"{plugins}:broken_factory", secret, 5.0)
+        open_environment(f"{plugins}:broken_factory", secret, max_turns=2, timeout_s=5.0)
     assert "sk-SECRET-999" not in info.value.one_line()
     assert "factory raised RuntimeError: cannot log in with <redacted>" in info.value.one_line()
 
@@ -551,26 +552,63 @@ def test_mcp_shape(plugins: str) -> None:
 
 
 def test_shapes_that_are_not_tool_environments(plugins: str) -> None:
-    with pytest.raises(ToolEnvironmentError, match="single-turn .prompt and reward."):
-        make_tool_environment(f"{plugins}:SingleTurn", None, 5.0)
-    with pytest.raises(ToolEnvironmentError, match="has none of the shapes"):
-        make_tool_environment(f"{plugins}:Shapeless", None, 5.0)
+    with pytest.raises(ConfigError, match="--max-turns and --tool-timeout apply to tool envi"):
+        open_environment(f"{plugins}:SingleTurn", None, max_turns=2, timeout_s=5.0)
+    with pytest.raises(EnvironmentPluginError, match="class Shapeless has none of the shapes"):
+        open_environment(f"{plugins}:Shapeless", None, max_turns=2, timeout_s=5.0)
     with pytest.raises(EnvironmentPluginError, match="standard library"):
-        make_tool_environment("os:system", {"command": "touch F"}, 5.0)
+        open_environment("os:system", {"command": "touch F"}, max_turns=2, timeout_s=5.0)
 
 
-def test_is_tool_environment(plugins: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_plan_says_whether_tool_turns_happen(
+    plugins: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One factory classifies every kind once: the built-ins and URLs by name (no request is
+    sent), a plugin by its shape (a class's read, a function factory called once); a reward
+    source is told by its name without importing its package."""
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # would fail if it were imported
-    assert is_tool_environment("calculator") and is_tool_environment("lookup")
-    assert is_tool_environment("http://127.0.0.1:8000")
-    assert not is_tool_environment("arithmetic") and not is_tool_environment("clock")
-    assert not is_tool_environment("reasoning_gym:leg_counting")
-    assert not is_tool_environment("math-verify") and not is_tool_environment("nonsense")
-    assert is_tool_environment(f"{plugins}:Counter") and is_tool_environment(
-        f"{plugins}:make_guess"
-    )
-    assert is_tool_environment(f"{plugins}:McpTools")
-    assert not is_tool_environment(f"{plugins}:SingleTurn")
+    assert environment_kind("reasoning_gym:leg_counting") == "reward-source"
+    tools = TurnPlan(max_turns=4, tool_turns=True)
+    for name in ("calculator", "lookup", "http://127.0.0.1:8000", f"{plugins}:Counter",
+                 f"{plugins}:make_guess", f"{plugins}:McpTools"):  # fmt: skip
+        assert open_environment(name, max_turns=4, timeout_s=5.0).plan == tools
+    for name in ("arithmetic", "clock", f"{plugins}:SingleTurn"):
+        assert open_environment(name).plan == ONE_TURN
+    with pytest.raises(ConfigError, match="unknown environment 'nonsense'"):
+        open_environment("nonsense")
+    assert [list(r) for r in ONE_TURN.episodes(3)] == [[0, 1, 2]] and ONE_TURN.draw_key(0) == ()
+    assert [list(r) for r in tools.episodes(3)] == [[0], [1], [2]] and tools.draw_key(2) == (2,)
+
+
+def test_each_kind_checks_its_rows(plugins: str) -> None:
+    """A built-in tool environment needs each row's prompt and integer answer (a DataError
+    naming the row); a single-turn one builds each prompt and scores each row; a plugin's tool
+    environment reads its rows its own way."""
+    good, bad = types.SimpleNamespace(data=ROW), types.SimpleNamespace(data={"prompt": "p"})
+    bad.where = "examples.jsonl:2"
+    for env in (open_environment("calculator", max_turns=2, timeout_s=5.0),
+                open_environment("arithmetic")):  # fmt: skip
+        env.check_rows([good], 0)
+        with pytest.raises(DataError, match=f"^examples.jsonl:2: environment '{env.name}': exa"):
+            env.check_rows([good, bad], 0)
+    open_environment(f"{plugins}:Counter", max_turns=2, timeout_s=5.0).check_rows([bad], 0)
+
+
+@pytest.mark.parametrize(
+    ("limits", "missing"),
+    [({}, "--max-turns and --tool-timeout"), ({"max_turns": 2}, "--tool-timeout"),
+     ({"timeout_s": 5.0}, "--max-turns")],
+)  # fmt: skip
+def test_a_tool_environment_without_its_limits_is_refused(
+    plugins: str, limits: dict[str, Any], missing: str
+) -> None:
+    """No default stands in for a missing limit: the one check that requires them refuses, for
+    a built-in, a URL and a plugin (whose shape is read first)."""
+    for name in ("calculator", "http://127.0.0.1:8000", f"{plugins}:Counter",
+                 f"{plugins}:make_guess"):  # fmt: skip
+        with pytest.raises(ConfigError) as info:
+            open_environment(name, **limits)
+        assert info.value.message == f"tool environment {name!r} needs {missing}"
 
 
 # --- OpenEnv over HTTP on loopback --------------------------------------------------------
@@ -649,7 +687,7 @@ def test_http_faults_are_one_line(server: ThreadingHTTPServer) -> None:
 )  # fmt: skip
 def test_only_the_loopback_interface(url: str) -> None:
     with pytest.raises(ToolEnvironmentError) as info:
-        make_tool_environment(url, None, 1.0)
+        open_environment(url, max_turns=1, timeout_s=1.0)
     line = info.value.one_line()
     assert "only the loopback interface can serve an environment" in line
     assert "SECRET-PW" not in line and "\n" not in line
@@ -662,15 +700,15 @@ def test_missing_packages_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)
     monkeypatch.setitem(sys.modules, "math_verify", None)
     with pytest.raises(ConfigError) as info:
-        make_environment("reasoning_gym:leg_counting", {})
+        open_environment("reasoning_gym:leg_counting", {})
     assert info.value.message == (
         "environment 'reasoning_gym:leg_counting' needs the reasoning-gym package: "
         "pip install reasoning-gym"
     )
     with pytest.raises(ConfigError, match="'math-verify' needs the math-verify package: pip"):
-        make_environment("math-verify", {})
+        open_environment("math-verify", {})
     with pytest.raises(ConfigError, match="is not a reasoning-gym task name"):
-        make_environment("reasoning_gym:no such", {})
+        open_environment("reasoning_gym:no such", {})
 
 
 def test_reasoning_gym_task_scores_rows(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -690,7 +728,7 @@ def test_reasoning_gym_task_scores_rows(monkeypatch: pytest.MonkeyPatch) -> None
     fake.create_dataset = create_dataset  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "reasoning_gym", fake)
     name = "reasoning_gym:leg_counting"
-    env = make_environment(name, {"min_animals": 3})
+    env = open_environment(name, {"min_animals": 3})
     assert made == [("leg_counting", {"size": 1, "seed": 0, "min_animals": 3})]
     row = {"question": "How many legs?", "answer": "8", "metadata": {"x": 1}}
     assert checked_prompt(env, name, row, rng()) == "How many legs?"
@@ -698,7 +736,7 @@ def test_reasoning_gym_task_scores_rows(monkeypatch: pytest.MonkeyPatch) -> None
     assert checked_reward(env, name, row, "9") == 0.01
     assert checked_reward(env, name, {"prompt": "p", "answer": "8"}, "9") == 0.0
     with pytest.raises(ConfigError, match="create_dataset raised ValueError: Dataset missing"):
-        make_environment("reasoning_gym:missing", {})
+        open_environment("reasoning_gym:missing", {})
 
 
 def test_math_verify_scores_completions(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -706,7 +744,7 @@ def test_math_verify_scores_completions(monkeypatch: pytest.MonkeyPatch) -> None
     fake.parse = lambda text: [text.strip().strip("$").replace(" ", "")]  # type: ignore[attr-defined]
     fake.verify = lambda gold, answer: gold == answer  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "math_verify", fake)
-    env = make_environment("math-verify", {})
+    env = open_environment("math-verify", {})
     row = {"prompt": "Half of 1?", "answer": "$\\frac{1}{2}$"}
     assert checked_prompt(env, "math-verify", row, rng()) == "Half of 1?"
     assert checked_reward(env, "math-verify", row, " \\frac{1}{2} ") == 1.0

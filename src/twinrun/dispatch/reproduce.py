@@ -175,10 +175,11 @@ def recorded_plugin(cfg: RunConfig) -> str | None:
     """The plugin `module.path:factory` the run's `env` names, or None for a built-in
     environment, a reward source, a tool environment or a factory twinrun declares. Any other
     function, twinrun's own included, is a plugin the user must name."""
-    from twinrun.rl.environments import _PLUGIN, DECLARED_FACTORIES, environment_kind
+    from twinrun.rl.environments import environment_kind
+    from twinrun.rl.plugin_trust import DECLARED_FACTORIES, PLUGIN_NAME
 
     env = getattr(cfg, "env", None)
-    if not isinstance(env, str) or environment_kind(env) != "plugin" or not _PLUGIN.match(env):
+    if not isinstance(env, str) or environment_kind(env) != "plugin" or not PLUGIN_NAME.match(env):
         return None
     return None if env in DECLARED_FACTORIES else env
 

@@ -6,7 +6,7 @@ result and, for a digest, `Expected sha256 … Got …`; a check whose inputs ar
 capture preconditions (initialization state, one step, no checkpoints, one device).
 
 explain builds nothing and runs no user code: a GRPO plugin environment is located, never
-imported (`rl/environments.py`, rules 1 and 2).
+imported (`rl/plugin_trust.py`, rules 1 and 2).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def run_preflight(run: Any) -> Check:
         read_model_config(cfg.model)
         rows = load_rows(cfg.examples)
         if objective(run.trainer).samples:
-            check_environment(cfg.env or "", cfg.env_args or {}, rows, cfg.seed, cfg)
+            check_environment(cfg, rows)
         if cfg.init_adapter is not None:
             from twinrun.capture.state import read_trainer_state
 
@@ -96,37 +96,24 @@ def run_preflight(run: Any) -> Check:
     return Check("inputs", "pass", f"model, {len(rows)} examples rows, output")
 
 
-def check_environment(
-    name: str, args: dict[str, Any], rows: list[Any], seed: int, cfg: Any = None
-) -> None:
-    """A built-in single-turn environment scores every row; a built-in tool environment checks
-    every row's fields and the run's tool settings; a loopback URL is checked by its form (no
-    request is sent); a plugin is only located (`check_plugin_name`: its form, not the standard
-    library, its module found) — explain never imports a plugin, so none of its code runs."""
-    from twinrun.rl.environments import (
-        TOOL_KINDS,
-        check_plugin_name,
-        environment_kind,
-        make_environment,
-        validated_rows,
-    )
-    from twinrun.rl.tool_plugins import loopback_url
-    from twinrun.rl.tool_settings import check_tool_rows
+def check_environment(cfg: Any, rows: list[Any]) -> None:
+    """The run's environment opened as the run opens it (`open_environment`: its turn and time
+    limits checked against its kind; a loopback URL checked by its form, no request sent), the
+    rest of a tool environment's settings checked, and every examples row checked by it — but a
+    plugin is only located (`check_plugin_name`: its form, not the standard library, its module
+    found): explain never imports a plugin, so none of its code runs."""
+    from twinrun.rl.environments import environment_kind, open_environment
+    from twinrun.rl.plugin_trust import check_plugin_name
+    from twinrun.rl.tool_settings import check_tool_run
 
-    kind = environment_kind(name)
-    if kind in TOOL_KINDS:
-        if cfg is not None:
-            _check_tool_settings(cfg, tool=True)
-        if kind == "url":
-            loopback_url(name)
-            return
-        check_tool_rows(name, rows)
-    elif kind != "plugin":  # built-in, reward source, unknown (make_environment says why)
-        if cfg is not None:
-            _check_tool_settings(cfg, tool=False)
-        validated_rows(make_environment(name, args), name, rows, seed)
-    else:
+    name, args = cfg.env or "", cfg.env_args or {}
+    if environment_kind(name) == "plugin":
         check_plugin_name(name, args)
+        return
+    env = open_environment(name, args, max_turns=cfg.max_turns, timeout_s=cfg.tool_timeout)
+    if env.plan.tool_turns:
+        check_tool_run(env=name, chat_template=cfg.chat_template, inject=cfg.inject or [])
+    env.check_rows(rows, cfg.seed)
 
 
 def render(report: dict[str, Any]) -> str:
@@ -149,13 +136,3 @@ def render(report: dict[str, Any]) -> str:
     failed = sum(c["status"] == "fail" for c in report["checks"])
     lines.append("all checks pass" if report["ok"] else f"{failed} check(s) failed")
     return "\n".join(lines)
-
-
-def _check_tool_settings(cfg: Any, tool: bool) -> None:
-    """`check_tool_settings` on the settings of a loaded config."""
-    from twinrun.rl.tool_settings import check_tool_settings
-
-    check_tool_settings(
-        env=cfg.env or "", max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout,
-        chat_template=cfg.chat_template, inject=cfg.inject or [], tool=tool,
-    )  # fmt: skip

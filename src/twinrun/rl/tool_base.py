@@ -1,7 +1,7 @@
 """What every multi-turn tool environment shares (docs/tool-environments.md): the one error,
 calls into user code under a time limit, and running the model's tool calls. The protocol
-(`Environment`, `Episode`) and the episode records (`EnvReply`, `CallRecord`) are
-`environments.py`'s, named here too; `ToolEnvironment` is `Environment` (with `one_turn` False).
+(`Environment`, `Episode`, its `TurnPlan`) and the episode records (`EnvReply`, `CallRecord`)
+are `env_protocol.py`'s; a tool environment's plan takes tool turns, up to `--max-turns`.
 
 `Guard` runs every call into an environment's code in a daemon worker thread and waits at most
 `timeout_s`: past it, a ToolEnvironmentError says what did not return, and the thread is left to
@@ -23,19 +23,10 @@ from typing import Any
 from twinrun.core import interrupts
 from twinrun.core.errors import DataError
 from twinrun.core.rng import Stream
-from twinrun.rl.environments import (
-    CallRecord,
-    EnvironmentPluginError,
-    EnvReply,
-    Episode,
-    arithmetic_reward,
-    finite_reward,
-    one_line,
-)
-from twinrun.rl.environments import Environment as ToolEnvironment
+from twinrun.rl.builtin_envs import arithmetic_reward
+from twinrun.rl.env_checks import finite_reward, one_line
+from twinrun.rl.env_protocol import CallRecord, EnvironmentPluginError
 from twinrun.rl.tool_calls import ToolCall, canonical_json
-
-__all__ = ["CallRecord", "EnvReply", "Episode", "ToolEnvironment"]  # environments.py's
 
 
 class ToolEnvironmentError(EnvironmentPluginError):

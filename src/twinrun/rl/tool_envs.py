@@ -1,13 +1,11 @@
-"""Multi-turn GRPO environments with tools (docs/tool-environments.md): what the rollout loop
-talks to, turn by turn.
+"""The built-in multi-turn GRPO environments with tools (docs/tool-environments.md): what the
+rollout loop talks to, turn by turn.
 
-`make_tool_environment(name, args, timeout_s)` gives a `ToolEnvironment`; its
-`episode(row, rng)` is one rollout with a fresh instance of the environment: `start()` is the
+`open_environment("calculator", max_turns=..., timeout_s=...)` (`environments.py`) gives one;
+its `episode(row, rng)` is one rollout with a fresh instance of the environment: `start()` is the
 first user message, `answer(text)` replies to each model turn with tool or user messages (and
 says when the episode is done), `reward()` scores the episode, `close()` ends it. `tools` are
 the JSON schemas offered to the model.
-
-Built in (no extra package):
 
 - `calculator`: the row's prompt and an instruction; the tool `calculate(expression)` evaluates
   + - * / // % ** and parentheses on numbers (parsed with `ast`: no names, no calls, at most
@@ -19,9 +17,9 @@ Built in (no extra package):
   atomic numbers); every reply (tool results and the nudge) starts with a wall-clock timestamp,
   the model-visible nondeterminism capture and replay exist for.
 
-Also: a plugin `module.path:factory` (TRL, OpenEnv or MCP shape) and an OpenEnv server at
-`http://127.0.0.1:PORT` (`tool_plugins`). Every call into the environment's code runs under
-`timeout_s`. This module does not import torch.
+Every call into the environment's code runs under `--tool-timeout`. A plugin's tool environments
+(TRL, OpenEnv or MCP shape) and an OpenEnv server at `http://127.0.0.1:PORT` are `tool_plugins`'.
+This module does not import torch.
 """
 
 from __future__ import annotations
@@ -31,47 +29,16 @@ import dataclasses
 import inspect
 import math
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from twinrun.core.errors import ConfigError
+from twinrun.core.errors import DataError
 from twinrun.core.rng import Stream
-from twinrun.rl.environments import (
-    ONE_TURN_KINDS,
-    TOOL_ENVIRONMENTS,
-    TOOL_KINDS,
-    arithmetic_reward,
-    environment_kind,
-    first_integer,
-    no_arguments,
-    wall_clock_stamp,
-)
-from twinrun.rl.tool_base import (
-    CallRecord,
-    EnvReply,
-    Episode,
-    Guard,
-    Toolbox,
-    ToolEnvironment,
-    ToolEnvironmentError,
-    row_prompt,
-    tool_messages,
-)
+from twinrun.rl.builtin_envs import arithmetic_reward, first_integer, wall_clock_stamp
+from twinrun.rl.env_protocol import EnvReply, TurnPlan
+from twinrun.rl.tool_base import Guard, Toolbox, row_prompt, tool_messages
 from twinrun.rl.tool_calls import parse_tool_calls, tool_schema
-from twinrun.rl.tool_plugins import (
-    EPISODES,
-    HttpToolEnvironment,
-    PluginToolEnvironment,
-    make_plugin_tool_environment,
-    plugin_shape,
-)
-
-__all__ = [
-    "CallRecord", "EnvReply", "Episode", "ToolEnvironment", "ToolEnvironmentError",
-    "TOOL_ENVIRONMENTS", "calculate", "evaluate", "is_tool_environment", "lookup",
-    "tool_environment_of",
-    "make_tool_environment",
-]  # fmt: skip
+from twinrun.rl.tool_settings import ToolLimits
 
 MAX_EXPRESSION = 200
 MAX_EXPONENT = 64
@@ -193,11 +160,10 @@ class ArithmeticToolEpisode:
 class BuiltinToolEnvironment:
     """`calculator` or `lookup`."""
 
-    one_turn = False
-
-    def __init__(self, name: str, timeout_s: float) -> None:
+    def __init__(self, name: str, limits: ToolLimits) -> None:
         self.name = name
-        self.guard = Guard(name, timeout_s)
+        self.plan = TurnPlan(limits.max_turns, tool_turns=True)
+        self.guard = Guard(name, limits.timeout_s)
 
     def episode(self, row: dict[str, Any], rng: Stream) -> ArithmeticToolEpisode:
         if self.name == "calculator":
@@ -208,73 +174,17 @@ class BuiltinToolEnvironment:
             self.name, lookup, "it gives a chemical element's atomic number", True, row, self.guard
         )
 
-
-MAX_TIMEOUT_S = 86400  # one day: a longer limit is no limit (and overflows a thread's wait)
-
-
-def make_tool_environment(
-    name: str, args: Mapping[str, Any] | None, timeout_s: float
-) -> ToolEnvironment:
-    """The tool environment `name`: a built-in of TOOL_ENVIRONMENTS, a loopback URL, or a
-    plugin `module.path:factory`. `timeout_s` (> 0) bounds every call into its code.
-    ConfigError (ToolEnvironmentError for every failure of the environment's own code)."""
-    if (
-        isinstance(timeout_s, bool)
-        or not isinstance(timeout_s, int | float)
-        or not (math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S)
-    ):
-        raise ConfigError(
-            f"environment {name!r}: --tool-timeout must be a number of seconds in "
-            f"(0, {MAX_TIMEOUT_S}]"
-        )
-    timeout = float(timeout_s)
-    kind = environment_kind(name)
-    if kind == "tool":
-        no_arguments(name, args)
-        return BuiltinToolEnvironment(name, timeout)
-    if kind == "url":  # http(s) on loopback is served; any other URL is refused by name
-        no_arguments(name, args)
-        return HttpToolEnvironment(name, timeout)
-    if kind in ONE_TURN_KINDS:
-        raise ToolEnvironmentError(
-            f"environment {name!r} is single-turn, not a tool environment",
-            f"tool environments: {', '.join(TOOL_ENVIRONMENTS)}, a plugin or a loopback URL",
-        )
-    if kind != "plugin":
-        raise ConfigError(
-            f"unknown tool environment {name!r}",
-            f"choose from {', '.join(TOOL_ENVIRONMENTS)}, a plugin as module.path:factory, or "
-            "http://127.0.0.1:PORT",
-        )
-    return make_plugin_tool_environment(name, args, timeout)
+    def check_rows(self, rows: list[Any], seed: int) -> None:
+        """Every row has its string prompt and integer answer; a DataError naming the first
+        row that does not."""
+        for i, row in enumerate(rows):
+            data = dict(row.data)
+            try:
+                row_prompt(data, self.name)
+                arithmetic_reward(data, "", self.name)
+            except DataError as exc:
+                where = getattr(row, "where", f"row {i}")
+                raise type(exc)(f"{where}: {exc.message}", exc.hint) from None
 
 
-def tool_environment_of(
-    name: str, args: Mapping[str, Any] | None, timeout_s: float
-) -> ToolEnvironment | None:
-    """The tool environment `name`, or None when it is single-turn or unknown (make_environment
-    says why) — a plugin is imported and its shape read once (`is_tool_environment` and then
-    `make_tool_environment` would probe a function factory twice)."""
-    kind = environment_kind(name)
-    if kind in TOOL_KINDS:
-        return make_tool_environment(name, args, timeout_s)
-    if kind != "plugin":
-        return None
-    factory, guard, shape = plugin_shape(name, args, timeout_s)
-    if shape not in EPISODES:
-        return None
-    return PluginToolEnvironment(name, factory, dict(args or {}), guard, shape)
-
-
-def is_tool_environment(
-    name: str, args: Mapping[str, Any] | None = None, timeout_s: float = 60.0
-) -> bool:
-    """Whether `name` is multi-turn. The built-ins, reward sources and URLs are told by name
-    (nothing is imported); a plugin is imported and its factory's shape read (a function
-    factory is called once, under `timeout_s`). Unknown names are False (make_environment
-    says why)."""
-    kind = environment_kind(name)
-    if kind != "plugin":
-        return kind in TOOL_KINDS
-    _, _, shape = plugin_shape(name, args, timeout_s)
-    return shape in EPISODES
+TOOL_ENVIRONMENTS = ("calculator", "lookup")

@@ -8,8 +8,9 @@ to see, and that object closed and dropped):
 2. `openenv`: `reset()` and `step(action)`, where the action is the model's turn as text;
 3. `mcp`: `list_tools()` and `call_tool(name, arguments)`.
 
-An object with `prompt` and `reward` is a single-turn environment (`environments.py`), not one
-of these. The factory runs once per rollout, so no state passes from one rollout to the next.
+An object with `prompt` and `reward` is a single-turn environment (`single_turn.py`), not one
+of these; `open_environment` (`environments.py`) reads the shape once. The factory runs once per
+rollout, so no state passes from one rollout to the next.
 This module does not import torch, nor any package of the environments it adapts.
 """
 
@@ -29,9 +30,8 @@ from twinrun.core.errors import ConfigError, DataError
 from twinrun.core.jsonlimits import SMALL, parse_json
 from twinrun.core.redact import redact_string
 from twinrun.core.rng import Stream
-from twinrun.rl.environments import load_plugin_factory
+from twinrun.rl.env_protocol import EnvReply, TurnPlan
 from twinrun.rl.tool_base import (
-    EnvReply,
     Guard,
     Toolbox,
     ToolEnvironmentError,
@@ -42,6 +42,7 @@ from twinrun.rl.tool_base import (
     tool_messages,
 )
 from twinrun.rl.tool_calls import parse_tool_calls, tool_schema
+from twinrun.rl.tool_settings import ToolLimits
 
 NOT_TOOLS = ("reset", "reward", "close")  # public methods of a TRL class that are not tools
 MAX_RESPONSE_BYTES = 4 << 20  # one HTTP answer
@@ -270,17 +271,12 @@ EPISODES: dict[str, type[_PluginEpisode]] = {
 class PluginToolEnvironment:
     """A plugin's factory, called under the time limit once per rollout."""
 
-    one_turn = False
-
     def __init__(self, name: str, factory: Callable[..., Any], args: Mapping[str, Any],
-                 guard: Guard, shape: str) -> None:  # fmt: skip
+                 guard: Guard, shape: str, max_turns: int) -> None:  # fmt: skip
         self.name, self.factory, self.args, self.guard, self.shape = (
-            name,
-            factory,
-            args,
-            guard,
-            shape,
-        )
+            name, factory, args, guard, shape,
+        )  # fmt: skip
+        self.plan = TurnPlan(max_turns, tool_turns=True)
 
     def episode(self, row: dict[str, Any], rng: Stream) -> _PluginEpisode:
         obj = self.guard.call("factory", self.factory, **self.args)
@@ -291,41 +287,8 @@ class PluginToolEnvironment:
             )
         return EPISODES[self.shape](self.guard, obj, row, rng)
 
-
-def plugin_shape(
-    name: str, args: Mapping[str, Any] | None, timeout_s: float
-) -> tuple[Any, Guard, str | None]:
-    """(factory, guard, shape) of a plugin; a function factory is called once to see its shape
-    (that object is closed, if it can be, and dropped)."""
-    factory, hide = load_plugin_factory(name, args)
-    guard = Guard(name, timeout_s, hide)
-    if inspect.isclass(factory):
-        return factory, guard, shape_of(factory)
-    probe = guard.call("factory", factory, **dict(args or {}))
-    shape = shape_of(probe)
-    if shape in EPISODES and callable(getattr(probe, "close", None)):
-        guard.call("close", probe.close)
-    return factory, guard, shape
-
-
-def make_plugin_tool_environment(
-    name: str, args: Mapping[str, Any] | None, timeout_s: float
-) -> PluginToolEnvironment:
-    factory, guard, shape = plugin_shape(name, args, timeout_s)
-    if shape == "single-turn":
-        raise ToolEnvironmentError(
-            f"environment {name!r} is single-turn (prompt and reward), not a tool environment",
-            "use it as a single-turn environment, or give it reset() and tools",
-        )
-    if shape is None:
-        raise ToolEnvironmentError(
-            f"environment {name!r}: the factory's "
-            f"{'class' if inspect.isclass(factory) else 'object'} has none of the shapes: "
-            "reset() and tool methods (TRL), reset() and step(action) (OpenEnv), "
-            "list_tools() and call_tool(name, arguments) (MCP)",
-            "see docs/tool-environments.md",
-        )
-    return PluginToolEnvironment(name, factory, dict(args or {}), guard, shape)
+    def check_rows(self, rows: list[Any], seed: int) -> None:
+        """Nothing: a plugin reads its rows its own way."""
 
 
 # --- OpenEnv over HTTP, on the loopback interface only ------------------------------------
@@ -419,12 +382,14 @@ class HttpToolEnvironment:
     """`--env http://127.0.0.1:PORT`: POST /reset {} and POST /step {"action": {"message":
     text}}, each answering {"observation", "reward", "done"}."""
 
-    one_turn = False
-
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, limits: ToolLimits) -> None:
         self.base = loopback_url(url)
         self.name = redact_string(self.base)
-        self.guard = Guard(self.name, timeout_s)
+        self.guard = Guard(self.name, limits.timeout_s)
+        self.plan = TurnPlan(limits.max_turns, tool_turns=True)
 
     def episode(self, row: dict[str, Any], rng: Stream) -> OpenEnvEpisode:
         return OpenEnvEpisode(self.guard, HttpEnvironmentClient(self.base, self.guard), row, rng)
+
+    def check_rows(self, rows: list[Any], seed: int) -> None:
+        """Nothing: the server reads its rows its own way."""

@@ -57,25 +57,16 @@ from twinrun.model.head_chunks import by_chunks, chunks_head, whole_logits
 from twinrun.model.lora import lora_disabled
 from twinrun.objectives.grpo import grpo_loss
 from twinrun.rl.advantages import apply_token_cap, compute_advantages
-from twinrun.rl.environments import (
-    Environment,
-    EnvironmentPluginError,
-    OneTurnEnvironment,
-    make_environment,
-    validated_rows,
-)
+from twinrun.rl.env_protocol import Environment, EnvironmentPluginError
+from twinrun.rl.environments import open_environment
 from twinrun.rl.prioritized import PrioritizedReplay
-from twinrun.rl.tool_settings import check_tool_rows
+from twinrun.rl.tool_settings import check_tool_run
 from twinrun.train.distributed import in_global_order, is_root, mine
 from twinrun.train.faults import unseeded_plans
 from twinrun.train.hooks.checkpoint import ObjectiveState
 from twinrun.train.loop import Forward, StepForwards, StepOutcome
 from twinrun.train.recipes.base import Recipe, RecipeData, Rows, dropout_for
-from twinrun.train.recipes.tool_rollouts import (
-    check_tool_template,
-    episode_block,
-    tool_environment,
-)
+from twinrun.train.recipes.tool_rollouts import check_tool_template, episode_block
 from twinrun.train.recipes.transcripts import COMPLETIONS, TranscriptLog
 from twinrun.train.session import ModelSession, Session
 from twinrun.train.sharding import forward_slots, paced
@@ -148,7 +139,7 @@ class UpdateRow:
 @dataclass
 class GrpoState:
     rows: list[SourcedRow]
-    env: Environment  # single-turn (`env.one_turn`: one-turn episodes) or a tool environment
+    env: Environment  # single-turn or a tool environment, as its `plan` says
     env_name: str
     replay: PrioritizedReplay[Rollout] | None
     orders: dict[int, list[int]] = field(default_factory=dict)
@@ -216,18 +207,13 @@ class GrpoRecipe(Recipe):
         """The environment is built (and a plugin's errors raised) before anything is written;
         every row is checked by it before the output directory is made."""
         name = given.record(Rollouts).env
-        tools = tool_environment(given)
-        env = make_environment(name, given.sampling.env_args or {}) if tools is None else tools
+        env = run_environment(given)
 
         def encode(run: ValidRun, tok: Any, raw: Any, max_len: int) -> list[SourcedRow]:
             templated = run.record(Examples).templated
-            raw = [conversational_prompt(r, templated) for r in raw]
-            rows = (
-                validated_rows(env, name, raw, run.seed)
-                if isinstance(env, OneTurnEnvironment)
-                else checked_tool_rows(name, raw)
-            )
-            return usable_prompts(tok, rows, run, not env.one_turn)
+            rows = [conversational_prompt(r, templated) for r in raw]
+            env.check_rows(rows, run.seed)
+            return usable_prompts(tok, rows, run, env.plan.tool_turns)
 
         return RecipeData(encode, context=(name, env))
 
@@ -307,8 +293,7 @@ class GrpoRecipe(Recipe):
             "batch.sample_indices": torch.tensor(batch.examples, dtype=torch.int64)
         }
         leaves |= observation_leaves(fresh, group)
-        if not state.env.one_turn:
-            leaves |= turn_leaves(fresh)
+        leaves |= turn_leaves(fresh)
         if state.replay is not None:
             leaves |= batch.replay_leaves
         leaves |= {
@@ -372,10 +357,18 @@ def check_step_numbers(
             )
 
 
-def checked_tool_rows(name: str, rows: list[SourcedRow]) -> list[SourcedRow]:
-    """The rows, once a built-in tool environment has found what it needs in each."""
-    check_tool_rows(name, rows)
-    return rows
+def run_environment(run: ValidRun) -> Environment:
+    """The run's environment, opened once (`open_environment` checks `--max-turns` and
+    `--tool-timeout` against its kind), and the rest of a tool environment's run checked."""
+    name, sampling = run.record(Rollouts).env, run.sampling
+    env = open_environment(
+        name, sampling.env_args, max_turns=sampling.max_turns, timeout_s=sampling.tool_timeout
+    )
+    if env.plan.tool_turns:
+        check_tool_run(
+            env=name, chat_template=run.record(Examples).chat_template, inject=run.switches.inject
+        )
+    return env
 
 
 def usable_prompts(
@@ -440,11 +433,11 @@ def collect_rollouts(
         rollout = Rollout(
             r.example, r.k, step, r.tokens[:p], r.tokens[p:], r.logprobs[p:], r.reward
         )
-        if env.one_turn:
-            rollout.turns = [{"observation": r.turns[0].observation}] if r.k == 0 else None
-        else:
+        if env.plan.tool_turns:  # the rows hold the environment's tokens: mask them out
             rollout.model_mask = r.mask[p:]
             rollout.turns = [dataclasses.asdict(t) for t in r.turns]
+        else:  # the group's one observation, on its first sample
+            rollout.turns = [{"observation": r.turns[0].observation}] if r.k == 0 else None
         out.append(rollout)
     return out
 
@@ -479,7 +472,10 @@ def text_leaf(text: str) -> torch.Tensor:
 
 def turn_leaves(fresh: list[Rollout]) -> dict[str, Any]:
     """Tool environments: each turn's prompt ids (the tokens added before it) and sampled tokens,
-    rollout after rollout, and each row's model mask."""
+    rollout after rollout, and each row's model mask; none when no row has a model mask (a
+    single-turn environment's: every completion token is the model's)."""
+    if all(r.model_mask is None for r in fresh):
+        return {}
     i64 = torch.int64
     turns = [t for r in fresh for t in r.turns or []]
     return {

@@ -1,12 +1,16 @@
-"""GRPO rollouts as episodes (`rl/environments.py`'s one protocol): twinrun samples every turn
-itself. A single-turn environment's block is episodes of one turn (`one_turn`): one episode per
-prompt group, its observation encoded as the examples are (`Examples.templated`: chat template or
-plain), the group's `group_size` samples decoded from that one prompt (token i of sample k drawn
-from `stream(seed, "sample", step, example, k, i)`), each answer scored right after it; the
-planted observation fault (`--inject observation@STEP`) prepends the clock to its observation.
+"""GRPO rollouts as episodes (`rl/env_protocol.py`'s one protocol): twinrun samples every turn
+itself, as the environment's turn plan (`env.plan`, `TurnPlan`) says — the sampler reads the
+plan and has no branch for the kind of environment but one, how turn 0's prompt is encoded.
 
-A multi-turn tool environment has one episode per rollout (prompt group g of the step, sample k),
-each with its own environment instance (`rl/tool_envs.py`: `env.episode(row, rng)`, `rng` =
+A single-turn environment's plan (`ONE_TURN`) is episodes of one turn: one episode per prompt
+group, its observation encoded as the examples are (`Examples.templated`: chat template or
+plain), the group's `group_size` samples decoded from that one prompt (token i of sample k drawn
+from `stream(seed, "sample", step, example, k, i)`: `plan.draw_key` adds no turn), each answer
+scored right after it; the planted observation fault (`--inject observation@STEP`) prepends the
+clock to its observation.
+
+A tool environment's plan has one episode per rollout (prompt group g of the step, sample k),
+each with its own environment instance (`env.episode(row, rng)`, `rng` =
 `stream(seed, "env", step, g)`, the same key for every sample of the group):
 
 1. turn 0: the messages are the episode's first user message (`start()`), preceded by a system
@@ -15,9 +19,10 @@ each with its own environment instance (`rl/tool_envs.py`: `env.episode(row, rng
 2. turn t: the model's turn is decoded from the ids so far, token i drawn from
    `stream(seed, "sample", step, example, k, t, i)`; its text goes to the environment, whose reply
    (tool results, or a user message) is appended as the template renders it;
-3. the episode ends when the environment says done, after `max_turns` model turns, or when the
-   next turn would not fit the token budget (the row plus `max_new_tokens` within the model's
-   length); then the episode is scored (`reward()`), and closed with the block's others.
+3. the episode ends when the environment says done, after `plan.max_turns` model turns (the
+   run's `--max-turns`), or when the next turn would not fit the token budget (the row plus
+   `max_new_tokens` within the model's length); then the episode is scored (`reward()`), and
+   closed with the block's others.
 
 The row is the tokens the model actually saw and sampled: turn 0's prompt ids, then each turn's
 sampled tokens followed by the environment's tokens — the text the template puts after the
@@ -47,16 +52,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from twinrun.config.resolved import Examples, PolicyUpdate, Rollouts, ValidRun
+from twinrun.config.resolved import Examples, PolicyUpdate, Rollouts
 from twinrun.core.errors import ModelError
 from twinrun.core.rng import stream
 from twinrun.data.examples import EncodedRow, SourcedRow, check_length
 from twinrun.model.decoding import generate_block
-from twinrun.rl.environments import Environment, Episode, observation_fault
+from twinrun.rl.builtin_envs import observation_fault
+from twinrun.rl.env_protocol import Environment, Episode, TurnPlan
 from twinrun.rl.tool_calls import canonical_json, template_takes_tools, tools_system_text
 from twinrun.rl.tool_calls import check_tool_template as check_rendering
-from twinrun.rl.tool_envs import ToolEnvironment, tool_environment_of
-from twinrun.rl.tool_settings import check_tool_settings
 
 if TYPE_CHECKING:
     from twinrun.model.tokens import CheckpointTokenizer
@@ -136,17 +140,18 @@ def start_episode(
     slot: int, stamped: bool = False,
 ) -> list[EpisodeRun]:  # fmt: skip
     """A fresh environment instance's episode for prompt group `slot`, and its turn-0 prompt, for
-    the samples `ks` that share it (a one-turn environment's whole group, a tool environment's
-    one rollout). A one-turn prompt is encoded as the examples are (templated or plain); a tool
-    episode's is the chat template's rendering, with the tools."""
+    the samples `ks` that share it (`plan.episodes`: a single-turn environment's whole group, a
+    tool environment's one rollout). A tool episode's prompt is the chat template's rendering,
+    with the tools, kept for the turns after it; a single-turn one is the examples' prompt,
+    encoded as they are (templated or plain)."""
     seed = s.run.seed
     episode = env.episode(dict(row.data), stream(seed, "env", step, slot))
     messages, tools = first_messages(s, episode, stamped, row.context)
-    if env.one_turn:
-        text, ids = "", s.tok.prompt_ids(messages, s.run.record(Examples).templated)
-    else:
+    if env.plan.tool_turns:  # the one difference the data needs: how turn 0 is encoded
         text = render(s, messages, tools)
         ids = s.tok.encode(text)
+    else:
+        text, ids = "", s.tok.prompt_ids(messages, s.run.record(Examples).templated)
     budget = s.max_length - s.run.record(Rollouts).max_new_tokens
     check_length(EncodedRow(tuple(ids), ()), row.where, budget)
     seen = canonical_json(messages)
@@ -180,21 +185,20 @@ def continuation(s: Session, run: EpisodeRun, sampled: list[int], said: str,
 
 
 def decode_turn(
-    s: Session, runs: list[EpisodeRun], step: int, turn: int, one_turn: bool = False
+    s: Session, runs: list[EpisodeRun], step: int, turn: int, plan: TurnPlan
 ) -> list[tuple[list[int], list[float]]]:
     """The model's turn of every run, decoded as one left-padded batch: one prompt per episode,
-    one row per run of it (a one-turn episode's samples share its prompt and one prefill; their
-    draws are keyed without the turn). (tokens, float64 logprobs) per run, in order."""
-    seed = s.run.seed
+    one row per run of it (a single-turn episode's samples share its prompt and one prefill),
+    each token's draw keyed by (step, example, k, `plan.draw_key(turn)`, position). (tokens,
+    float64 logprobs) per run, in order."""
+    seed, key = s.run.seed, plan.draw_key(turn)
 
     def draw_for(r: EpisodeRun) -> Callable[[int], float]:
-        if one_turn:
-            return lambda i: stream(seed, "sample", step, r.example, r.k, i).uniform()
-        return lambda i: stream(seed, "sample", step, r.example, r.k, turn, i).uniform()
+        return lambda i: stream(seed, "sample", step, r.example, r.k, *key, i).uniform()
 
     shared: dict[int, list[EpisodeRun]] = {}
     for r in runs:
-        shared.setdefault(id(r.episode) if one_turn else id(r), []).append(r)
+        shared.setdefault(id(r.episode), []).append(r)
     groups = list(shared.values())
     with torch.no_grad():
         results = generate_block(
@@ -252,24 +256,21 @@ def episode_block(
     by turn, in group then sample order: a run is scored (`reward()`) as soon as its episode is
     done — a one-turn episode's samples each right after their answer — and every episode is
     closed once the block is done. `stamped`: the planted observation fault."""
-    group = s.run.record(Rollouts).group_size
-    samples = [range(group)] if env.one_turn else [[k] for k in range(group)]
+    plan = env.plan
     runs = [
         run
         for slot, e in zip(slots, examples, strict=True)
-        for ks in samples
+        for ks in plan.episodes(s.run.record(Rollouts).group_size)
         for run in start_episode(s, env, rows[e], e, ks, step, slot, stamped)
     ]
     prompt_lengths = [len(r.ids) for r in runs]
-    sampling = s.run.sampling
-    assert env.one_turn or sampling.max_turns is not None  # a tool run has it (check_tool_settings)
-    max_turns = 1 if env.one_turn else int(sampling.max_turns or 0)
+    max_turns = plan.max_turns
     try:
         for turn in range(max_turns):
             active = [r for r in runs if not r.done]
             if not active:
                 break
-            decoded = decode_turn(s, active, step, turn, env.one_turn)
+            decoded = decode_turn(s, active, step, turn, plan)
             for r, (sampled, logprobs) in zip(active, decoded, strict=True):
                 advance(s, r, sampled, logprobs, last=turn + 1 == max_turns)
                 if r.done:
@@ -290,19 +291,6 @@ def close_quietly(episode: Episode) -> None:
         episode.close()
     except Exception:  # the error already raised says what went wrong
         pass
-
-
-def tool_environment(run: ValidRun) -> ToolEnvironment | None:
-    """The run's tool environment, or None for a single-turn one (`check_tool_settings`)."""
-    name, sampling = run.record(Rollouts).env, run.sampling
-    args = sampling.env_args or {}
-    env = tool_environment_of(name, args, sampling.tool_timeout or 60.0)  # one probe of a plugin
-    check_tool_settings(
-        env=name, max_turns=sampling.max_turns, tool_timeout=sampling.tool_timeout,
-        chat_template=run.record(Examples).chat_template, inject=run.switches.inject,
-        tool=env is not None,
-    )  # fmt: skip
-    return env
 
 
 def check_tool_template(tok: CheckpointTokenizer) -> None:
