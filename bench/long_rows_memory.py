@@ -139,7 +139,7 @@ def render(res: dict[str, Any]) -> str:
     m = res["meta"]
     lengths = tuple(res["lengths"])
     intro = (
-        f"Measured {m['when']} by `python bench/long_rows_memory.py` on {m['cpu_count']} CPUs "
+        f"Measured {m['when']} by `python -m bench long_rows_memory` on {m['cpu_count']} CPUs "
         f"({m['cpu']}), torch {m.get('torch')}, commit {m['git_commit']}; load average "
         f"{m['load_avg_start']:.2f} at start, {m['load_avg_end']:.2f} at end. SmolLM2-135M, f32, "
         f"LoRA rank {RANK}, `--cpu-kernels native`, {res['threads']} thread(s), one optimizer "

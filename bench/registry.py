@@ -212,6 +212,14 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         quick_skip=SMOLLM2,
     ),
     Benchmark(
+        name="long_rows_speed",
+        measures="a 2,048-token SmolLM2 SFT step: blockwise + checkpointing vs eager, FLOP rate",
+        goal="blockwise + checkpointing <= 1.5x eager's step",
+        results=_files("long_rows_speed"),
+        script="long_rows_speed",
+        quick=("--quick",),
+    ),
+    Benchmark(
         name="grpo_memory",
         measures="peak RSS of single-turn against multi-turn tool GRPO on SmolLM2",
         goal="multi-turn <= 2x single-turn's peak",

@@ -108,22 +108,25 @@ def long_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                                  "rejected": COMPLETION[::-1]}) + "\n")  # fmt: skip
     prompts = folder / "prompts-long.jsonl"
     prompts.write_text(json.dumps({"prompt": PROMPT * 2, "answer": "3"}) + "\n")
-    return {"sft": sft, "dpo": pairs, "ipo": pairs, "reward": pairs, "grpo": prompts,
-            "short_pairs": short["dpo"], "short_sft": short["sft"]}  # fmt: skip
+    return {"sft": sft, "dpo": pairs, "ipo": pairs, "simpo": pairs, "reward": pairs,
+            "grpo": prompts, "short_pairs": short["dpo"], "short_sft": short["sft"]}  # fmt: skip
 
 
 def long_run_args(objective: str, model: Path, data: dict[str, Path], out: Path) -> list[str]:
     """One step over the long rows: sft a forward of both rows, the pair objectives one pair."""
-    args = run_args("dpo" if objective == "ipo" else objective, model, data[objective], out)
+    args = run_args("dpo" if objective in ("ipo", "simpo") else objective, model, data[objective],
+                    out)  # fmt: skip
     args[1] = objective
     args[args.index("--accumulation") + 1] = "1"
     args[args.index("--warmup-steps") + 1] = "0"
     if objective == "ipo":
         args += ["--beta", "0.1"]
+    if objective == "simpo":
+        args += ["--gamma", "0.5"]
     return args
 
 
-@pytest.mark.parametrize("objective", ["sft", "dpo", "ipo", "reward"])
+@pytest.mark.parametrize("objective", ["sft", "dpo", "ipo", "simpo", "reward"])
 def test_a_long_row_keeps_no_whole_logits_for_the_backward(
     tmp_path: Path, toy_model_dir: Path, long_data: dict[str, Path], objective: str
 ) -> None:
