@@ -321,3 +321,26 @@ def test_a_replay_refuses_a_base_that_cannot_fit_before_hashing_it(
     assert err[0].startswith("twinrun: error: the base needs 0.00 GB; this process may use"), err
     assert counted.hashed == 0 and counted.spans == 0
     assert not out.exists()
+
+
+@pytest.mark.parametrize("schedule", ["constant", "linear"])
+def test_a_capture_of_another_schedule_explains_and_replays(
+    tmp_path: Path, toy_model_dir: Path, capsys: pytest.CaptureFixture[str], schedule: str
+) -> None:
+    """Step 1 of a 3-step run whose schedule is not cosine (its lr there is not cosine's): the
+    replay's recomputed learning rate is the source's, in `explain` and in the replay alike."""
+    doc = grpo_source(toy_model_dir, arith(tmp_path), plugin(tmp_path), None, tmp_path / "src")
+    doc["training"] |= {"max_steps": 3, "lr_schedule": schedule}
+    doc["optimizer_batch"]["capture_steps"] = [1]
+    assert run_config(tmp_path / "src.toml", doc) == 0
+    cap = Capture(doc, tmp_path / "src", 1)
+    base = doc["training"]["learning_rate"]
+    assert cap.row["lr"] == (base if schedule == "constant" else base * 2 / 3)  # not 0.5 * base
+    state = tmp_path / "src" / "optimizer_batch_step_000001.state"
+    replay = cap.replay_config(tmp_path / "rep", resume={"from": str(state)})
+    write_toml(tmp_path / "rep.toml", replay)
+    capsys.readouterr()
+    assert run_cli(["explain", str(tmp_path / "rep.toml")]) == 0, capsys.readouterr()
+    assert run_config(tmp_path / "rep.toml", replay) == 0
+    (row,) = metrics(tmp_path / "rep")
+    assert row["lr"] == cap.row["lr"]

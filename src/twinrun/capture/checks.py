@@ -300,15 +300,16 @@ def contract(v: Verified) -> str:
 
 
 def schedule(v: Verified) -> None:
-    """The learning rate of the captured step, recomputed from the replay config, must be the
-    source's to the bit."""
+    """The learning rate of the captured step, recomputed from the replay config (its schedule,
+    warm-up and wsd's decay), must be the source's to the bit: `explain` and the replay run the
+    same check."""
     from twinrun.config.schedule import lr_at, warmup_of
     from twinrun.core.rng import float_bits
 
     run, m = v.replay(), v.manifest
     step, recorded, total = m["step"], m["schedule"], m["schedule"]["total_steps"]
     warmup = warmup_of(run.warmup_steps, run.optimizer.warmup_ratio, total)
-    lr = lr_at(step, run.learning_rate, warmup, total)
+    lr = lr_at(step, run.learning_rate, warmup, total, run.lr_schedule, run.optimizer.decay_steps)
     if float_bits(lr) != recorded.get("lr_bits", float_bits(float(recorded["lr"]))):
         raise ContractError(
             f"learning rate at step {step} is {lr}, the source's was {recorded['lr']}",

@@ -24,19 +24,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from twinrun.capture.checks import Verified, run_checks
+from twinrun.capture.checks import Verified, run_checks, schedule
 from twinrun.capture.digests import effective_rows_sha256, logical_sha256, padding_fraction
 from twinrun.capture.payload import BatchArrays
 from twinrun.capture.source import FINAL, RESOLVED
 from twinrun.capture.state import HEAD_PARAM, load_optimizer_state
 from twinrun.config.resolved import ValidRun
-from twinrun.config.schedule import lr_at, warmup_of
 from twinrun.config.toml import TomlRun, resolved_tree
 from twinrun.core.determinism import runtime_versions
 from twinrun.core.digest import sha256_file
 from twinrun.core.errors import ContractError
 from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
-from twinrun.core.rng import float_bits, restore_torch_rng
+from twinrun.core.rng import restore_torch_rng
 from twinrun.objectives.registry import objective
 from twinrun.replay.identity import write_identity
 from twinrun.train.driver import build_loop
@@ -90,7 +89,7 @@ def replay(run: TomlRun) -> dict[str, Any]:
     built = build(v)
     out = Path(valid.output)
     loop = replay_loop(v, built, out)  # nothing is written yet: a bad state stops it here
-    check_schedule(v)
+    schedule(v)  # the captured step's learning rate, recomputed: the source's bits
     begin_output_dir(out, False, replay_inputs(v))
     write_identity(out)  # this replay's own run id: what tells it from a copy
     row = replay_step(v, built, loop)
@@ -145,25 +144,6 @@ def build(v: Verified) -> Built:
         assert isinstance(head.weight, torch.nn.Parameter)  # typed as a Tensor by torch
         params = [*params, (HEAD_PARAM, head.weight)]
     return Built(p.tok, model, params, head, p.provenance)
-
-
-def check_schedule(v: Verified) -> None:
-    """The learning rate of the captured step, recomputed, must be the source's bits."""
-    valid, m = v.replay(), v.manifest
-    step, total = m["step"], m["schedule"]["total_steps"]
-    lr = lr_at(
-        step,
-        valid.learning_rate,
-        warmup_of(valid.warmup_steps, valid.optimizer.warmup_ratio, total),
-        total,
-        valid.lr_schedule,
-        valid.optimizer.decay_steps,
-    )
-    if float_bits(lr) != m["schedule"].get("lr_bits", float_bits(float(m["schedule"]["lr"]))):
-        raise ContractError(
-            f"learning rate at step {step} is {lr}, the source's was {m['schedule']['lr']}",
-            "the schedule numbers differ",
-        )
 
 
 def replay_loop(v: Verified, built: Built, out: Path) -> Loop:
