@@ -186,3 +186,22 @@ def test_warmup_ratio_of_a_step_counted_run_is_resolved_at_once(llama: Path) -> 
     run = validate(given("grpo", llama, defaults="trl", threads=1, warmup_ratio=0.5))
     assert run.warmup_steps == 2 and run.optimizer.warmup_ratio == 0.5
     assert "warmup_steps" not in run.switches.taken  # the ratio made them, not TRL
+
+
+def test_the_thread_count_taken_is_torchs_default(
+    llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OMP_NUM_THREADS when set (torchrun gives each process 1), else this process's CPUs."""
+    import os
+
+    from twinrun.config.trl_defaults import torch_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert torch_threads() == 1
+    run = validate(given("sft", llama, defaults="trl", cpu_kernels="native")).as_config()
+    assert run.threads == 1
+    for value in ("", "0", "two"):
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+        assert torch_threads() == len(os.sched_getaffinity(0))
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert torch_threads() == len(os.sched_getaffinity(0))

@@ -131,7 +131,9 @@ def trl_defaults(cfg: RunConfig) -> dict[str, Taken]:
     if targets is not None:
         out["lora_targets"] = Taken(targets, "LoraConfig.target_modules: PEFT's default")
     if cfg.device == "cpu" and cfg.cpu_kernels == "native":
-        out["threads"] = Taken(cpu_count(), "torch's default: this process's CPUs")
+        out["threads"] = Taken(
+            torch_threads(), "torch's default: OMP_NUM_THREADS, else this process's CPUs"
+        )
     return out
 
 
@@ -200,8 +202,13 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def cpu_count() -> int:
-    """The CPUs this process may run on (torch's default thread count on Linux)."""
+def torch_threads() -> int:
+    """The thread count torch would take, known without importing it: `OMP_NUM_THREADS` when it
+    is a positive integer (torchrun sets it to 1 for each process), else the CPUs this process
+    may run on."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) >= 1:
+        return int(given)
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
