@@ -13,11 +13,16 @@ from pathlib import Path
 
 import pytest
 
-# Modules that bind `from twinrun.model.loading import model_sha256` when first imported: imported
-# here, before a test patches it, so none of them keeps the patched function for later tests.
+# Modules that bind an EXPENSIVE function by name when first imported (`from twinrun.model.loading
+# import model_sha256`, `... import load_rows`): imported here, before a test patches it, so none
+# of them keeps the patched function for later tests.
 import twinrun.capture.hashing  # noqa: F401
 import twinrun.dispatch.reproduce  # noqa: F401
+import twinrun.infer.inputs  # noqa: F401
+import twinrun.model.build  # noqa: F401
+import twinrun.train.preflight  # noqa: F401
 import twinrun.train.resume_check  # noqa: F401
+import twinrun.train.session  # noqa: F401
 from testkit.captures import write_toml
 from testkit.toy_runs import run_args, write_examples
 from tests.integration.test_overwrite_safety import snapshot
@@ -31,6 +36,8 @@ EXPENSIVE = (  # what must not run before the output is checked
     "twinrun.model.tokens.load_tokenizer",
     "twinrun.data.examples.load_rows",
     "twinrun.train.session.load_rows",
+    "twinrun.train.preflight.load_rows",
+    "twinrun.train.preflight.read_model_config",
     "twinrun.dispatch.reproduce.model_sha256",
     "twinrun.harness._run_plan",
 )

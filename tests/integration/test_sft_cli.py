@@ -221,7 +221,7 @@ def test_unexpected_error_is_one_line_too(
 ) -> None:
     import twinrun.train.recipes
 
-    def boom(run: object) -> None:
+    def boom(run: object, checked: bool = False) -> None:
         raise RuntimeError("something broke")
 
     monkeypatch.delenv("TWINRUN_DEBUG", raising=False)

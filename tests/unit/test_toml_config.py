@@ -162,6 +162,19 @@ def test_resolved_tree_is_redacted(tmp_path: Path) -> None:
     assert tree["backend"]["options"]["batch_invariant"] is False  # defaults are resolved too
 
 
+def test_resolved_tree_holds_the_numbers_taken_from_defaults(tmp_path: Path) -> None:
+    doc = {
+        "training": {"trainer": "sft", "defaults": "trl"},
+        "model": {"path": str(tmp_path / "model")},
+        "data": {"examples": str(tmp_path / "e.jsonl")},
+        "logging": {"dir": str(tmp_path / "out")},
+        "backend": {"options": {"cpu_kernels": "portable"}},
+    }
+    tree = resolved_tree(load(tmp_path, doc))
+    assert tree["training"]["learning_rate"] == 2e-5 and tree["training"]["seed"] == 42
+    assert tree["training"]["defaults"] == "trl" and tree["data"]["messages_loss"] == "all"
+
+
 def contract(tmp_path: Path, **over: Any) -> dict[str, Any]:
     import dataclasses
 

@@ -66,7 +66,7 @@ def training_command(objective: Objective) -> click.Command:
         preflight(valid)  # a path that cannot be used: one line, before torch is imported
         from twinrun.train.recipes import train
 
-        print_run_summary(train(valid), cfg.quiet, cfg.output)
+        print_run_summary(train(valid, checked=True), cfg.quiet, cfg.output)
 
     return tune.command(objective.name, help=objective.summary)(run_options(objective.name)(run))
 

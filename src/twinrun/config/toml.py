@@ -377,12 +377,14 @@ def _replay_problems(run: TomlRun) -> list[str]:
 
 
 def resolved_tree(run: TomlRun) -> dict[str, Any]:
-    """The resolved config (every key with a value, defaults included), redacted."""
+    """The resolved config (every key with a value, defaults included — a training config's
+    numbers taken from `training.defaults` too), redacted."""
     flat: dict[str, Any] = {"training.trainer": run.trainer}
+    cfg = run.training().as_config() if isinstance(run.resolved, ValidRun) else run.cfg
     for key, (owner, name, _) in schema().items():
         if key == "training.trainer":
             continue
-        value = getattr(run.cfg if owner == "cfg" else run.extras, name)
+        value = getattr(cfg if owner == "cfg" else run.extras, name)
         if key == "training.max_steps":
             value = run.max_steps
         if value is not None:

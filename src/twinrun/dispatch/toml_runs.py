@@ -55,7 +55,7 @@ def run_toml(
         raise ConfigError(f"{path}: " + "; ".join(problems), hint)
     from twinrun.train.recipes import train
 
-    record = train(run.training())  # validated once, when the config was loaded
+    record = train(run.training(), checked=True)  # validated and checked once, above
     if not record:  # a process of a data-parallel run other than rank 0: it writes nothing
         return record
     out = Path(run.training().output)

@@ -1,20 +1,22 @@
 """What a training run reads and writes, checked before torch loads.
 
-`preflight(run)` runs the cheap checks of `train.session.open_session` early, in its order and
-with its own functions, so a mistake costs no torch, transformers or PEFT import (seconds on a
-small machine): the output directory (when resuming: that it holds something to resume,
+`CHECKS` is the one list of a run's input checks, in order; `preflight(run)` runs it, so a
+mistake costs no torch, transformers or PEFT import (seconds on a small machine): the output
+directory (when resuming: that it holds something to resume,
 `train.resume_check.check_resumable`), the model directory, its `config.json`, tokenizer files
 and safetensors weights, the `--device` name, each examples, evaluation examples and corpus file
 (read and every row's shape checked as the objective reads it, `data.shapes`), the schedule over
 the steps the examples make, and that an `--init-adapter` is a directory whose weights are a
 readable safetensors file of float32 tensors (its header: `train.init_adapter.check_init_header`).
-The session checks them all again — the files may change in between; an unchanged examples file
-is not parsed twice (`data.examples.load_rows`) — and everything that needs a tokenizer or a
-model.
+The commands run it before importing torch and tell `train` so (`checked=True`); a library call
+of `train(run)` has the session run it. A new input check is one function added to `CHECKS`.
+What needs a tokenizer or a model (a row's length, the weights' shapes) is checked by the
+session as it loads them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from twinrun.config.resolved import (
@@ -48,17 +50,36 @@ def _readable(path: str, what: str, hint: str, missing: str | None = None) -> No
 
 
 def preflight(run: ValidRun) -> None:
-    """OutputError, ModelError, ConfigError or DataError — the line the session would give —
-    for the first input of `run` that cannot be used."""
+    """OutputError, ModelError, ConfigError or DataError — one line — for the first input of
+    `run` that cannot be used: each of `CHECKS` in turn."""
+    for check in CHECKS:
+        check(run)
+
+
+def check_output(run: ValidRun) -> None:
+    """The run directory can be written (or, with `--resume`, holds a run to continue)."""
     if not run.switches.resume:
         check_output_dir(run.output, run.switches.overwrite, config_inputs(run.as_config()))
     else:
         check_resumable(Path(run.output))
+
+
+def check_model_files(run: ValidRun) -> None:
+    """The model directory, its config.json, tokenizer files and safetensors weights."""
     check_model_dir(Path(run.model))
     read_model_config(run.model)
     check_tokenizer_files(Path(run.model))
     shard_files(run.model)  # safetensors weights (not pickle only), every shard the index names
-    parse_device(process_device(run.backend.device))  # torchrun gives `cuda` each process's index
+
+
+def check_device(run: ValidRun) -> None:
+    """The `--device` name (torchrun gives `cuda` each process's index)."""
+    parse_device(process_device(run.backend.device))
+
+
+def check_data(run: ValidRun) -> None:
+    """Every row's shape as the objective reads it, the schedule over the steps the examples
+    make, the evaluation examples and the corpus files."""
     templated = run.has(Examples) and run.record(Examples).templated
     examples = 0
     if run.has(Examples):
@@ -73,8 +94,18 @@ def preflight(run: ValidRun) -> None:
     for corpus in run.record(TextWindows).corpus if run.has(TextWindows) else ():
         _readable(corpus, "corpus file", "check the --corpus paths",
                   f"corpus file {corpus} does not exist")  # fmt: skip
+
+
+def check_adapter(run: ValidRun) -> None:
+    """An `--init-adapter` is a directory whose weights are a readable float32 safetensors file."""
     if run.build.init_adapter is not None:
         check_init_header(run.build.init_adapter)
+
+
+Check = Callable[[ValidRun], None]
+# The one list of a run's input checks, in order: `preflight` runs it before torch loads (the
+# commands), and the session runs it when its caller has not (`train(run)` from a library).
+CHECKS: list[Check] = [check_output, check_model_files, check_device, check_data, check_adapter]
 
 
 def check_run_schedule(run: ValidRun, examples: int) -> ValidRun:

@@ -30,10 +30,9 @@ from twinrun.train.outputs import (
     adopt_run_dir,
     begin_output_dir,
     check_output_dir,
-    config_inputs,
     sidecar,
 )
-from twinrun.train.preflight import check_run_schedule
+from twinrun.train.preflight import check_run_schedule, preflight
 from twinrun.train.resume_check import check_resume, run_inputs
 
 if TYPE_CHECKING:
@@ -121,12 +120,14 @@ def open_session(
     given: ValidRun,
     encode: Callable[[ValidRun, CheckpointTokenizer, Any, int], list[E]],
     read: Callable[[ValidRun], tuple[Any, str]] = read_examples,
+    checked: bool = False,
 ) -> tuple[Session, list[E]]:
     """Check model, data and output of the validated run; then build. Nothing is written before
     every input has been checked; the output directory is locked for the whole session (by the
     process that writes it: rank 0 under torchrun). `read` gives the raw data `encode`
     tokenizes and its SHA256 (the examples file by default; the text corpus for `tune text`);
-    both are given the run."""
+    both are given the run. `checked`: the caller ran the input checks (`preflight.CHECKS`)
+    already; else they run here, after the lock is taken."""
     # joins torchrun's process group, if any; rank 0 reports, the others only compute
     device = distributed.setup(given.backend.device)
     quiet = given.switches.quiet or not distributed.is_root()
@@ -146,7 +147,7 @@ def open_session(
     # the second writer stops here; under torchrun only rank 0 writes, so only it locks
     lock = acquire(run.output) if distributed.is_root() else None
     try:
-        return _open_locked(run, encode, read, faults, lock)
+        return _open_locked(run, encode, read, faults, lock, checked)
     except BaseException:
         if lock is not None:
             release(lock)
@@ -159,9 +160,10 @@ def _open_locked(
     read: Callable[[ValidRun], tuple[Any, str]],
     faults: Faults,
     lock: Path | None,
+    checked: bool,
 ) -> tuple[Session, list[E]]:
-    if not run.switches.resume:
-        check_output_dir(run.output, run.switches.overwrite, config_inputs(run.as_config()))
+    if not checked:  # the commands ran the input checks before importing torch
+        preflight(run)
     out, backend = Path(run.output), run.backend
     from twinrun.core.determinism import runtime_versions
     from twinrun.model.prelude import open_model

@@ -23,10 +23,11 @@ _KINDS: tuple[type[Recipe], ...] = (SftRecipe, *PAIR_RECIPES, GrpoRecipe, TextRe
 RECIPES: dict[str, type[Recipe]] = {kind.name: kind for kind in _KINDS}
 
 
-def train(run: RunConfig | ValidRun) -> dict[str, Any]:
+def train(run: RunConfig | ValidRun, checked: bool = False) -> dict[str, Any]:
     """Run `run` (validated here once if it is not yet) with its objective's recipe; returns the
     run's sidecar record ({} on a process of a data-parallel run other than rank 0). The one
-    entry every command trains through."""
+    entry every command trains through. `checked`: the caller ran the input checks
+    (`train.preflight.CHECKS`) on this run already; else the session runs them."""
     if isinstance(run, RunConfig):
         if run.objective not in NAMES:
             raise ConfigError(
@@ -35,7 +36,7 @@ def train(run: RunConfig | ValidRun) -> dict[str, Any]:
         run = validate(run)
     kind = RECIPES[run.objective]
     data = kind.data(run)  # what the data needs is built (and checked) before anything is written
-    session, encoded = open_session(run, data.encode, data.read)
+    session, encoded = open_session(run, data.encode, data.read, checked)
     recipe = kind.open(session, encoded, data.context)
     session.params = [*session.params, *recipe.extra_params()]  # the reward head trains too
     loop = make_loop(session, recipe.total_steps, recipe.objective_state)

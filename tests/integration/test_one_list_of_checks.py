@@ -1,0 +1,81 @@
+"""The input checks of a run are one list (`train.preflight.CHECKS`): a check added there refuses
+a `tune` command, a `twinrun run` config and a library call of `train` alike, before anything is
+written, and runs once per run whichever way it came."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testkit.captures import write_toml
+from testkit.toy_runs import sft_args
+from twinrun.cli.main import run_cli
+from twinrun.config.resolved import ValidRun
+from twinrun.core.errors import ConfigError
+from twinrun.train import preflight
+
+
+@pytest.fixture
+def planted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A check added to the list: it records the runs it saw and refuses every one."""
+    seen: list[str] = []
+
+    def refuse(run: ValidRun) -> None:
+        seen.append(run.output)
+        raise ConfigError("the planted check refuses this run", "remove the planted check")
+
+    monkeypatch.setattr(preflight, "CHECKS", [*preflight.CHECKS, refuse])
+    return seen
+
+
+def refused(capsys: pytest.CaptureFixture[str]) -> None:
+    err = capsys.readouterr().err
+    assert err == (
+        "twinrun: error: the planted check refuses this run — remove the planted check\n"
+    ), err
+
+
+def test_a_check_added_once_refuses_every_way_a_run_comes(
+    tmp_path: Path, toy_model_dir: Path, sft_examples: Path, planted: list[str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    cli_out, toml_out, lib_out = tmp_path / "cli", tmp_path / "toml", tmp_path / "lib"
+    capsys.readouterr()
+    assert run_cli(sft_args(toy_model_dir, sft_examples, cli_out, 1)) == 2
+    refused(capsys)
+    config = write_toml(tmp_path / "sft.toml", {
+        "training": {"trainer": "sft", "seed": 1, "epochs": 1, "batch_size": 4,
+                     "accumulation": 1, "learning_rate": 1e-2, "warmup_steps": 1,
+                     "lr_schedule": "cosine", "precision": "f32"},
+        "model": {"path": str(toy_model_dir), "chat_template": "on", "lora_rank": 4,
+                  "lora_alpha": 8},
+        "data": {"examples": str(sft_examples)},
+        "backend": {"devices": "cpu", "options": {"threads": 1}},
+        "logging": {"dir": str(toml_out)},
+    })  # fmt: skip
+    assert run_cli(["run", str(config)]) == 2
+    refused(capsys)
+    from twinrun.config.resolved import validate
+    from twinrun.config.run import RunConfig
+    from twinrun.train.recipes import train
+
+    cfg = RunConfig(objective="sft", model=str(toy_model_dir), examples=str(sft_examples),
+                    output=str(lib_out), seed=1, epochs=1, batch_size=4, accumulation=1,
+                    learning_rate=1e-2, warmup_steps=1, lr_schedule="cosine", lora_rank=4,
+                    lora_alpha=8.0, precision="f32", chat_template="on", threads=1,
+                    quiet=True)  # fmt: skip
+    with pytest.raises(ConfigError, match="the planted check refuses this run"):
+        train(validate(cfg))
+    assert planted == [str(cli_out), str(toml_out), str(lib_out)]  # once each
+    for out in (cli_out, toml_out, lib_out):
+        assert not out.exists() or not any(out.iterdir()), out
+
+
+def test_a_command_runs_the_list_once(
+    tmp_path: Path, toy_model_dir: Path, sft_examples: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[str] = []
+    monkeypatch.setattr(preflight, "CHECKS", [*preflight.CHECKS, lambda run: seen.append("x")])
+    assert run_cli(sft_args(toy_model_dir, sft_examples, tmp_path / "run", 1)) == 0
+    assert seen == ["x"]  # before torch, not again in the session
