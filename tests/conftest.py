@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,20 @@ def toy_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("toy") / "model"
     write_toy_checkpoint(out, seed=0)
     return out
+
+
+@pytest.fixture
+def portable() -> Iterator[None]:
+    """The portable CPU kernels installed for the test (and taken back if it installed them)."""
+    from twinrun.core import portable_ops
+
+    was = portable_ops.installed()
+    portable_ops.install()
+    try:
+        yield
+    finally:
+        if not was:
+            portable_ops.uninstall()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -82,20 +82,6 @@ def hidden_positions(shapes: list[tuple[int, ...]]) -> int:
                default=0)  # fmt: skip
 
 
-@pytest.fixture
-def portable() -> Iterator[None]:
-    """The portable CPU kernels installed for the test (as tests/unit/conftest.py's)."""
-    from twinrun.core import portable_ops
-
-    was = portable_ops.installed()
-    portable_ops.install()
-    try:
-        yield
-    finally:
-        if not was:
-            portable_ops.uninstall()
-
-
 @pytest.fixture(scope="module")
 def long_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("long")
