@@ -36,25 +36,14 @@ import benchkit  # noqa: E402
 from benchkit import meta, smollm2_dir, update_docs_section, verdict, write_results  # noqa: E402
 from utilisation import ALPHA, LR, RANK, SEED, child_env, exact_rows, run_child  # noqa: E402
 
+sys.path.insert(0, str(benchkit.ROOT))
+from testkit.toy_runs import SHAPED_ENV, SHAPED_MODULE  # noqa: E402 (the GRPO environment)
+
 NAME = "long_rows_memory"
 LENGTHS = (2048, 8192)
 OBJECTIVES = ("sft", "dpo", "ipo", "simpo", "reward", "grpo")
 GOAL_MIB = {2048: 2048, 8192: 4096}  # issue 52: <= 2 GB at 2,048 tokens, <= 4 GB at 8,192
 MMAP_THRESHOLD = 1 << 20  # what a blockwise run sets itself (docs/training.md)
-PLUGIN = '''
-class Lengths:
-    """A reward that varies with the sampled text, so the update has a signal."""
-
-    def prompt(self, row, rng):
-        return row["prompt"]
-
-    def reward(self, row, completion):
-        return float(len(completion.encode("utf-8")) % 3)
-
-
-def make(**args):
-    return Lengths()
-'''
 
 
 def write_data(model: Path, work: Path, seq: int) -> dict[str, Path]:
@@ -67,7 +56,7 @@ def write_data(model: Path, work: Path, seq: int) -> dict[str, Path]:
                                  "rejected": rejected}) + "\n", encoding="utf-8")  # fmt: skip
     prompts = work / f"prompts-{seq}.jsonl"
     prompts.write_text(json.dumps({"prompt": row["prompt"]}) + "\n", encoding="utf-8")
-    (work / "twinrun_bench_lengths.py").write_text(PLUGIN, encoding="utf-8")
+    (work / f"{SHAPED_MODULE}.py").write_text(SHAPED_ENV, encoding="utf-8")
     return {"sft": sft, "dpo": pairs, "ipo": pairs, "simpo": pairs, "reward": pairs,
             "grpo": prompts}  # fmt: skip
 
@@ -88,7 +77,7 @@ def tune_args(
         return args + [
             "--steps", "1", "--prompts-per-step", "1", "--group-size", "2",
             "--max-new-tokens", "8", "--temperature", "1.0", "--clip-eps", "0.2",
-            "--advantage-clip", "5", "--token-cap", "8", "--env", "twinrun_bench_lengths:make",
+            "--advantage-clip", "5", "--token-cap", "8", "--env", f"{SHAPED_MODULE}:make",
         ]  # fmt: skip
     args += ["--epochs", "1", "--accumulation", "1"]
     if objective == "simpo":

@@ -64,8 +64,8 @@ def _line(key: str, s: Setting, values: dict[str, Any], taken: dict[str, Any], n
         return f"{key} = {toml_value(values[name])}{source}"
     if s.required:
         return f"# {key} =  # required: {help_words}"
-    shown = "" if s.default is None or s.default == [] else toml_value(s.default)
-    return f"# {key} = {shown}  # {help_words}".replace(" =   #", " =  #")
+    shown = "" if s.default is None or s.default == [] else f" {toml_value(s.default)}"
+    return f"# {key} ={shown}  # {help_words}"
 
 
 def toml_value(value: Any) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.resolved import ReplayPins, ValidRun, replay_pins, validate
-from twinrun.config.run import RunConfig, required_fields
+from twinrun.config.run import SETTINGS, RunConfig, required_fields
 from twinrun.config.setting import (
     KIND_WORDS,
     Setting,
@@ -27,6 +27,7 @@ from twinrun.config.setting import (
     type_name,
     type_ok,
 )
+from twinrun.config.trl_defaults import fill_defaults
 from twinrun.config.values import parse_lora_targets
 from twinrun.core import reading
 from twinrun.core.errors import ConfigError, TwinrunError
@@ -226,9 +227,6 @@ def load_toml(path: str | Path, output: str | None = None, quiet: bool = False) 
     problems, values = _sorted_values(flat, keys)
     trainer = values["cfg"].get("objective")
     problems += _trainer_problem(trainer)
-    problems += _missing(trainer, set(flat) | _defaulted(values["cfg"]), keys)
-    if problems:
-        raise ConfigError(f"{p}: {_count(problems)}: " + "; ".join(problems), _HINT)
     cfg_values = values["cfg"]
     max_steps = cfg_values.get("steps")
     if trainer not in names(counts="steps"):
@@ -237,10 +235,14 @@ def load_toml(path: str | Path, output: str | None = None, quiet: bool = False) 
         cfg_values["output"] = output
     if quiet:
         cfg_values["quiet"] = True
+    cfg = fill_defaults(RunConfig(**cfg_values))  # what `training.defaults` takes is given
+    problems += _missing(trainer, set(flat) | {SETTINGS[n].toml for n in cfg.taken}, keys)
+    if problems:
+        raise ConfigError(f"{p}: {_count(problems)}: " + "; ".join(problems), _HINT)
     run = TomlRun(
         p,
         trainer,  # type: ignore[arg-type]  # one of TRAINERS: checked above
-        RunConfig(**cfg_values),
+        cfg,
         RunExtras(**values["extras"]),
         max_steps,
         set(flat),
@@ -256,20 +258,6 @@ _HINT = "docs/training.md lists every key and its meaning"
 
 def _count(problems: list[str]) -> str:
     return "1 problem" if len(problems) == 1 else f"{len(problems)} problems"
-
-
-def _defaulted(cfg_values: dict[str, Any]) -> set[str]:
-    """The keys `training.defaults` fills when the file leaves them out (none without it)."""
-    from twinrun.config.trl_defaults import CHOICES, trl_defaults
-    from twinrun.objectives.registry import BY_NAME
-
-    trainer = cfg_values.get("objective")
-    if cfg_values.get("defaults") not in CHOICES or not (
-        trainer in BY_NAME and BY_NAME[trainer].trl_config
-    ):
-        return set()
-    known = settings_of(RunConfig)
-    return {known[n].toml for n in trl_defaults(RunConfig(**cfg_values))}
 
 
 def _missing(trainer: Any, given: set[str], keys: dict[str, tuple[str, str, str]]) -> list[str]:

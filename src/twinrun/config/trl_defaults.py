@@ -36,7 +36,7 @@ from typing import Any
 
 from twinrun.config.run import SETTINGS, RunConfig, applies
 from twinrun.config.setting import Source
-from twinrun.objectives.registry import objective
+from twinrun.objectives.registry import BY_NAME, objective
 
 TRL_VERSION = "1.16.0"
 PEFT_VERSION = "0.21.2"
@@ -139,17 +139,16 @@ def trl_defaults(cfg: RunConfig) -> dict[str, Taken]:
 
 def fill_defaults(cfg: RunConfig) -> RunConfig:
     """`cfg` with every number it leaves out taken from its `--defaults` (unchanged when it
-    names none), the names of those taken added to `cfg.taken`. Idempotent: a number taken
-    once is a given one the next time."""
-    if cfg.defaults not in CHOICES or not objective(cfg.objective).trl_config:
+    names none, or took them already: `cfg.taken`), the names of those taken in `cfg.taken`."""
+    if cfg.taken or cfg.defaults not in CHOICES or cfg.objective not in BY_NAME:
         return cfg
-    taken = {
-        n: v for n, v in trl_defaults(cfg).items() if getattr(cfg, n) is None and n not in cfg.taken
-    }
+    if not objective(cfg.objective).trl_config:
+        return cfg
+    taken = {n: v for n, v in trl_defaults(cfg).items() if getattr(cfg, n) is None}
     if not taken:
         return cfg
     values: dict[str, Any] = {n: _plain(v.value) for n, v in taken.items()}
-    values["taken"] = (*cfg.taken, *taken)
+    values["taken"] = tuple(taken)
     return dataclasses.replace(cfg, **values)
 
 
