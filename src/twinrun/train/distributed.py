@@ -31,7 +31,9 @@ line), and torchrun ends the other processes as soon as one exits non-zero.
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -175,7 +177,23 @@ def teardown() -> None:
     interpreter shuts down."""
     if active():
         barrier("waiting for every process to finish")
+        _release_device_meshes()
         _dist().destroy_process_group()
+
+
+def _release_device_meshes() -> None:
+    """A sharded run's device mesh outlives its model: DTensor's sharding-propagation caches
+    (Python's and the C++ fast path's) keep the specs of the run's sharded weights, each
+    holding the mesh and through it the process group, so `destroy_process_group` would leave
+    gloo's threads running into the interpreter's shutdown (an abort after a run that
+    succeeded). Emptied, and the specs' cycles collected, nothing holds the group. Nothing to
+    do where DTensor was never imported."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    gc.collect()
 
 
 @contextmanager
