@@ -120,8 +120,8 @@ def worker(numel: int, params: int, forwards: int, iters: int, out: str) -> None
     import torch
     import torch.distributed as dist
 
-    from twinrun.train.gather import gather_gradients
-    from twinrun.train.loop import sum_in_forward_order
+    from twinrun.train.parallel.gather import gather_gradients
+    from twinrun.train.step.loop import sum_in_forward_order
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -199,7 +199,7 @@ def update_parts(model_dir: Path, repeats: int = 2) -> dict[str, Any]:
     from twinrun.model.decoding import generate_block
     from twinrun.model.lora import apply_lora
     from twinrun.model.tokens import load_tokenizer
-    from twinrun.train.recipes.grpo import kept_logprobs
+    from twinrun.objectives.grpo_logprobs import kept_logprobs
 
     torch.set_num_threads(1)
     model, tok = load_causal_lm(model_dir), load_tokenizer(model_dir)

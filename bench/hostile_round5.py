@@ -11,7 +11,7 @@ Each case is a real `python -m twinrun ...` process, run and judged as in `bench
 only with the signal's exit status (130 for SIGINT, 143 for SIGTERM) and its output absent; the
 `check` case holds on exit 0 when every child recorded the kernels a direct run records.
 `--shard-base` cases (another `--model` on rank 1, overlapping spans) need torchrun: they are
-tests (tests/distributed/test_agreement.py, tests/unit/test_shards.py), not cases here.
+tests (tests/distributed/test_agreement.py, tests/unit/model/test_shards.py), not cases here.
 
 `--quick` is round 4's (a 60 MB JSON array, not 300 MB).
 

@@ -83,7 +83,7 @@ def main() -> None:
              for d in (ckpt / "checkpoints").glob("step-*")]  # fmt: skip
     write_s: list[float] = []
     code = (
-        "import sys,time,torch; from twinrun.train.checkpoint import write_checkpoint;"
+        "import sys,time,torch; from twinrun.train.outputs.checkpoint import write_checkpoint;"
         "from twinrun.model.build import load_causal_lm; from twinrun.model.lora import "
         "apply_lora, lora_parameters; torch.set_num_threads(1); m=load_causal_lm(sys.argv[1]);"
         "apply_lora(m,8,16.0,1); p=lora_parameters(m); o=torch.optim.AdamW([x for _,x in p],"

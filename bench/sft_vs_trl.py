@@ -68,7 +68,7 @@ PHASES = {
         **LOADS,
         "tokenisation": [*LOADS["tokenisation"], "twinrun.data.examples:encode_sft_rows"],
         "training": ["twinrun.train.driver:drive"],
-        "saving": ["twinrun.train.session:finish_session"],
+        "saving": ["twinrun.train.setup.session:finish_session"],
     },
     "trl": {
         **LOADS,

@@ -180,8 +180,8 @@ def child(report_dir: str, args: list[str]) -> int:
     tally: dict[str, dict[str, int]] = {}
     if os.environ.get(COUNT_ENV) == "1":
         count_collectives(tally)
-    import twinrun.train.sharding as sharding
-    from twinrun.train import session
+    import twinrun.train.parallel.sharding as sharding
+    from twinrun.train.setup import session
 
     shard = sharding.shard_base  # session.py imports it at call time: the patch is seen
 
@@ -218,7 +218,7 @@ def child(report_dir: str, args: list[str]) -> int:
 
     code = run_cli(args)
     if code == 0:
-        from twinrun.train.distributed import teardown
+        from twinrun.train.parallel.distributed import teardown
 
         teardown()
     report["peak_train_kib"] = maxrss_kib()  # since the reset in the Session hook
@@ -495,7 +495,7 @@ def cap_demo(work: Path) -> dict[str, Any]:
     examples.write_text("".join(json.dumps(r) + "\n" for r in rows))
     probe = subprocess.run(
         [sys.executable, "-c", "import torch, transformers, twinrun.cli.main, "
-         "twinrun.train.session\nprint(next(l.split()[1] for l in open('/proc/self/status') "
+         "twinrun.train.setup.session\nprint(next(l.split()[1] for l in open('/proc/self/status') "
          "if l.startswith('VmData')))"],
         env=env(False), capture_output=True, text=True, check=True, preexec_fn=stacks,
     )  # fmt: skip

@@ -366,7 +366,7 @@ def profile_child(spec: dict[str, Any], argv: list[str]) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from twinrun.train import loop as loop_module
+    from twinrun.train.step import loop as loop_module
 
     original = loop_module.Loop.run_step
     found: dict[str, Any] = {}

@@ -90,7 +90,7 @@ def _diff(p: Path) -> Any:
 
 
 def _inputs_record(p: Path) -> Any:
-    from twinrun.train.resume_check import read_inputs
+    from twinrun.train.outputs.resume_check import read_inputs
 
     return read_inputs(p.parent)
 

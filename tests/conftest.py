@@ -12,7 +12,7 @@ import pytest
 # The suite runs the portable CPU kernels (its pinned bytes and golden file are portable ones):
 # the default for every run that names no --cpu-kernels, in this process and the processes it
 # starts. Set before twinrun.config is imported (the flag's default is read then).
-# tests/unit/test_portable.py checks the default without it (native).
+# tests/unit/core/test_portable.py checks the default without it (native).
 os.environ["TWINRUN_CPU_KERNELS"] = "portable"
 
 from twinrun.core.portable import pin_environment  # noqa: E402 (after the default is set)

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from twinrun.train import distributed
+from twinrun.train.parallel import distributed
 
 
 def thread_names() -> list[str]:

@@ -9,7 +9,7 @@ import json
 import sys
 
 from twinrun.cli.main import run_cli
-from twinrun.train.distributed import teardown
+from twinrun.train.parallel.distributed import teardown
 
 
 def main(spec: str) -> int:

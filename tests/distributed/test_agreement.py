@@ -102,7 +102,8 @@ def test_a_sharded_rank_given_another_model_stops_every_process(
     """--shard-base: rank 1 is given another checkpoint with the same config, tokenizer and
     header (a toy of another seed), so only the weights' bytes differ; the rows it reads are
     not the bytes rank 0 hashed, and every process stops in the same one line before anything
-    is written (tests/unit/test_shard_digests.py: other bytes at the same path, the pieces)."""
+    is written (tests/unit/model/test_shard_digests.py: other bytes at the same path, the
+    pieces)."""
     from twinrun.model.toy import write_toy_checkpoint
 
     other_model = data / "toy-seed-1"

@@ -135,7 +135,7 @@ def big_checkpoint(toy: Path, out: Path) -> int:
 def probe_data_bytes() -> int:
     """VmData of a fresh process that imported what a twinrun run imports."""
     code = (
-        "import torch, transformers, twinrun.cli.main, twinrun.train.session\n"
+        "import torch, transformers, twinrun.cli.main, twinrun.train.setup.session\n"
         "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmData')))"
     )
     done = subprocess.run(

@@ -9,7 +9,7 @@ What these prove (bitwise, on examples of different lengths, so every batch abov
   forwards of 1, 2 or 4 (accumulation adjusted) write the same adapter bytes (and reward head),
   the same per-step losses (close to, not the bits of, an ordinary run). That holds because
   each row's loss and gradient contribution are the same bits in any batch and the contributions
-  are added in one fixed order (tests/unit/test_batch_invariant.py proves both parts).
+  are added in one fixed order (tests/unit/model/test_batch_invariant.py proves both parts).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def forbid_data_and_environment(monkeypatch: pytest.MonkeyPatch, cap: Capture) -
         "twinrun.rl.environments.open_environment",
         "twinrun.train.recipes.grpo.open_environment",
         "twinrun.train.recipes.grpo.collect_rollouts",
-        "twinrun.train.recipes.tool_rollouts.decode_turn",
+        "twinrun.train.recipes.episodes.decode_turn",
         "twinrun.data.examples.load_rows",
     ):
         monkeypatch.setattr(target, no)
@@ -308,7 +308,7 @@ def test_a_replay_refuses_a_base_that_cannot_fit_before_hashing_it(
 ) -> None:
     """The memory refusal comes from the weights' headers, before the checks hash the base (an
     instrumented hasher and span reader count no byte of it)."""
-    from tests.unit.test_shards import Counted
+    from tests.unit.model.test_shards import Counted
     from twinrun.model import shards
 
     model = Path(grpo_capture.source["model"]["path"])

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from testkit.toy_runs import sft_args
-from tests.unit.test_diag_recorder_writes import FullDisk
+from tests.unit.diag.test_diag_recorder_writes import FullDisk
 from twinrun.cli.main import run_cli
 
 

@@ -258,7 +258,7 @@ def sampling_session(model: Path, rollout_block: int) -> types.SimpleNamespace:
     from twinrun.config.run import RunConfig
     from twinrun.model.build import load_causal_lm
     from twinrun.model.tokens import load_tokenizer
-    from twinrun.train.faults import Faults
+    from twinrun.train.step.faults import Faults
 
     run = validate(RunConfig(
         objective="grpo", seed=3, group_size=3, max_new_tokens=5, temperature=1.0,

@@ -155,7 +155,7 @@ def rewrite_state(ckpt: Path, change: object) -> None:
     """Change state.safetensors and list the new checksums, so only validation can catch it."""
     from safetensors.torch import load_file, save_file
 
-    from twinrun.train.checkpoint_check import CHECKSUMS, write_checksums
+    from twinrun.train.outputs.checkpoint_check import CHECKSUMS, write_checksums
 
     tensors = load_file(str(ckpt / "state.safetensors"))
     change(tensors)  # type: ignore[operator]
@@ -232,7 +232,7 @@ def test_corrupt_checkpoint_refuses_resume_and_names_the_one_before(
 def test_huge_header_with_matching_checksum_is_corrupt(
     tmp_path: Path, two_checkpoints: tuple[Path, list[str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from twinrun.train.checkpoint_check import CHECKSUMS, write_checksums
+    from twinrun.train.outputs.checkpoint_check import CHECKSUMS, write_checksums
 
     run, args = damaged_copy(two_checkpoints, tmp_path)
     ckpt = run / "checkpoints" / "step-000002"

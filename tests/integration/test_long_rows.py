@@ -134,7 +134,8 @@ def test_a_long_update_forward_keeps_no_whole_logits_and_gives_the_whole_bits(
     whole logits (`logits_at`), and autograd keeps no vocabulary-wide tensor."""
     from twinrun.model.build import FreshLora, build_model
     from twinrun.model.head_chunks import HEAD_CHUNK
-    from twinrun.train.recipes.grpo import kept_at, policy_logprobs, rows_logprobs
+    from twinrun.objectives.grpo_logprobs import kept_at, rows_logprobs
+    from twinrun.train.recipes.grpo import policy_logprobs
 
     model = build_model(toy_model_dir, precision="f32", device="cpu",
                         lora=FreshLora(rank=4, alpha=8, seed=1))  # fmt: skip

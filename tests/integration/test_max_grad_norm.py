@@ -21,7 +21,7 @@ from testkit.captures import (
     run_config,
     shipped,
 )
-from twinrun.train.loop import CLIP_EPS, clip_to_norm, fixed_order_norm
+from twinrun.train.step.loop import CLIP_EPS, clip_to_norm, fixed_order_norm
 
 
 def sha(path: Path) -> str:

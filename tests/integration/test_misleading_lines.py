@@ -53,7 +53,7 @@ def test_device_cuda_on_one_process_is_cuda_0(monkeypatch: pytest.MonkeyPatch) -
     cuda:LOCAL_RANK; any other name is refused."""
     from twinrun.core.determinism import parse_device
     from twinrun.core.errors import ConfigError
-    from twinrun.train.distributed import process_device, setup
+    from twinrun.train.parallel.distributed import process_device, setup
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)

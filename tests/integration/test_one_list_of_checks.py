@@ -13,7 +13,7 @@ from testkit.toy_runs import sft_args
 from twinrun.cli.main import run_cli
 from twinrun.config.resolved import ValidRun
 from twinrun.core.errors import ConfigError
-from twinrun.train import preflight
+from twinrun.train.setup import preflight
 
 
 @pytest.fixture

@@ -20,9 +20,9 @@ import twinrun.capture.hashing  # noqa: F401
 import twinrun.dispatch.reproduce  # noqa: F401
 import twinrun.infer.inputs  # noqa: F401
 import twinrun.model.build  # noqa: F401
-import twinrun.train.preflight  # noqa: F401
-import twinrun.train.resume_check  # noqa: F401
-import twinrun.train.session  # noqa: F401
+import twinrun.train.outputs.resume_check  # noqa: F401
+import twinrun.train.setup.preflight  # noqa: F401
+import twinrun.train.setup.session  # noqa: F401
 from testkit.captures import write_toml
 from testkit.toy_runs import run_args, write_examples
 from tests.integration.test_overwrite_safety import snapshot
@@ -35,9 +35,9 @@ EXPENSIVE = (  # what must not run before the output is checked
     "twinrun.model.loading.model_sha256",
     "twinrun.model.tokens.load_tokenizer",
     "twinrun.data.examples.load_rows",
-    "twinrun.train.session.load_rows",
-    "twinrun.train.preflight.load_rows",
-    "twinrun.train.preflight.read_model_config",
+    "twinrun.train.setup.session.load_rows",
+    "twinrun.train.setup.preflight.load_rows",
+    "twinrun.train.setup.preflight.read_model_config",
     "twinrun.dispatch.reproduce.model_sha256",
     "twinrun.harness._run_plan",
 )

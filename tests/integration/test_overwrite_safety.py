@@ -17,7 +17,7 @@ import pytest
 from testkit.toy_runs import OBJECTIVES, run_args, write_examples
 from twinrun.cli.main import run_cli
 from twinrun.core.owned import survey
-from twinrun.train.outputs import run_layout
+from twinrun.train.outputs.run_dir import run_layout
 
 RUN_FLAGS = ("--diag", "--checkpoint-every", "1", "--trace-step", "0")
 

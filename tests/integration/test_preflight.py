@@ -1,5 +1,5 @@
 """Path mistakes in a training command are refused in one line before torch loads: the output,
-the model directory and every data file are checked first (`train/preflight.py`) with the
+the model directory and every data file are checked first (`train/setup/preflight.py`) with the
 session's own checks, in a fresh process that must not have imported torch at the refusal."""
 
 from __future__ import annotations

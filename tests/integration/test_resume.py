@@ -79,7 +79,7 @@ def test_kill_during_checkpoint_write_is_never_taken(
     leftovers = [p.name for p in (run / "checkpoints").iterdir()]
     assert "step-000001" in leftovers and "step-000002" not in leftovers
     assert any(name.startswith(".tmp-step-000002") for name in leftovers)  # the torn write
-    from twinrun.train.checkpoint import newest_checkpoint
+    from twinrun.train.outputs.checkpoint import newest_checkpoint
 
     assert newest_checkpoint(run).steps_done == 1  # type: ignore[union-attr]
     assert run_cli([*args, "--resume"]) == 0

@@ -11,7 +11,7 @@ import pytest
 from testkit.toy_runs import sft_args
 from tests.integration.test_resume import assert_same_run, cli
 from twinrun.cli.main import run_cli
-from twinrun.train.resume_check import INPUTS
+from twinrun.train.outputs.resume_check import INPUTS
 
 EXTRA = ("--diag", "--checkpoint-every", "1")
 

@@ -227,7 +227,7 @@ def test_unexpected_error_is_one_line_too(
     monkeypatch.delenv("TWINRUN_DEBUG", raising=False)
     monkeypatch.setattr(twinrun.train.recipes, "train", boom)
     monkeypatch.setattr("twinrun.config.resolved.validate", lambda cfg: None)  # reach the trainer
-    monkeypatch.setattr("twinrun.train.preflight.preflight", lambda run: None)
+    monkeypatch.setattr("twinrun.train.setup.preflight.preflight", lambda run: None)
     monkeypatch.setattr("twinrun.cli.tune.print_defaults_table", lambda run: None)
     assert run_cli(["tune", "sft"]) == 1
     err = capsys.readouterr().err

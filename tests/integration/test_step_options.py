@@ -185,7 +185,7 @@ def test_non_finite_stops_with_a_checkpoint(
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000001"]
     assert not (out / "adapter_model.safetensors").exists()
     assert not (out / "twinrun.json").exists()
-    from twinrun.train.checkpoint import newest_checkpoint
+    from twinrun.train.outputs.checkpoint import newest_checkpoint
 
     ckpt = newest_checkpoint(out)
     assert ckpt is not None and ckpt.steps_done == 1 and len(ckpt.state["metrics"]) == 1

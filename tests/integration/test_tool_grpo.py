@@ -11,7 +11,7 @@ import pytest
 
 from testkit.toy_runs import sha256_of
 from twinrun.cli.main import run_cli
-from twinrun.train.recipes.grpo import LOGPROB_CHUNK
+from twinrun.objectives.grpo_logprobs import LOGPROB_CHUNK
 
 TRL_STYLE = '''
 class Counter:

@@ -21,7 +21,7 @@ def init_adapter(directory: str, **opts: Any) -> None:
     from twinrun.config.run import common_problems, require_flags
     from twinrun.core.digest import sha256_file
     from twinrun.core.errors import ConfigError
-    from twinrun.train.init_adapter import init_adapter as write
+    from twinrun.train.outputs.init_adapter import init_adapter as write
 
     flags = {"--model": opts["model"], "--seed": opts["seed"]}
     require_flags(flags | {"--lora-rank": opts["lora_rank"], "--lora-alpha": opts["lora_alpha"]},

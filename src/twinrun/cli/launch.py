@@ -14,7 +14,7 @@ def launch(torchrun_args: tuple[str, ...]) -> int:
     """torchrun, with torchrun's arguments: `twinrun launch --standalone --nproc-per-node 2 -m
     twinrun tune sft ...`. A process that refuses prints its one line and the launch exits with
     its status, without torchrun's 40-line report."""
-    from twinrun.train.launcher import launch as run_launch
+    from twinrun.train.parallel.launcher import launch as run_launch
 
     code, line = run_launch(list(torchrun_args))
     if line is not None:  # a process's line, redacted when it was written

@@ -158,7 +158,7 @@ def say(line: str) -> None:
     other than its node's local rank 0 hands the line to the launcher instead, which prints the
     first failed process's line when local rank 0 printed none (`train.launcher`)."""
     from twinrun.core.redact import redact_string
-    from twinrun.train.launcher import hand_over
+    from twinrun.train.parallel.launcher import hand_over
 
     one = " ".join(part.strip() for part in redact_string(line).splitlines() if part.strip())
     if not hand_over(one):
@@ -211,7 +211,7 @@ def run_cli(args: list[str] | None = None) -> int:
     """Run the CLI and return the exit code (used by tests in-process and by `main`)."""
     from twinrun.core import redact  # noqa: F401  # imported now: `say` needs no memory later
     from twinrun.core.errors import ConfigError, TwinrunError
-    from twinrun.train import launcher  # noqa: F401  # (and this, which `say` asks first)
+    from twinrun.train.parallel import launcher  # noqa: F401  # (and this, which `say` asks first)
 
     try:
         nul = next((i for i, a in enumerate(args or []) if "\0" in a), None)
@@ -291,7 +291,7 @@ def main() -> None:
     except KeyboardInterrupt:
         code = interrupted()
     if code == 0:  # under torchrun: leave the process group (a failed run just exits)
-        from twinrun.train.distributed import teardown
+        from twinrun.train.parallel.distributed import teardown
 
         teardown()
     # The process ends here: without this the interpreter's last garbage collections walk every

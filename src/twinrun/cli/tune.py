@@ -61,7 +61,7 @@ def training_command(objective: Objective) -> click.Command:
         cfg = config_from_options(objective.name, opts)
         valid = validate(cfg)  # every missing or bad value in one line, before torch is imported
         print_defaults_table(valid)
-        from twinrun.train.preflight import preflight
+        from twinrun.train.setup.preflight import preflight
 
         preflight(valid)  # a path that cannot be used: one line, before torch is imported
         from twinrun.train.recipes import train

@@ -7,7 +7,7 @@ from operations whose result is fixed: IEEE additions, multiplications, division
 comparisons (correctly rounded, one answer), `frexp` and power-of-two scaling (exact), and ATen's
 own vectorised `rsqrt`, `exp2`, `expm1`, `log1p` and `gelu` — fixed instruction sequences (Sleef's
 and ATen's polynomials) compiled per capability, which the portable mode pins to AVX2, so every
-CPU runs the same ones (tests/unit/test_portable_math.py shows that no MKL branch moves them).
+CPU runs the same ones (tests/unit/core/test_portable_math.py shows that no MKL branch moves them).
 
 - `sqrt` (float32) is correctly rounded: a candidate within one unit in the last place, then the
   two neighbouring midpoints squared exactly in float64 decide the rounding — the one IEEE answer.

@@ -72,8 +72,8 @@ def tour_dirs(tour: Tour) -> dict[Path, Layout]:
     """Every subdirectory the tour writes, with what it writes there (what a rerun replaces)."""
     from twinrun.harness import kept_layout
     from twinrun.model.toy import TOY_LAYOUT
-    from twinrun.train.init_adapter import INIT_LAYOUT
-    from twinrun.train.outputs import run_layout
+    from twinrun.train.outputs.init_adapter import INIT_LAYOUT
+    from twinrun.train.outputs.run_dir import run_layout
 
     runs = ("run-a", "run-b", "run-c", "clean", "faulty", "capture-source", "replay-1", "replay-2")
     dirs = {tour.root / name: run_layout() for name in runs}
@@ -233,7 +233,7 @@ def plant_and_find(tour: Tour, fault: str = "reduction@3") -> Diagnosis:
 
 def capture_source(tour: Tour) -> dict[str, Any]:
     """A one-step SFT source that captures its optimizer batch (from `init-adapter`'s state)."""
-    from twinrun.train.init_adapter import INIT_LAYOUT, init_adapter
+    from twinrun.train.outputs.init_adapter import INIT_LAYOUT, init_adapter
 
     init = tour.root / "capture-init"
     clear_for_rerun(init, INIT_LAYOUT)
@@ -283,7 +283,7 @@ def run_toml_doc(doc: dict[str, Any], path: Path) -> dict[str, Any]:
     import tomli_w
 
     from twinrun.dispatch.toml_runs import run_toml
-    from twinrun.train.outputs import run_layout
+    from twinrun.train.outputs.run_dir import run_layout
 
     clear_for_rerun(Path(doc["logging"]["dir"]), run_layout())
     path.write_text(tomli_w.dumps(doc))
@@ -325,7 +325,7 @@ def check_command(tour: Tour) -> list[str]:
 def quick_check(tour: Tour) -> Any:
     from twinrun.harness import kept_layout, run_check
     from twinrun.harness.quick import quick_command
-    from twinrun.train.outputs import run_layout
+    from twinrun.train.outputs.run_dir import run_layout
 
     keep = tour.root / "check"
     clear_for_rerun(keep, kept_layout(run_layout()))

@@ -113,7 +113,7 @@ def learn(tour: Tour, console: Console) -> str:
         f"{answers.held_out_trained} (a model this small memorises; it does not generalise)"
     )
     from twinrun.diag.curves import write_curves
-    from twinrun.train.outputs import CURVES_PICTURE
+    from twinrun.train.outputs.run_dir import CURVES_PICTURE
 
     curves = tour.root / "run-a" / CURVES_PICTURE
     write_curves([tour.root / "run-a", tour.root / "run-b"], curves)

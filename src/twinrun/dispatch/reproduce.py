@@ -304,7 +304,7 @@ def reproduce(
     """Re-run `run_dir` into `output` and judge the result (see the module docstring)."""
     from twinrun.core.portable import unpin_environment
     from twinrun.model.adapter_check import check_run_adapter
-    from twinrun.train.outputs import check_output_dir, config_inputs
+    from twinrun.train.outputs.run_dir import check_output_dir, config_inputs
 
     run_dir, output = Path(run_dir), Path(output)
     try:

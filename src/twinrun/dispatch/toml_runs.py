@@ -38,7 +38,7 @@ def run_toml(
         loaded(run.training())
     if run.trainer == "optimizer_replay":
         from twinrun.replay.runner import replay
-        from twinrun.train.distributed import launched
+        from twinrun.train.parallel.distributed import launched
 
         if launched() and os.environ.get("WORLD_SIZE") != "1":
             raise ConfigError(
@@ -46,7 +46,7 @@ def run_toml(
                 "run it as `twinrun run CONFIG.toml` (a capture from any process count replays)",
             )
         return replay(run)
-    from twinrun.train.preflight import preflight
+    from twinrun.train.setup.preflight import preflight
 
     preflight(run.training())  # the output, the model and the data files, before torch loads
     problems = source_problems(run)

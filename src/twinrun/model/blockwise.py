@@ -27,7 +27,8 @@ fixed order of blocks. Why a row has the same bits alone or inside a right-padde
 product has the same shape either way (full blocks; the exact products slice each row and column
 on its own piece of the inner dimension), the padding is zeros, and a block a row does not see
 leaves that row's running values untouched. These are not eager attention's bytes (another
-summation order); they are within float tolerance of them (tests/unit/test_blockwise_attention.py).
+summation order); they are within float tolerance of them
+(tests/unit/model/test_blockwise_attention.py).
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ class CausalLM:
         self.steering: tuple[int, torch.Tensor] | None = None
         # `--shard-base`: the base is FSDP2-sharded (its forwards go through the root module)
         # and, while `pace` is set, every forward first tells the other processes it runs one
-        # (train/sharding.py: processes without work of their own match it with a forward)
+        # (train/parallel/sharding.py: processes without work of their own match it with a forward)
         self.sharded = False
         self.pace: Callable[[], None] | None = None
         # built on the meta device from this checkpoint, its weights not read yet (sharded loading)
@@ -410,7 +410,8 @@ def load_causal_lm(
 ) -> CausalLM:
     """A frozen (requires_grad=False), eval-mode causal LM from a local checkpoint directory.
     `on_meta`: built on the meta device, nothing of the weights read — `--shard-base` fills
-    each of its `processes`' shards after sharding (`model/shards.py`, `train/sharding.py`).
+    each of its `processes`' shards after sharding (`model/shards.py`,
+    `train/parallel/sharding.py`).
     Before any weight is read, a base that cannot fit in what this process may allocate is
     refused in one line (`model.shards.check_fits`)."""
     _check_choices(precision, attention)
@@ -519,7 +520,7 @@ def build_model(
     from `adapter` or a fresh one (`lora`), or none. With gradient checkpointing the model is left
     in training mode (transformers checkpoints only then); otherwise in eval mode. `shard_over`
     (`--shard-base`, the processes): the base is built on the meta device, its weights read
-    after sharding (`train/sharding.py`); the adapter is real."""
+    after sharding (`train/parallel/sharding.py`); the adapter is real."""
     from twinrun.model.lora import apply_lora, load_adapter, resolve_targets
 
     if adapter is not None and lora is not None:

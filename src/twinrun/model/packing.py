@@ -6,10 +6,10 @@ mixes a row's own tokens runs per row; everything position-wise runs on the pack
 
 - every linear layer (each `nn.Linear` of the model: projections, MLP, LoRA factors, output
   layer; `chunked_linears` points their forward at `chunked_linear` for the forward, and
-  tests/unit/test_row_gradients.py checks that no `F.linear` call is left) on chunks of exactly
-  `CHUNK` token rows, so each matmul has the same shape whatever the batch and a row's bits
-  depend only on its tokens (a row's position inside a chunk does not change its bits: the tests
-  check that on many positions);
+  tests/unit/model/test_row_gradients.py checks that no `F.linear` call is left) on chunks of
+  exactly `CHUNK` token rows, so each matmul has the same shape whatever the batch and a row's
+  bits depend only on its tokens (a row's position inside a chunk does not change its bits: the
+  tests check that on many positions);
 - embeddings, norms, rotary embeddings and residual adds on the packed tensor (each token alone);
 - attention per row, on the row's own queries and keys (`row_attention`: the model's own eager
   attention; the rows of one slot width — 32 or 64 tokens, then the next multiple of 32

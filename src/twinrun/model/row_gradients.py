@@ -86,7 +86,8 @@ def _stack_totals(stacks: list[Stack]) -> Totals:
 def add_rows_into_grad(param: torch.Tensor, rows: torch.Tensor) -> None:
     """Add rows[0], rows[1], ... into `.grad` one after the other (the first cloned into a
     missing `.grad`): `index_add_` with every index 0 adds its source rows in index order, the
-    bits of one `add_` per row in one op (tests/unit/test_row_gradients.py holds it to that)."""
+    bits of one `add_` per row in one op (tests/unit/model/test_row_gradients.py holds it to
+    that)."""
     rows = rows.detach()
     if param.grad is None:
         param.grad = rows[0].clone()

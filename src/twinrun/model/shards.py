@@ -1,6 +1,6 @@
 """A checkpoint read a shard at a time (`--shard-base`), and what a process may hold of it.
 
-Sharded loading, in three parts (train/sharding.py calls them in this order):
+Sharded loading, in three parts (train/parallel/sharding.py calls them in this order):
 
 1. `skeleton(dir, precision, attention)`: transformers' model built from config.json on the
    meta device — every parameter and buffer a shape without memory; nothing of the weights read.
@@ -18,7 +18,7 @@ Sharded loading, in three parts (train/sharding.py calls them in this order):
    transformers computes them when it loads (`_init_weights` of their module).
 
 What a process holds of the base while loading is its shards: 1/W of the weights, plus, at the
-step, one unit's weights all-gathered at a time (train/sharding.py).
+step, one unit's weights all-gathered at a time (train/parallel/sharding.py).
 
 The up-front check (`check_fits`): the bytes the base needs at the run's precision (from the
 safetensors headers, nothing else read), divided by the processes that share it, against what

@@ -4,7 +4,7 @@ Every module that lists the objectives, or behaves differently for one, reads th
 `tune` commands and the TOML trainers, the settings that apply, the faults that can be planted,
 the capture payload's checks, the golden suite and the harness. Adding an objective is one record
 here, one recipe class (`train/recipes/`, registered in its `RECIPES` under the same name) and
-its tests; `tests/unit/test_objective_registry.py` fails when another module spells an
+its tests; `tests/unit/objectives/test_objective_registry.py` fails when another module spells an
 objective's name, or when the recipes and the records disagree.
 
 This module imports nothing heavy (no torch) and names no code: the command line builds its help
@@ -40,7 +40,7 @@ class Objective:
     """The captured optimizer batch's shape (capture/payload.py, replay): token rows with a loss
     mask, chosen/rejected forwards of equal size, or sampled rollouts with their advantages."""
     faults: tuple[str, ...]
-    """The `--inject` faults that act on this objective (train/faults.py names them all)."""
+    """The `--inject` faults that act on this objective (train/step/faults.py names them all)."""
     head: bool = False
     """Trains a scalar head with the adapter (`reward_head.safetensors`)."""
     has_reference: bool = False

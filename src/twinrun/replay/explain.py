@@ -71,8 +71,8 @@ def run_preflight(run: Any) -> Check:
     from twinrun.config.resolved import validate
     from twinrun.data.examples import load_rows
     from twinrun.model.loading import read_model_config
-    from twinrun.train.faults import parse_faults
-    from twinrun.train.outputs import check_output_dir
+    from twinrun.train.outputs.run_dir import check_output_dir
+    from twinrun.train.step.faults import parse_faults
 
     cfg = replace(run.cfg, objective=run.trainer)
     try:

@@ -41,9 +41,9 @@ from twinrun.replay.identity import write_identity
 from twinrun.train.driver import build_loop
 from twinrun.train.hooks.capture import SKIPPED
 from twinrun.train.hooks.timing import TimingHook, peak_memory
-from twinrun.train.loop import Hook, Loop, Params, Phase, StepView
-from twinrun.train.outputs import REPLAY_INPUTS_FORMAT, begin_output_dir
-from twinrun.train.session import ModelSession
+from twinrun.train.outputs.run_dir import REPLAY_INPUTS_FORMAT, begin_output_dir
+from twinrun.train.setup.session import ModelSession
+from twinrun.train.step.loop import Hook, Loop, Params, Phase, StepView
 
 if TYPE_CHECKING:
     from twinrun.model.build import CausalLM
@@ -248,7 +248,7 @@ def write_sidecar(
     final_sha: str,
 ) -> dict[str, Any]:
     from twinrun.config.run import shaping_numbers
-    from twinrun.train.outputs import sidecar
+    from twinrun.train.outputs.run_dir import sidecar
 
     record = sidecar(
         train=shaping_numbers(v.replay().as_config()) | {"trainer": "optimizer_replay"},

@@ -4,7 +4,7 @@ checkpoint, run the steps, close what the hooks opened. Shared by every objectiv
 `build_loop` is the one place a `Loop` is built, for training and replay alike: where a reader
 sees how a step is computed (the optimizer, the loop's backward, gradient combination, spike
 rerun and planted stray draw). `training_hooks` says which hooks observe a training run; each
-hook declares its points and phases itself (train/loop.py says what they are).
+hook declares its points and phases itself (train/step/loop.py says what they are).
 """
 
 from __future__ import annotations
@@ -19,14 +19,21 @@ from twinrun.config.schedule import check_schedule
 from twinrun.core import interrupts
 from twinrun.core.fileio import atomic_write_text
 from twinrun.core.progress import Progress
-from twinrun.train import distributed
-from twinrun.train.checkpoint import check_same_run, newest_checkpoint, restore, resume_point
-from twinrun.train.faults import Faults
 from twinrun.train.hooks.checkpoint import Checkpointer, CheckpointHook, ObjectiveState
 from twinrun.train.hooks.nonfinite import NonFiniteHook
 from twinrun.train.hooks.report import ReportHook
 from twinrun.train.interrupt import InterruptHook, stop_signals
-from twinrun.train.loop import (
+from twinrun.train.outputs.checkpoint import (
+    check_same_run,
+    newest_checkpoint,
+    restore,
+    resume_point,
+)
+from twinrun.train.outputs.run_dir import COMPLETIONS, DIAG, TRACE
+from twinrun.train.parallel import distributed
+from twinrun.train.setup.session import Session
+from twinrun.train.step.faults import Faults
+from twinrun.train.step.loop import (
     B,
     BackwardPolicy,
     GradientCombiner,
@@ -40,9 +47,7 @@ from twinrun.train.loop import (
     WholeForward,
     make_optimizer,
 )
-from twinrun.train.outputs import COMPLETIONS, DIAG, TRACE
-from twinrun.train.policies import ReductionFault, RowParts, SpikeRerun, StrayDraw
-from twinrun.train.session import Session
+from twinrun.train.step.policies import ReductionFault, RowParts, SpikeRerun, StrayDraw
 
 LOGS = (DIAG, TRACE, COMPLETIONS)  # cut back to the checkpoint at a resume
 
@@ -124,7 +129,7 @@ def build_loop(
         backward = ReductionFault(faults)
     combine: GradientCombiner = LocalSum()
     if distributed.active():  # per-forward gradients of every process, in global order
-        from twinrun.train.gather import OrderedGather
+        from twinrun.train.parallel.gather import OrderedGather
 
         combine = OrderedGather()
     spike = None

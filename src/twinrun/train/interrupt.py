@@ -30,10 +30,10 @@ import torch
 
 from twinrun.core import interrupts
 from twinrun.core.errors import TwinrunError
-from twinrun.train import distributed
-from twinrun.train.checkpoint import newest_checkpoint
 from twinrun.train.hooks.checkpoint import Checkpointer
-from twinrun.train.loop import Hook, Phase, StepView
+from twinrun.train.outputs.checkpoint import newest_checkpoint
+from twinrun.train.parallel import distributed
+from twinrun.train.step.loop import Hook, Phase, StepView
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

@@ -33,10 +33,10 @@ from twinrun.core.errors import ConfigError, ContractError
 from twinrun.core.fileio import atomic_write_json
 from twinrun.core.rng import capture_torch_rng, float_bits
 from twinrun.train.hooks.timing import step_timing_fields
-from twinrun.train.loop import Hook, Phase, StepOutcome, StepView
+from twinrun.train.step.loop import Hook, Phase, StepOutcome, StepView
 
 if TYPE_CHECKING:
-    from twinrun.train.session import Session
+    from twinrun.train.setup.session import Session
 
 SKIPPED = ("dataset", "environment", "rollout", "sampling")
 

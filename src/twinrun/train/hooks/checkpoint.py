@@ -1,5 +1,5 @@
 """`--checkpoint-every N`: after every N-th step (not the last: the run's outputs follow it) a
-complete checkpoint of the run (train/checkpoint.py), objective state included."""
+complete checkpoint of the run (train/outputs/checkpoint.py), objective state included."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from twinrun.train.checkpoint import checkpoint_dir, write_checkpoint
-from twinrun.train.loop import Hook, Phase, StepView
+from twinrun.train.outputs.checkpoint import checkpoint_dir, write_checkpoint
+from twinrun.train.step.loop import Hook, Phase, StepView
 
 
 @dataclass

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from twinrun.diag.flat import FlatLeaf, FlatLeaves
-from twinrun.train.distributed import in_global_order
-from twinrun.train.loop import Forward, Hook, Phase, StepView, rng_state_leaf
+from twinrun.train.parallel.distributed import in_global_order
+from twinrun.train.step.loop import Forward, Hook, Phase, StepView, rng_state_leaf
 
 if TYPE_CHECKING:
     from twinrun.diag.recorder import DiagRecorder

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from twinrun.infer.evaluate import score_batches
-from twinrun.train.loop import Hook, Phase, StepView
+from twinrun.train.step.loop import Hook, Phase, StepView
 
 if TYPE_CHECKING:
     from twinrun.data.examples import EncodedRow
     from twinrun.diag.recorder import DiagRecorder
-    from twinrun.train.session import Session
+    from twinrun.train.setup.session import Session
 
 
 class EvaluationHook(Hook):

@@ -10,7 +10,7 @@ import torch
 
 from twinrun.core.errors import TwinrunError
 from twinrun.train.hooks.checkpoint import Checkpointer
-from twinrun.train.loop import Hook, Phase, StepView
+from twinrun.train.step.loop import Hook, Phase, StepView
 
 
 class NonFiniteError(TwinrunError, ArithmeticError):

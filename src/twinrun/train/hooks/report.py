@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from twinrun.config.run import REPORT_BACKENDS, check_report_to, report_backends
-from twinrun.train.loop import Hook, Phase, StepView
+from twinrun.train.step.loop import Hook, Phase, StepView
 
 __all__ = ["ReportHook", "check_report_to", "flat_params", "numeric_fields"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import resource
 from typing import Any
 
-from twinrun.train.loop import Hook, Phase, StepView
+from twinrun.train.step.loop import Hook, Phase, StepView
 
 
 def peak_memory(device: str) -> tuple[int, str]:

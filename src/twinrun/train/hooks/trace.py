@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from twinrun.train.loop import Hook, Phase, StepView
+from twinrun.train.step.loop import Hook, Phase, StepView
 
 if TYPE_CHECKING:
     from twinrun.diag.trace import StepTrace

@@ -17,7 +17,7 @@ from twinrun.train.recipes.grpo import GrpoRecipe
 from twinrun.train.recipes.pairs import PAIR_RECIPES
 from twinrun.train.recipes.sft import SftRecipe
 from twinrun.train.recipes.text import TextRecipe
-from twinrun.train.session import finish_session, open_session
+from twinrun.train.setup.session import finish_session, open_session
 
 _KINDS: tuple[type[Recipe], ...] = (SftRecipe, *PAIR_RECIPES, GrpoRecipe, TextRecipe)
 RECIPES: dict[str, type[Recipe]] = {kind.name: kind for kind in _KINDS}

@@ -9,7 +9,7 @@ record of objectives/registry.py) and says:
   `total_steps`, its checkpointed state (`objective_state`, GRPO's replay buffer) and its own
   trainable parameters beyond the adapter (`extra_params()`, the reward head);
 - `prepare(step)` / `collect(step, plan)` / `forwards(step, batch)` / `after_update(step,
-  outcome)`: the step protocol of train/loop.py (only GRPO collects: it samples; the other
+  outcome)`: the step protocol of train/step/loop.py (only GRPO collects: it samples; the other
   objectives' plans are their batches);
 - `summary(metrics, spikes)` and `finish(session)`: the sidecar's metrics and any record of its
   own files (the reward head's);
@@ -30,8 +30,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from twinrun.train.loop import Params, StepForwards, StepRecipe
-from twinrun.train.session import read_examples
+from twinrun.train.setup.session import read_examples
+from twinrun.train.step.loop import Params, StepForwards, StepRecipe
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from twinrun.model.dropout import RowKey
     from twinrun.model.tokens import CheckpointTokenizer
     from twinrun.train.hooks.checkpoint import ObjectiveState
-    from twinrun.train.session import ModelSession, Session
+    from twinrun.train.setup.session import ModelSession, Session
 
 Rows = list[dict[str, Any]]  # metrics rows, or spike records
 Encode = Callable[["ValidRun", "CheckpointTokenizer", Any, int], list[Any]]
@@ -150,7 +150,7 @@ def epoch_plans(session: Session, n: int) -> list[StepPlan]:
     forwards of item indices, keyed per-epoch shuffles (a planted sampler fault unseeds them)."""
     from twinrun.config.resolved import EpochPlan
     from twinrun.data.batching import plan_steps
-    from twinrun.train.faults import unseeded_plans
+    from twinrun.train.step.faults import unseeded_plans
 
     run = session.run
     epochs = run.record(EpochPlan)

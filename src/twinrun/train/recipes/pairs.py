@@ -42,8 +42,8 @@ from twinrun.objectives.ipo import ipo_loss
 from twinrun.objectives.registry import objective
 from twinrun.objectives.reward import bradley_terry_loss
 from twinrun.objectives.simpo import simpo_loss
-from twinrun.train.distributed import in_global_order, is_root
-from twinrun.train.loop import Forward, Params, StepForwards, StepOutcome
+from twinrun.train.parallel.distributed import in_global_order, is_root
+from twinrun.train.parallel.sharding import forward_slots
 from twinrun.train.recipes.base import (
     Recipe,
     RecipeData,
@@ -54,8 +54,8 @@ from twinrun.train.recipes.base import (
     row_starts,
 )
 from twinrun.train.recipes.sft import Padded, chunked_forward
-from twinrun.train.session import ModelSession, Session
-from twinrun.train.sharding import forward_slots
+from twinrun.train.setup.session import ModelSession, Session
+from twinrun.train.step.loop import Forward, Params, StepForwards, StepOutcome
 
 
 @dataclass

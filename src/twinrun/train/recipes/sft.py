@@ -24,8 +24,8 @@ from twinrun.data.examples import EncodedRow, SourcedRow, encode_sft_rows
 from twinrun.model.head_chunks import chunks_head, completion_nll_by_chunks
 from twinrun.objectives.sft import completion_nll
 from twinrun.rl.tool_calls import ToolFieldsWarning, dropped_tool_fields
-from twinrun.train.distributed import in_global_order
-from twinrun.train.loop import Forward, StepForwards, StepOutcome
+from twinrun.train.parallel.distributed import in_global_order
+from twinrun.train.parallel.sharding import forward_slots
 from twinrun.train.recipes.base import (
     Recipe,
     RecipeData,
@@ -35,8 +35,8 @@ from twinrun.train.recipes.base import (
     examples_data,
     row_starts,
 )
-from twinrun.train.session import ModelSession, Session
-from twinrun.train.sharding import forward_slots
+from twinrun.train.setup.session import ModelSession, Session
+from twinrun.train.step.loop import Forward, StepForwards, StepOutcome
 
 if TYPE_CHECKING:
     from twinrun.model.tokens import CheckpointTokenizer

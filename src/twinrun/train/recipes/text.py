@@ -22,10 +22,10 @@ from twinrun.data.corpus import check_window, read_corpus, tokenize_corpus, wind
 from twinrun.data.corpus import window_start as start_of
 from twinrun.data.examples import EncodedRow
 from twinrun.model.tokens import CheckpointTokenizer
-from twinrun.train.loop import StepForwards
 from twinrun.train.recipes.base import Recipe, RecipeData, Rows
 from twinrun.train.recipes.sft import SftRecipe, sft_forwards
-from twinrun.train.session import Session
+from twinrun.train.setup.session import Session
+from twinrun.train.step.loop import StepForwards
 
 
 @dataclass

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from twinrun.core.fileio import write_failed
 from twinrun.core.ledger import note_written
-from twinrun.train.outputs import COMPLETIONS
+from twinrun.train.outputs.run_dir import COMPLETIONS
 
 __all__ = ["COMPLETIONS", "TranscriptLog", "transcript"]
 

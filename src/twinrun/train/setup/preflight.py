@@ -1,0 +1,142 @@
+"""What a training run reads and writes, checked before torch loads.
+
+`CHECKS` is the one list of a run's input checks, in order; `preflight(run)` runs it, so a
+mistake costs no torch, transformers or PEFT import (seconds on a small machine): the output
+directory (when resuming: that it holds something to resume,
+`train.resume_check.check_resumable`), the model directory, its `config.json`, tokenizer files
+and safetensors weights, the `--device` name, each examples, evaluation examples and corpus file
+(read and every row's shape checked as the objective reads it, `data.shapes`), the schedule over
+the steps the examples make, and that an `--init-adapter` is a directory whose weights are a
+readable safetensors file of float32 tensors (its header: `train.init_adapter.check_init_header`).
+The commands run it before importing torch and tell `train` so (`checked=True`); a library call
+of `train(run)` has the session run it. A new input check is one function added to `CHECKS`.
+What needs a tokenizer or a model (a row's length, the weights' shapes) is checked by the
+session as it loads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from twinrun.config.resolved import (
+    EpochPlan,
+    Evaluation,
+    Examples,
+    StepCount,
+    TextWindows,
+    ValidRun,
+)
+from twinrun.config.schedule import check_schedule
+from twinrun.core import reading
+from twinrun.core.determinism import parse_device
+from twinrun.core.errors import ConfigError
+from twinrun.data.batching import steps_per_epoch
+from twinrun.data.examples import load_rows
+from twinrun.data.shapes import check_shapes
+from twinrun.model.loading import check_model_dir, read_model_config, shard_files
+from twinrun.model.tokens import check_tokenizer_files
+from twinrun.objectives.registry import objective
+from twinrun.train.outputs.init_adapter import check_init_header
+from twinrun.train.outputs.resume_check import check_resumable
+from twinrun.train.outputs.run_dir import check_output_dir, config_inputs
+from twinrun.train.parallel.distributed import process_device
+
+
+def _readable(path: str, what: str, hint: str, missing: str | None = None) -> None:
+    if Path(path).is_dir():  # a `datasets` save_to_disk directory: its reader says the rest
+        return
+    reading.open_regular(path, what, hint=hint, missing=missing).close()
+
+
+def preflight(run: ValidRun) -> None:
+    """OutputError, ModelError, ConfigError or DataError — one line — for the first input of
+    `run` that cannot be used: each of `CHECKS` in turn."""
+    for check in CHECKS:
+        check(run)
+
+
+def check_output(run: ValidRun) -> None:
+    """The run directory can be written (or, with `--resume`, holds a run to continue)."""
+    if not run.switches.resume:
+        check_output_dir(run.output, run.switches.overwrite, config_inputs(run.as_config()))
+    else:
+        check_resumable(Path(run.output))
+
+
+def check_model_files(run: ValidRun) -> None:
+    """The model directory, its config.json, tokenizer files and safetensors weights."""
+    check_model_dir(Path(run.model))
+    read_model_config(run.model)
+    check_tokenizer_files(Path(run.model))
+    shard_files(run.model)  # safetensors weights (not pickle only), every shard the index names
+
+
+def check_device(run: ValidRun) -> None:
+    """The `--device` name (torchrun gives `cuda` each process's index)."""
+    parse_device(process_device(run.backend.device))
+
+
+def check_data(run: ValidRun) -> None:
+    """Every row's shape as the objective reads it, the schedule over the steps the examples
+    make, the evaluation examples and the corpus files."""
+    templated = run.has(Examples) and run.record(Examples).templated
+    examples = 0
+    if run.has(Examples):
+        rows = load_rows(run.record(Examples).examples)
+        check_shapes(objective(run.objective).data, rows, templated)
+        examples = len(rows)
+    check_run_schedule(run, examples)
+    if run.has(Evaluation):
+        path = run.record(Evaluation).eval_examples
+        _readable(path, "examples file", "check the --eval-examples path")
+        check_shapes("examples", load_rows(path)[: run.switches.eval_limit], templated)
+    for corpus in run.record(TextWindows).corpus if run.has(TextWindows) else ():
+        _readable(corpus, "corpus file", "check the --corpus paths",
+                  f"corpus file {corpus} does not exist")  # fmt: skip
+
+
+def check_adapter(run: ValidRun) -> None:
+    """An `--init-adapter` is a directory whose weights are a readable float32 safetensors file."""
+    if run.build.init_adapter is not None:
+        check_init_header(run.build.init_adapter)
+
+
+Check = Callable[[ValidRun], None]
+# The one list of a run's input checks, in order: `preflight` runs it before torch loads (the
+# commands), and the session runs it when its caller has not (`train(run)` from a library).
+CHECKS: list[Check] = [check_output, check_model_files, check_device, check_data, check_adapter]
+
+
+def check_run_schedule(run: ValidRun, examples: int) -> ValidRun:
+    """The learning-rate schedule fits the run's steps (checked before anything is written):
+    `--steps`, or the epochs over its `examples` (pairs for dpo/reward). Returns the run with
+    its warm-up in steps (`--warmup-ratio`'s, made from the run's steps)."""
+    if run.has(StepCount):
+        total = run.record(StepCount).steps
+        run = run.with_warmup(total)
+        assert run.warmup_steps is not None  # with_warmup made them
+        check_schedule(run.warmup_steps, total, run.lr_schedule, run.optimizer.decay_steps)
+        return run
+    plan = run.record(EpochPlan)
+    per_epoch = steps_per_epoch(examples, run.batch_size, plan.accumulation)
+    try:
+        run = run.with_warmup(plan.epochs * per_epoch)
+        assert run.warmup_steps is not None  # with_warmup made them
+        check_schedule(run.warmup_steps, plan.epochs * per_epoch, run.lr_schedule,
+                       run.optimizer.decay_steps)  # fmt: skip
+    except ConfigError as exc:  # say where the step count came from: the data and the batch
+        step = run.batch_size * plan.accumulation
+        made = (
+            f"{examples} examples at --batch-size {run.batch_size} x --accumulation "
+            f"{plan.accumulation} make {per_epoch} step(s) an epoch, {plan.epochs} epoch(s)"
+        )
+        if examples < step:  # the likelier mistake, said first: a step larger than the data
+            raise ConfigError(
+                f"one step takes {step} examples (--batch-size {run.batch_size} x "
+                f"--accumulation {plan.accumulation}) and the data has {examples}: the run "
+                f"has {plan.epochs * per_epoch} step(s), and {exc.message}",
+                f"give more examples or a smaller --batch-size / --accumulation (or {exc.hint})",
+            ) from exc
+        raise ConfigError(f"{exc.message} ({made})", exc.hint) from exc
+    return run

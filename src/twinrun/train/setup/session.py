@@ -1,0 +1,392 @@
+"""What every training command does around its step loop: validate everything before writing
+anything, establish strict mode before any model exists, load the checkpoint and apply LoRA, and
+at the end write the adapter, metrics and sidecar atomically."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from twinrun.config.resolved import (
+    Evaluation,
+    Examples,
+    TextWindows,
+    ValidRun,
+)
+from twinrun.config.run import shaping_numbers
+from twinrun.config.trl_defaults import defaults_record
+from twinrun.core.digest import sha256_file
+from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
+from twinrun.core.lock import acquire, release
+from twinrun.core.progress import Progress
+from twinrun.core.redact import redact
+from twinrun.data.examples import SourcedRow, examples_sha256, load_rows
+from twinrun.train.outputs.resume_check import check_resume, run_inputs
+from twinrun.train.outputs.run_dir import (
+    adopt_run_dir,
+    begin_output_dir,
+    check_output_dir,
+    sidecar,
+)
+from twinrun.train.parallel import distributed
+from twinrun.train.setup.preflight import check_run_schedule, preflight
+from twinrun.train.step.faults import Faults, parse_faults
+
+if TYPE_CHECKING:
+    from twinrun.data.examples import EncodedRow
+    from twinrun.model.build import CausalLM
+    from twinrun.model.prelude import Prelude
+    from twinrun.model.shard_digests import BaseDigests
+    from twinrun.model.tokens import CheckpointTokenizer
+    from twinrun.train.step.loop import Params
+
+
+E = TypeVar("E")  # what a recipe's data encodes to (rows, pairs, token ids)
+
+
+@dataclass
+class ModelSession:
+    """What an objective's forwards use of a run: the validated run, tokenizer and model (a
+    training `Session`, or what replay builds without any data)."""
+
+    run: ValidRun  # validated once the process knows its device; never changed after
+    tok: CheckpointTokenizer
+    model: CausalLM
+
+
+@dataclass
+class Session(ModelSession):
+    """A training run's session: the model and what the run read, checked and recorded."""
+
+    out: Path
+    params: Params
+    provenance: dict[str, Any]
+    runtime: dict[str, Any]
+    model_sha256: str
+    data_sha256: str
+    faults: Faults
+    max_length: int  # tokens per row at most: --max-length, else the model's positions
+    eval_rows: list[EncodedRow] = field(default_factory=list)  # --eval-examples, encoded, limited
+    eval_sha256: str | None = None
+    progress: Progress | None = None
+    started: float = field(default_factory=time.perf_counter)
+    lock: Path | None = None  # the output directory's lock, released by finish_session
+
+    def save_adapter(self, folder: Path) -> None:
+        """The run's LoRA adapter, in PEFT's format, into `folder`."""
+        from twinrun.model.lora import save_adapter
+
+        run = self.run
+        save_adapter(
+            self.model, folder, base_model_path=run.model, rank=run.lora_rank,
+            alpha=run.lora_alpha, dropout=run.build.lora_dropout or 0.0,
+        )  # fmt: skip
+
+    def shaping(self) -> dict[str, Any]:
+        """Every number that shaped the run, with the values twinrun resolved recorded."""
+        return shaping_numbers(
+            self.run.as_config(),
+            resolved={"lora_targets": self.lora_targets, "max_length": self.max_length},
+        )
+
+    def close(self) -> None:
+        """Release the output directory's lock (finish_session does; call it when a run stops
+        early inside a longer-lived process — a CLI process releases it at exit anyway)."""
+        if self.lock is not None:
+            release(self.lock)
+            self.lock = None
+        from twinrun.core.ledger import untrack
+
+        untrack(self.out)
+
+    @property
+    def lora_targets(self) -> list[str]:
+        """The module names the run's LoRA layers wrap, as resolved for this model."""
+        from twinrun.model.lora import adapter_targets
+
+        return adapter_targets(self.model)
+
+
+def read_examples(run: ValidRun) -> tuple[list[SourcedRow], str]:
+    """The rows of `--examples` and the file's SHA256."""
+    path = run.record(Examples).examples
+    return load_rows(path), examples_sha256(path)
+
+
+def open_session(
+    given: ValidRun,
+    encode: Callable[[ValidRun, CheckpointTokenizer, Any, int], list[E]],
+    read: Callable[[ValidRun], tuple[Any, str]] = read_examples,
+    checked: bool = False,
+) -> tuple[Session, list[E]]:
+    """Check model, data and output of the validated run; then build. Nothing is written before
+    every input has been checked; the output directory is locked for the whole session (by the
+    process that writes it: rank 0 under torchrun). `read` gives the raw data `encode`
+    tokenizes and its SHA256 (the examples file by default; the text corpus for `tune text`);
+    both are given the run. `checked`: the caller ran the input checks (`preflight.CHECKS`)
+    already; else they run here, after the lock is taken."""
+    # joins torchrun's process group, if any; rank 0 reports, the others only compute
+    device = distributed.setup(given.backend.device)
+    quiet = given.switches.quiet or not distributed.is_root()
+    run = given.with_switches(device=device, quiet=quiet)
+    from twinrun.train.parallel.sharding import check_shard_base
+
+    check_shard_base(run.backend)
+    if run.switches.trace_step is not None and distributed.world().size > 1:
+        from twinrun.core.errors import ConfigError
+
+        raise ConfigError(
+            "--trace-step traces the forwards of one process; under torchrun each process runs "
+            "only some of the step's forwards",
+            "trace the step in a run without torchrun (its bytes are the same)",
+        )
+    faults = parse_faults(run.switches.inject, run.objective)
+    # the second writer stops here; under torchrun only rank 0 writes, so only it locks
+    lock = acquire(run.output) if distributed.is_root() else None
+    try:
+        return _open_locked(run, encode, read, faults, lock, checked)
+    except BaseException:
+        if lock is not None:
+            release(lock)
+        raise
+
+
+def _open_locked(
+    run: ValidRun,
+    encode: Callable[[ValidRun, CheckpointTokenizer, Any, int], list[E]],
+    read: Callable[[ValidRun], tuple[Any, str]],
+    faults: Faults,
+    lock: Path | None,
+    checked: bool,
+) -> tuple[Session, list[E]]:
+    if not checked:  # the commands ran the input checks before importing torch
+        preflight(run)
+    out, backend = Path(run.output), run.backend
+    from twinrun.core.determinism import runtime_versions
+    from twinrun.model.prelude import open_model
+
+    p = open_model(
+        run.model, strict=backend.strict, threads=backend.threads, device=backend.device,
+        cpu_kernels=backend.cpu_kernels, adapter=run.build.init_adapter,
+    )  # fmt: skip
+    check_base_fits(run)
+    run, data = _read_data(run, p, encode, read)
+    switches = run.switches  # a resume that starts again is a fresh run
+    from twinrun.train.parallel.sharding import bound_allocator
+
+    # before the base is built: a sharded base's gather buffers and blockwise attention's block
+    # temporaries, once freed, go back to the system (the long-row peaks halve; same bytes)
+    bounded = backend.shard_base or run.build.attention == "blockwise"
+    allocator = bound_allocator() if bounded else {}
+    model, params = _build_model(run, p)
+    from twinrun.train.parallel.agreement import agreement_record
+
+    # every process has the same settings and inputs (or every process stops), then rank 0 writes
+    distributed.agree(
+        "waiting for every process to check its inputs",
+        agreement_record(run.as_config(), data.inputs, data.base_outline),
+    )
+    sharding: dict[str, int] = {}
+    if backend.shard_base:  # after the agreement: every process shards, or none does
+        from twinrun.train.parallel.sharding import shard_base
+
+        sharding = shard_base(model, params, backend.device, data.base)
+    if not switches.resume and distributed.is_root():  # the list of files, the inputs record
+        begin_output_dir(out, switches.overwrite, data.inputs)
+    elif distributed.is_root():
+        adopt_run_dir(out)  # a resume goes on listing what it writes
+    session = Session(
+        run=run,
+        out=out,
+        tok=p.tok,
+        model=model,
+        params=params,
+        provenance=p.provenance,
+        runtime=runtime_versions() | distributed.runtime_record() | sharding | allocator,
+        model_sha256=data.inputs["model_sha256"],
+        data_sha256=data.data_sha256,
+        faults=faults,
+        max_length=data.max_length,
+        lock=lock,
+        eval_rows=data.eval_rows,
+        eval_sha256=data.eval_sha256,
+    )
+    return session, data.encoded
+
+
+@dataclass
+class RunData(Generic[E]):
+    """A run's data, read, checked and encoded before the model is built."""
+
+    encoded: list[E]
+    data_sha256: str
+    eval_sha256: str | None
+    eval_rows: list[EncodedRow]
+    max_length: int
+    inputs: dict[str, Any]  # the run's inputs record (train/outputs/resume_check.py `run_inputs`)
+    base: BaseDigests | None = None  # `--shard-base`: rank 0's pass (model/shard_digests.py)
+    base_outline: str | None = None  # `--shard-base`: this process's digest of the model's outline
+
+
+def _read_data(
+    run: ValidRun,
+    p: Prelude,
+    encode: Callable[[ValidRun, CheckpointTokenizer, Any, int], list[E]],
+    read: Callable[[ValidRun], tuple[Any, str]],
+) -> tuple[ValidRun, RunData[E]]:
+    """Read the data, check a resume against it, encode it and the evaluation rows; the run as
+    it goes on (a resume killed before its first checkpoint starts again, `--overwrite`)."""
+    out = Path(run.output)
+    rows, data_sha256 = read(run)
+    eval_sha256 = eval_digest(run)
+    base, outline = None, None
+    if run.backend.shard_base:  # rank 0 hashes every byte; each process hashes what it reads
+        from twinrun.model.shard_digests import base_digests, outline_sha256
+
+        size = distributed.world().size
+        base = distributed.from_root(lambda: base_digests(run.model, size), "hashing the model")
+        outline = outline_sha256(run.model)
+    inputs = run_inputs(run, data_sha256, eval_sha256, base.sha256 if base else None)
+    # a resume with other inputs is refused before they are tokenized (a changed tokenizer
+    # would warn about rows first) and before any file is touched
+    if run.switches.resume and check_resume(out, inputs) == 0:
+        # killed before its first checkpoint: start again from step 0
+        run = run.with_switches(resume=False, overwrite=True)
+        check_output_dir(out, run.switches.overwrite)  # its partial logs go; anything foreign stops
+    max_length = p.max_length(run.build.max_length)
+    encoded = encode(run, p.tok, rows, max_length)
+    run = check_run_schedule(run, len(encoded))  # and --warmup-ratio's steps made
+    eval_rows = read_eval_rows(run, p.tok, max_length)
+    return run, RunData(
+        encoded, data_sha256, eval_sha256, eval_rows, max_length, inputs, base, outline
+    )
+
+
+def check_base_fits(run: ValidRun) -> None:
+    """The memory refusal (`model.shards.check_fits`), from the weights' headers alone, before a
+    byte of the base is read: the model's SHA256 comes after it, and reads every byte."""
+    from twinrun.model.build import PRECISIONS
+    from twinrun.model.shards import check_fits
+
+    world = distributed.world().size if run.backend.shard_base else 1
+    check_fits(run.model, PRECISIONS[run.precision], world)
+
+
+def _build_model(run: ValidRun, p: Prelude) -> tuple[CausalLM, Params]:
+    """The model with fresh LoRA factors (or the `--init-adapter`, its files and shape checked
+    first) and its trainable parameters, their data in one buffer (`twinrun.core.tiles`)."""
+    from twinrun.core.tiles import tile_parameters
+    from twinrun.model.build import FreshLora
+    from twinrun.model.lora import lora_parameters
+
+    build, backend = run.build, run.backend
+    loading = Progress(1, "", quiet=run.switches.quiet or not distributed.is_root())
+    loading.note(f"{run.objective}: loading {run.model} ...")  # a large model takes minutes
+    fresh = FreshLora(run.lora_rank, run.lora_alpha, run.seed, build.lora_targets)
+    if build.init_adapter is not None:  # its files and shape, before the model loads (minutes)
+        check_adapter_shape(run)
+    model = p.build(
+        precision=run.precision, seed=run.seed, attention=build.attention,
+        lora=None if build.init_adapter is not None else fresh,
+        batch_invariant=backend.batch_invariant,
+        gradient_checkpointing=backend.gradient_checkpointing,
+        shard_over=distributed.world().size if backend.shard_base else None,
+    )  # fmt: skip
+    params = lora_parameters(model)
+    tile_parameters([p for _, p in params])
+    return model, params
+
+
+def eval_digest(run: ValidRun) -> str | None:
+    """The evaluation examples' SHA256; a missing path or one that is not a regular file is
+    refused as the examples reader refuses it (before it is hashed)."""
+    if not run.has(Evaluation):
+        return None
+    return examples_sha256(run.record(Evaluation).eval_examples)
+
+
+def read_eval_rows(run: ValidRun, tok: CheckpointTokenizer, max_length: int) -> list[EncodedRow]:
+    """The `--eval-examples` rows (SFT rows, the run's chat template and `--messages-loss`; a
+    text run's plain),
+    encoded and cut to `--eval-limit`; checked like training examples, before anything is
+    written."""
+    if not run.has(Evaluation):
+        return []
+    from twinrun.data.examples import encode_sft_rows
+
+    raw = load_rows(run.record(Evaluation).eval_examples)
+    templated = run.has(Examples) and run.record(Examples).templated
+    all_tokens = run.build.messages_loss == "all"  # evaluated as the run trains its rows
+    return encode_sft_rows(tok, raw[: run.switches.eval_limit], templated, max_length, all_tokens)
+
+
+def check_adapter_shape(run: ValidRun) -> None:
+    """A run that starts from an existing adapter (e.g. `twinrun init-adapter`) has its shape,
+    and the adapter is one to trust (`train.init_adapter.check_init_adapter`: readable, float32,
+    finite, its config of the tensors' rank)."""
+    from twinrun.core.errors import ConfigError
+    from twinrun.train.outputs.init_adapter import check_init_adapter
+
+    given = run.build.init_adapter
+    adapter = check_init_adapter(given)  # type: ignore[arg-type]  # called when given
+    if (
+        adapter.get("r") != run.lora_rank
+        or float(adapter.get("lora_alpha", "nan")) != run.lora_alpha
+    ):
+        raise ConfigError(
+            f"adapter {given} has rank {adapter.get('r')} alpha "
+            f"{adapter.get('lora_alpha')}, the run asks for rank {run.lora_rank} alpha "
+            f"{run.lora_alpha}",
+            "make the LoRA flags match the adapter",
+        )
+
+
+def finish_session(
+    s: Session,
+    metrics: list[dict[str, Any]],
+    summary: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write the adapter, metrics.jsonl and the sidecar (last: it marks a finished run). In a
+    data-parallel run rank 0 writes them and the others return an empty record."""
+    from twinrun.train.parallel import distributed
+
+    if not distributed.is_root():
+        return {}
+    s.save_adapter(s.out)
+    if s.run.switches.stop_after is not None:  # the steps run, not the steps planned
+        summary = summary | {"steps": len(metrics), "planned_steps": summary.get("steps")}
+    atomic_write_jsonl(s.out / "metrics.jsonl", metrics)
+    adapter_sha = sha256_file(s.out / "adapter_model.safetensors")
+    record = sidecar(
+        train=s.shaping(),
+        model_sha256=s.model_sha256,
+        data_sha256=s.data_sha256,
+        adapter_sha256=adapter_sha,
+        determinism=s.provenance,
+        runtime=s.runtime,
+        metrics=summary | {"wall_s": time.perf_counter() - s.started},
+        extra={"inputs": redact(inputs_of(s.run))}
+        | ({"eval": {"sha256": s.eval_sha256, "examples": len(s.eval_rows)}} if s.eval_rows else {})
+        | ({"defaults": taken} if (taken := defaults_record(s.run.as_config())) else {})
+        | (extra or {}),
+    )
+    atomic_write_json(s.out / "twinrun.json", record)
+    s.close()
+    return record
+
+
+def inputs_of(run: ValidRun) -> dict[str, Any]:
+    """The input paths a sidecar names (the corpus files of a text run, in order; the evaluation
+    examples when given) — what `twinrun reproduce` reads them from."""
+    paths: dict[str, Any] = {"model": run.model}
+    if run.has(Examples):
+        paths["examples"] = run.record(Examples).examples
+    else:
+        paths["corpus"] = list(run.record(TextWindows).corpus)
+    if run.has(Evaluation):
+        paths["eval_examples"] = run.record(Evaluation).eval_examples
+    return paths
