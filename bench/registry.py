@@ -320,6 +320,15 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         kind="sweep",
         tests=("tests/integration/test_one_line_round5.py",),
     ),
+    Benchmark(
+        name="setup_trace",
+        measures="the modules one toy SFT run's set-up passes through, from train() to its first "
+        "step: transitions and re-entries (structure, not speed)",
+        goal=None,
+        results=_files("setup_trace"),
+        script="setup_trace",
+        quick=("--quick",),
+    ),
 )
 
 #: The other scripts in bench/: run by a benchmark, or the kit itself.

@@ -8,7 +8,7 @@ module. Calls into torch, transformers and the standard library are not counted:
 call out to them and back is no transition.
 
 What it shows is structure, not speed: fewer re-entries is a set-up that reads in one pass.
-Writes bench/results/setup_trace.json and .md. `--quick` prints only.
+Writes bench/results/setup_trace.json and .md (`--quick` is the same run: it takes seconds).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def trace_setup(work: Path) -> tuple[list[str], list[str]]:
     from twinrun.config.resolved import ValidRun
     from twinrun.config.run import RunConfig
     from twinrun.model.toy import write_toy_checkpoint
-    from twinrun.train import loop as loop_module
     from twinrun.train.recipes import train
+    from twinrun.train.step import loop as loop_module
 
     model = work / "model"
     write_toy_checkpoint(model, seed=0)
@@ -134,15 +134,14 @@ def render(res: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="prints only")
-    args = ap.parse_args()
+    ap.add_argument("--quick", action="store_true", help="the same run: it takes seconds")
+    ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="twinrun-setup-trace-") as tmp:
         calls, taking_run = trace_setup(Path(tmp))
     res = {"meta": meta(0.0), "taking_run": summarise(taking_run), "all_calls": summarise(calls)}
     md = render(res)
     print(md)
-    if not args.quick:
-        write_results(NAME, res, f"# {NAME}\n\n{md}")
+    write_results(NAME, res, f"# {NAME}\n\n{md}")
 
 
 if __name__ == "__main__":

@@ -35,9 +35,16 @@ def train(run: RunConfig | ValidRun, checked: bool = False) -> dict[str, Any]:
             )
         run = validate(run)
     kind = RECIPES[run.objective]
-    data = kind.data(run)  # what the data needs is built (and checked) before anything is written
-    session, encoded = open_session(run, data.encode, data.read, checked)
-    recipe = kind.open(session, encoded, data.context)
+    context = kind.context(run)  # built (and checked) before anything is written
+    opening = open_session(run, kind.read, checked)  # locked, checked, read, resume checked
+    try:
+        encoded = kind.encode(opening.run, opening.tok, opening.raw.items, opening.max_length,
+                              context)  # fmt: skip
+        session = opening.session(encoded)
+    except BaseException:
+        opening.close()
+        raise
+    recipe = kind.open(session, encoded, context)
     session.params = [*session.params, *recipe.extra_params()]  # the reward head trains too
     loop = make_loop(session, recipe.total_steps, recipe.objective_state)
     drive(session, loop, recipe, recipe.objective_state)

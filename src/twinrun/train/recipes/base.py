@@ -3,8 +3,11 @@ replay alike.
 
 A recipe class is registered under its objective's name (`RECIPES` in this package, one entry per
 record of objectives/registry.py) and says:
-- `data(run)`: how the validated run's data is read and encoded (checked before anything is written;
-  `open_session` calls it with the validated run);
+- `context(run)`, `read(run)` and `encode(run, tok, raw, max_length, context)`: what the run
+  builds before anything is written (GRPO: its environment), how its data is read (the raw rows
+  and their SHA256, `open_session` calls it once the output is locked and the inputs checked) and
+  encoded (checked, tokenized with the opened tokenizer); the session is built over the encoded
+  data (`train` in this package says the order);
 - `open(session, encoded, context)`: the recipe of a training run over the encoded data, with
   `total_steps`, its checkpointed state (`objective_state`, GRPO's replay buffer) and its own
   trainable parameters beyond the adapter (`extra_params()`, the reward head);
@@ -30,7 +33,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from twinrun.train.setup.session import read_examples
+from twinrun.train.setup.session import RawData, read_examples
 from twinrun.train.step.loop import Params, StepForwards, StepRecipe
 
 if TYPE_CHECKING:
@@ -45,23 +48,11 @@ if TYPE_CHECKING:
     from twinrun.train.setup.session import ModelSession, Session
 
 Rows = list[dict[str, Any]]  # metrics rows, or spike records
-Encode = Callable[["ValidRun", "CheckpointTokenizer", Any, int], list[Any]]
-Read = Callable[["ValidRun"], tuple[Any, str]]
-
-
-@dataclass(frozen=True)
-class RecipeData:
-    """How a run's data is read (the raw data and its SHA256) and encoded (checked, tokenized),
-    and what the recipe built to check it (GRPO: its environment) — handed to `open`."""
-
-    encode: Encode
-    read: Read = read_examples
-    context: Any = None
 
 
 class Recipe(StepRecipe):
     """An objective's run (see the module docstring). Subclasses set `name` and implement
-    `data`, `open`, `replay_forwards`, `prepare`, `forwards` and `summary`."""
+    `encode`, `open`, `replay_forwards`, `prepare`, `forwards` and `summary`."""
 
     name: ClassVar[str]
     plans: Sequence[Any]  # what each step trains on, planned when the run opens: one per step
@@ -73,9 +64,24 @@ class Recipe(StepRecipe):
         return len(self.plans)
 
     @classmethod
+    def context(cls, run: ValidRun) -> Any:
+        """What the run builds before anything is written and its data is encoded with (GRPO: its
+        environment, a plugin's errors raised here); None for most objectives."""
+        return None
+
+    @classmethod
+    def read(cls, run: ValidRun) -> RawData:
+        """The run's raw data and its SHA256: the `--examples` rows unless the objective reads
+        other files."""
+        return read_examples(run)
+
+    @classmethod
     @abstractmethod
-    def data(cls, given: ValidRun) -> RecipeData:
-        """How the run's data is read and encoded (before anything is written)."""
+    def encode(
+        cls, run: ValidRun, tok: CheckpointTokenizer, raw: Any, max_length: int, context: Any
+    ) -> list[Any]:
+        """The raw data checked and tokenized (rows, pairs, token ids), before anything is
+        written."""
 
     @classmethod
     @abstractmethod
@@ -133,16 +139,6 @@ def dropout_for(s: ModelSession, step: int, rows: Iterable[RowKey]) -> AbstractC
 def row_starts(sizes: Iterable[int]) -> list[int]:
     """Where each forward's rows start among the step's rows (forward sizes in order)."""
     return list(itertools.accumulate(sizes, initial=0))[:-1]
-
-
-def examples_data(encode: Callable[[CheckpointTokenizer, Any, bool, int], list[Any]]) -> RecipeData:
-    """An examples file's data: its rows encoded by `encode(tok, raw, templated, max_length)`
-    (`templated`: through the chat template)."""
-    from twinrun.config.resolved import Examples
-
-    return RecipeData(
-        lambda run, tok, raw, max_len: encode(tok, raw, run.record(Examples).templated, max_len)
-    )
 
 
 def epoch_plans(session: Session, n: int) -> list[StepPlan]:

@@ -37,7 +37,7 @@ import random
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -65,12 +65,15 @@ from twinrun.rl.tool_settings import check_tool_run
 from twinrun.train.hooks.checkpoint import ObjectiveState
 from twinrun.train.parallel.distributed import in_global_order, is_root, mine
 from twinrun.train.parallel.sharding import forward_slots, paced
-from twinrun.train.recipes.base import Recipe, RecipeData, Rows, dropout_for
+from twinrun.train.recipes.base import Recipe, Rows, dropout_for
 from twinrun.train.recipes.episodes import check_tool_template, episode_block
 from twinrun.train.recipes.transcripts import COMPLETIONS, TranscriptLog
 from twinrun.train.setup.session import ModelSession, Session
 from twinrun.train.step.faults import unseeded_plans
 from twinrun.train.step.loop import Forward, StepForwards, StepOutcome
+
+if TYPE_CHECKING:
+    from twinrun.model.tokens import CheckpointTokenizer
 
 
 @dataclass
@@ -204,19 +207,20 @@ class GrpoRecipe(Recipe):
     transcripts: TranscriptLog | None = None  # --log-completions (the first process only)
 
     @classmethod
-    def data(cls, given: ValidRun) -> RecipeData:
-        """The environment is built (and a plugin's errors raised) before anything is written;
-        every row is checked by it before the output directory is made."""
-        name = given.record(Rollouts).env
-        env = run_environment(given)
+    def context(cls, run: ValidRun) -> tuple[str, Environment]:
+        """The environment is built (and a plugin's errors raised) before anything is written."""
+        return run.record(Rollouts).env, run_environment(run)
 
-        def encode(run: ValidRun, tok: Any, raw: Any, max_len: int) -> list[SourcedRow]:
-            templated = run.record(Examples).templated
-            rows = [conversational_prompt(r, templated) for r in raw]
-            env.check_rows(rows, run.seed)
-            return usable_prompts(tok, rows, run, env.plan.tool_turns)
-
-        return RecipeData(encode, context=(name, env))
+    @classmethod
+    def encode(
+        cls, run: ValidRun, tok: CheckpointTokenizer, raw: Any, max_length: int, context: Any
+    ) -> list[Any]:
+        """Every prompt checked by the environment before the output directory is made."""
+        _, env = context
+        templated = run.record(Examples).templated
+        rows = [conversational_prompt(r, templated) for r in raw]
+        env.check_rows(rows, run.seed)
+        return usable_prompts(tok, rows, run, env.plan.tool_turns)
 
     @classmethod
     def open(cls, session: Session, encoded: list[Any], context: Any) -> GrpoRecipe:

@@ -27,12 +27,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 
 from twinrun.capture.batch import OptimizerBatch
-from twinrun.config.resolved import Margin, Preference, ValidRun
+from twinrun.config.resolved import Examples, Margin, Preference, ValidRun
 from twinrun.data.batching import StepPlan, pad_rows
 from twinrun.data.pairs import EncodedPair, encode_pairs
 from twinrun.model.head_chunks import chunks_head, completion_nll_by_chunks
@@ -46,16 +46,17 @@ from twinrun.train.parallel.distributed import in_global_order, is_root
 from twinrun.train.parallel.sharding import forward_slots
 from twinrun.train.recipes.base import (
     Recipe,
-    RecipeData,
     Rows,
     dropout_for,
     epoch_plans,
-    examples_data,
     row_starts,
 )
 from twinrun.train.recipes.sft import Padded, chunked_forward
 from twinrun.train.setup.session import ModelSession, Session
 from twinrun.train.step.loop import Forward, Params, StepForwards, StepOutcome
+
+if TYPE_CHECKING:
+    from twinrun.model.tokens import CheckpointTokenizer
 
 
 @dataclass
@@ -159,8 +160,10 @@ class PairRecipe(Recipe):
     head: torch.nn.Linear | None
 
     @classmethod
-    def data(cls, given: ValidRun) -> RecipeData:
-        return examples_data(encode_pairs)
+    def encode(
+        cls, run: ValidRun, tok: CheckpointTokenizer, raw: Any, max_length: int, context: Any
+    ) -> list[Any]:
+        return encode_pairs(tok, raw, run.record(Examples).templated, max_length)
 
     @classmethod
     def open(cls, session: Session, encoded: list[Any], context: Any) -> PairRecipe:

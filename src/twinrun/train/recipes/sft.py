@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from twinrun.capture.batch import OptimizerBatch
-from twinrun.config.resolved import ValidRun
+from twinrun.config.resolved import Examples, ValidRun
 from twinrun.data.batching import StepPlan, pad_rows, padding_fraction
 from twinrun.data.examples import EncodedRow, SourcedRow, encode_sft_rows
 from twinrun.model.head_chunks import chunks_head, completion_nll_by_chunks
@@ -28,11 +28,9 @@ from twinrun.train.parallel.distributed import in_global_order
 from twinrun.train.parallel.sharding import forward_slots
 from twinrun.train.recipes.base import (
     Recipe,
-    RecipeData,
     Rows,
     dropout_for,
     epoch_plans,
-    examples_data,
     row_starts,
 )
 from twinrun.train.setup.session import ModelSession, Session
@@ -64,13 +62,11 @@ class SftRecipe(Recipe):
     plans: list[StepPlan]
 
     @classmethod
-    def data(cls, given: ValidRun) -> RecipeData:
-        all_tokens = given.build.messages_loss == "all"
-        return examples_data(
-            lambda tok, raw, templated, max_length: encode_tool_checked(
-                tok, raw, templated, max_length, all_tokens
-            )
-        )
+    def encode(
+        cls, run: ValidRun, tok: CheckpointTokenizer, raw: Any, max_length: int, context: Any
+    ) -> list[Any]:
+        templated, all_tokens = run.record(Examples).templated, run.build.messages_loss == "all"
+        return encode_tool_checked(tok, raw, templated, max_length, all_tokens)
 
     @classmethod
     def open(cls, session: Session, encoded: list[Any], context: Any) -> SftRecipe:

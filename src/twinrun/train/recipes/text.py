@@ -22,9 +22,9 @@ from twinrun.data.corpus import check_window, read_corpus, tokenize_corpus, wind
 from twinrun.data.corpus import window_start as start_of
 from twinrun.data.examples import EncodedRow
 from twinrun.model.tokens import CheckpointTokenizer
-from twinrun.train.recipes.base import Recipe, RecipeData, Rows
+from twinrun.train.recipes.base import Recipe, Rows
 from twinrun.train.recipes.sft import SftRecipe, sft_forwards
-from twinrun.train.setup.session import Session
+from twinrun.train.setup.session import RawData, Session
 from twinrun.train.step.loop import StepForwards
 
 
@@ -56,18 +56,16 @@ class TextRecipe(Recipe):
         return self.s.run.record(StepCount).steps
 
     @classmethod
-    def data(cls, given: ValidRun) -> RecipeData:
-        def read(run: ValidRun) -> tuple[list[str], str]:
-            return read_corpus(list(run.record(TextWindows).corpus))
+    def read(cls, run: ValidRun) -> RawData:
+        return RawData(*read_corpus(list(run.record(TextWindows).corpus)))
 
-        def encode(
-            run: ValidRun, tok: CheckpointTokenizer, texts: list[str], max_length: int
-        ) -> list[int]:
-            ids = tokenize_corpus(tok, texts)
-            check_window(len(ids), run.record(TextWindows).window, max_length)
-            return ids
-
-        return RecipeData(encode, read)
+    @classmethod
+    def encode(
+        cls, run: ValidRun, tok: CheckpointTokenizer, raw: Any, max_length: int, context: Any
+    ) -> list[Any]:
+        ids = tokenize_corpus(tok, raw)
+        check_window(len(ids), run.record(TextWindows).window, max_length)
+        return ids
 
     @classmethod
     def open(cls, session: Session, encoded: list[Any], context: Any) -> TextRecipe:

@@ -5,10 +5,10 @@ at the end write the adapter, metrics and sidecar atomically."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from twinrun.config.resolved import (
     Evaluation,
@@ -23,7 +23,7 @@ from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.core.lock import acquire, release
 from twinrun.core.progress import Progress
 from twinrun.core.redact import redact
-from twinrun.data.examples import SourcedRow, examples_sha256, load_rows
+from twinrun.data.examples import examples_sha256, load_rows
 from twinrun.train.outputs.resume_check import check_resume, run_inputs
 from twinrun.train.outputs.run_dir import (
     adopt_run_dir,
@@ -42,9 +42,6 @@ if TYPE_CHECKING:
     from twinrun.model.shard_digests import BaseDigests
     from twinrun.model.tokens import CheckpointTokenizer
     from twinrun.train.step.loop import Params
-
-
-E = TypeVar("E")  # what a recipe's data encodes to (rows, pairs, token ids)
 
 
 @dataclass
@@ -110,24 +107,30 @@ class Session(ModelSession):
         return adapter_targets(self.model)
 
 
-def read_examples(run: ValidRun) -> tuple[list[SourcedRow], str]:
+@dataclass(frozen=True)
+class RawData:
+    """A run's data as its files hold it, before any tokenizer: the rows (a corpus's texts for
+    `tune text`) and the SHA256 of what was read. What a recipe's `read` returns."""
+
+    items: Any
+    sha256: str
+
+
+def read_examples(run: ValidRun) -> RawData:
     """The rows of `--examples` and the file's SHA256."""
     path = run.record(Examples).examples
-    return load_rows(path), examples_sha256(path)
+    return RawData(load_rows(path), examples_sha256(path))
 
 
 def open_session(
-    given: ValidRun,
-    encode: Callable[[ValidRun, CheckpointTokenizer, Any, int], list[E]],
-    read: Callable[[ValidRun], tuple[Any, str]] = read_examples,
-    checked: bool = False,
-) -> tuple[Session, list[E]]:
-    """Check model, data and output of the validated run; then build. Nothing is written before
-    every input has been checked; the output directory is locked for the whole session (by the
-    process that writes it: rank 0 under torchrun). `read` gives the raw data `encode`
-    tokenizes and its SHA256 (the examples file by default; the text corpus for `tune text`);
-    both are given the run. `checked`: the caller ran the input checks (`preflight.CHECKS`)
-    already; else they run here, after the lock is taken."""
+    given: ValidRun, read: Callable[[ValidRun], RawData] = read_examples, checked: bool = False
+) -> Opening:
+    """A run's set-up up to its data: nothing is written before every input has been checked;
+    the output directory is locked for the whole session (by the process that writes it: rank 0
+    under torchrun). `read` gives the raw data (the recipe's). `checked`: the caller ran the
+    input checks (`preflight.CHECKS`) already; else they run here, after the lock is taken.
+    The caller encodes the data with the opening's tokenizer, then builds the session from it
+    (`Opening.session`), or closes the opening when anything fails before."""
     # joins torchrun's process group, if any; rank 0 reports, the others only compute
     device = distributed.setup(given.backend.device)
     quiet = given.switches.quiet or not distributed.is_root()
@@ -147,7 +150,7 @@ def open_session(
     # the second writer stops here; under torchrun only rank 0 writes, so only it locks
     lock = acquire(run.output) if distributed.is_root() else None
     try:
-        return _open_locked(run, encode, read, faults, lock, checked)
+        return _open_locked(run, read, faults, lock, checked)
     except BaseException:
         if lock is not None:
             release(lock)
@@ -156,16 +159,17 @@ def open_session(
 
 def _open_locked(
     run: ValidRun,
-    encode: Callable[[ValidRun, CheckpointTokenizer, Any, int], list[E]],
-    read: Callable[[ValidRun], tuple[Any, str]],
+    read: Callable[[ValidRun], RawData],
     faults: Faults,
     lock: Path | None,
     checked: bool,
-) -> tuple[Session, list[E]]:
+) -> Opening:
+    """The checks, the model's files opened (tokenizer, config), the data read and a resume
+    checked against it: a resume with other inputs is refused before they are tokenized (a
+    changed tokenizer would warn about rows first) and before any file is touched."""
     if not checked:  # the commands ran the input checks before importing torch
         preflight(run)
-    out, backend = Path(run.output), run.backend
-    from twinrun.core.determinism import runtime_versions
+    backend = run.backend
     from twinrun.model.prelude import open_model
 
     p = open_model(
@@ -173,96 +177,102 @@ def _open_locked(
         cpu_kernels=backend.cpu_kernels, adapter=run.build.init_adapter,
     )  # fmt: skip
     check_base_fits(run)
-    run, data = _read_data(run, p, encode, read)
-    switches = run.switches  # a resume that starts again is a fresh run
-    from twinrun.train.parallel.sharding import bound_allocator
-
-    # before the base is built: a sharded base's gather buffers and blockwise attention's block
-    # temporaries, once freed, go back to the system (the long-row peaks halve; same bytes)
-    bounded = backend.shard_base or run.build.attention == "blockwise"
-    allocator = bound_allocator() if bounded else {}
-    model, params = _build_model(run, p)
-    from twinrun.train.parallel.agreement import agreement_record
-
-    # every process has the same settings and inputs (or every process stops), then rank 0 writes
-    distributed.agree(
-        "waiting for every process to check its inputs",
-        agreement_record(run.as_config(), data.inputs, data.base_outline),
-    )
-    sharding: dict[str, int] = {}
-    if backend.shard_base:  # after the agreement: every process shards, or none does
-        from twinrun.train.parallel.sharding import shard_base
-
-        sharding = shard_base(model, params, backend.device, data.base)
-    if not switches.resume and distributed.is_root():  # the list of files, the inputs record
-        begin_output_dir(out, switches.overwrite, data.inputs)
-    elif distributed.is_root():
-        adopt_run_dir(out)  # a resume goes on listing what it writes
-    session = Session(
-        run=run,
-        out=out,
-        tok=p.tok,
-        model=model,
-        params=params,
-        provenance=p.provenance,
-        runtime=runtime_versions() | distributed.runtime_record() | sharding | allocator,
-        model_sha256=data.inputs["model_sha256"],
-        data_sha256=data.data_sha256,
-        faults=faults,
-        max_length=data.max_length,
-        lock=lock,
-        eval_rows=data.eval_rows,
-        eval_sha256=data.eval_sha256,
-    )
-    return session, data.encoded
-
-
-@dataclass
-class RunData(Generic[E]):
-    """A run's data, read, checked and encoded before the model is built."""
-
-    encoded: list[E]
-    data_sha256: str
-    eval_sha256: str | None
-    eval_rows: list[EncodedRow]
-    max_length: int
-    inputs: dict[str, Any]  # the run's inputs record (train/outputs/resume_check.py `run_inputs`)
-    base: BaseDigests | None = None  # `--shard-base`: rank 0's pass (model/shard_digests.py)
-    base_outline: str | None = None  # `--shard-base`: this process's digest of the model's outline
-
-
-def _read_data(
-    run: ValidRun,
-    p: Prelude,
-    encode: Callable[[ValidRun, CheckpointTokenizer, Any, int], list[E]],
-    read: Callable[[ValidRun], tuple[Any, str]],
-) -> tuple[ValidRun, RunData[E]]:
-    """Read the data, check a resume against it, encode it and the evaluation rows; the run as
-    it goes on (a resume killed before its first checkpoint starts again, `--overwrite`)."""
     out = Path(run.output)
-    rows, data_sha256 = read(run)
+    raw = read(run)
     eval_sha256 = eval_digest(run)
     base, outline = None, None
-    if run.backend.shard_base:  # rank 0 hashes every byte; each process hashes what it reads
+    if backend.shard_base:  # rank 0 hashes every byte; each process hashes what it reads
         from twinrun.model.shard_digests import base_digests, outline_sha256
 
         size = distributed.world().size
         base = distributed.from_root(lambda: base_digests(run.model, size), "hashing the model")
         outline = outline_sha256(run.model)
-    inputs = run_inputs(run, data_sha256, eval_sha256, base.sha256 if base else None)
-    # a resume with other inputs is refused before they are tokenized (a changed tokenizer
-    # would warn about rows first) and before any file is touched
+    inputs = run_inputs(run, raw.sha256, eval_sha256, base.sha256 if base else None)
     if run.switches.resume and check_resume(out, inputs) == 0:
-        # killed before its first checkpoint: start again from step 0
+        # killed before its first checkpoint: start again from step 0 (a fresh run)
         run = run.with_switches(resume=False, overwrite=True)
         check_output_dir(out, run.switches.overwrite)  # its partial logs go; anything foreign stops
     max_length = p.max_length(run.build.max_length)
-    encoded = encode(run, p.tok, rows, max_length)
-    run = check_run_schedule(run, len(encoded))  # and --warmup-ratio's steps made
-    eval_rows = read_eval_rows(run, p.tok, max_length)
-    return run, RunData(
-        encoded, data_sha256, eval_sha256, eval_rows, max_length, inputs, base, outline
-    )
+    return Opening(run, p, faults, lock, raw, eval_sha256, inputs, max_length, base, outline)
+
+
+@dataclass
+class Opening:
+    """A run whose inputs are checked and read, its output locked, its tokenizer loaded: what
+    the recipe encodes its data with (`tok`, `max_length`) before the session is built."""
+
+    run: ValidRun  # as it goes on (a resume killed before its first checkpoint starts again)
+    prelude: Prelude
+    faults: Faults
+    lock: Path | None
+    raw: RawData
+    eval_sha256: str | None
+    inputs: dict[str, Any]  # the run's inputs record (train/outputs/resume_check.py `run_inputs`)
+    max_length: int
+    base: BaseDigests | None = None  # `--shard-base`: rank 0's pass (model/shard_digests.py)
+    base_outline: str | None = None  # `--shard-base`: this process's digest of the model's outline
+
+    @property
+    def tok(self) -> CheckpointTokenizer:
+        return self.prelude.tok
+
+    def close(self) -> None:
+        """Release the output directory's lock (when anything fails before `session`)."""
+        if self.lock is not None:
+            release(self.lock)
+            self.lock = None
+
+    def session(self, encoded: Sequence[Any]) -> Session:
+        """The session over the recipe's `encoded` data (rows, pairs, token ids): the schedule
+        over its steps checked, the evaluation rows encoded, the model built, every process's
+        settings and inputs agreed, the base sharded, then the run directory begun."""
+        run = check_run_schedule(self.run, len(encoded))  # and --warmup-ratio's steps made
+        eval_rows = read_eval_rows(run, self.tok, self.max_length)
+        backend, switches, out = run.backend, run.switches, Path(run.output)
+        from twinrun.core.determinism import runtime_versions
+        from twinrun.train.parallel.sharding import bound_allocator
+
+        # before the base is built: a sharded base's gather buffers and blockwise attention's
+        # block temporaries, once freed, go back to the system (the long-row peaks halve; same
+        # bytes)
+        bounded = backend.shard_base or run.build.attention == "blockwise"
+        allocator = bound_allocator() if bounded else {}
+        model, params = _build_model(run, self.prelude)
+        from twinrun.train.parallel.agreement import agreement_record
+
+        # every process has the same settings and inputs (or every process stops), then rank 0
+        # writes
+        distributed.agree(
+            "waiting for every process to check its inputs",
+            agreement_record(run.as_config(), self.inputs, self.base_outline),
+        )
+        sharding: dict[str, int] = {}
+        if backend.shard_base:  # after the agreement: every process shards, or none does
+            from twinrun.train.parallel.sharding import shard_base
+
+            sharding = shard_base(model, params, backend.device, self.base)
+        if not switches.resume and distributed.is_root():  # the list of files, the inputs record
+            begin_output_dir(out, switches.overwrite, self.inputs)
+        elif distributed.is_root():
+            adopt_run_dir(out)  # a resume goes on listing what it writes
+        session = Session(
+            run=run,
+            out=out,
+            tok=self.tok,
+            model=model,
+            params=params,
+            provenance=self.prelude.provenance,
+            runtime=runtime_versions() | distributed.runtime_record() | sharding | allocator,
+            model_sha256=self.inputs["model_sha256"],
+            data_sha256=self.raw.sha256,
+            faults=self.faults,
+            max_length=self.max_length,
+            lock=self.lock,
+            eval_rows=eval_rows,
+            eval_sha256=self.eval_sha256,
+        )
+        self.lock = None  # the session holds it now (finish_session releases it)
+        return session
 
 
 def check_base_fits(run: ValidRun) -> None:
