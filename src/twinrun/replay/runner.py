@@ -36,13 +36,12 @@ from twinrun.core.digest import sha256_file
 from twinrun.core.errors import ContractError
 from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.core.rng import restore_torch_rng
-from twinrun.objectives.registry import objective
 from twinrun.replay.identity import write_identity
 from twinrun.train.driver import build_loop
 from twinrun.train.hooks.capture import SKIPPED
 from twinrun.train.hooks.timing import TimingHook, peak_memory
 from twinrun.train.outputs.run_dir import REPLAY_INPUTS_FORMAT, begin_output_dir
-from twinrun.train.setup.session import ModelSession
+from twinrun.train.setup.session import ModelSession, save_run_adapter
 from twinrun.train.step.loop import Hook, Loop, Params, Phase, StepView
 
 if TYPE_CHECKING:
@@ -93,7 +92,7 @@ def replay(run: TomlRun) -> dict[str, Any]:
     begin_output_dir(out, False, replay_inputs(v))
     write_identity(out)  # this replay's own run id: what tells it from a copy
     row = replay_step(v, built, loop)
-    final_sha = save_final(out / FINAL, built.model, built.head, valid)
+    final_sha = save_final(out / FINAL, built, valid)
     row |= replay_metrics(v, row, final_sha, built.model)
     atomic_write_jsonl(out / "metrics.jsonl", [row])
     atomic_write_json(out / RESOLVED, resolved_tree(run))
@@ -139,7 +138,7 @@ def build(v: Verified) -> Built:
         gradient_checkpointing=backend.gradient_checkpointing,
     )  # fmt: skip
     params = lora_parameters(model)
-    head = build_head(v, model) if objective(valid.objective).head else None
+    head = captured_head(v, ModelSession(valid, p.tok, model))
     if head is not None:
         assert isinstance(head.weight, torch.nn.Parameter)  # typed as a Tensor by torch
         params = [*params, (HEAD_PARAM, head.weight)]
@@ -186,15 +185,17 @@ def replay_step(v: Verified, built: Built, loop: Loop) -> dict[str, Any]:
             hook.close()
 
 
-def build_head(v: Verified, model: CausalLM) -> torch.nn.Linear:
-    """The reward head the captured step started from: from the seed (a fresh run), or the
-    verified bytes of the captured state."""
+def captured_head(v: Verified, s: ModelSession) -> torch.nn.Linear | None:
+    """The objective's head (the recipe builds it, as training does) as the captured step
+    started from: from the seed (a fresh run), or the verified bytes of the captured state."""
     from twinrun.core.safetensors_io import read_safetensors
-    from twinrun.model.reward_head import HEAD_KEY, new_reward_head
+    from twinrun.model.reward_head import HEAD_KEY
+    from twinrun.train.recipes import RECIPES
 
+    head = RECIPES[s.run.objective].new_head(s)
+    if head is None:
+        return None
     pin = v.manifest["initial_state"]["reward_head"]
-    valid = v.replay()
-    head = new_reward_head(model.hidden_size, valid.seed)
     if pin is None or pin.get("from") != "seed":
         if "reward_head" not in v.state_bytes:
             raise ContractError("the capture pins no reward head", "re-capture the step")
@@ -204,19 +205,17 @@ def build_head(v: Verified, model: CausalLM) -> torch.nn.Linear:
                 where="the capture's reward head",
             ).tensors  # fmt: skip
             head.weight.copy_(saved[HEAD_KEY])
-    return head.to(valid.backend.device)
+    return head
 
 
-def save_final(folder: Path, model: CausalLM, head: torch.nn.Linear | None, run: ValidRun) -> str:
-    from twinrun.model.lora import save_adapter
-    from twinrun.model.reward_head import save_reward_head
+def save_final(folder: Path, built: Built, run: ValidRun) -> str:
+    """The replayed adapter (and the objective's head, as training writes them) into `folder`;
+    the adapter's SHA256."""
+    from twinrun.train.recipes import RECIPES
 
-    save_adapter(
-        model, folder, base_model_path=run.model, rank=run.lora_rank, alpha=run.lora_alpha,
-        dropout=run.build.lora_dropout or 0.0,
-    )  # fmt: skip
-    if head is not None:
-        save_reward_head(head, folder)
+    save_run_adapter(ModelSession(run, built.tok, built.model), folder)
+    if built.head is not None:
+        RECIPES[run.objective].save_head(built.head, folder)
     return sha256_file(folder / "adapter_model.safetensors")
 
 

@@ -37,6 +37,8 @@ from twinrun.train.setup.session import RawData, read_examples
 from twinrun.train.step.loop import Params, StepForwards, StepRecipe
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
     from twinrun.capture.batch import OptimizerBatch
@@ -105,6 +107,18 @@ class Recipe(StepRecipe):
     @abstractmethod
     def summary(self, metrics: Rows, spikes: Rows) -> dict[str, Any]:
         """The sidecar's metrics of the finished run (`spikes`: the spike reruns)."""
+
+    @classmethod
+    def new_head(cls, s: ModelSession) -> torch.nn.Linear | None:
+        """The objective's own trainable module beyond the adapter, fresh from the run's seed on
+        its device (the reward head), or None. Training and replay both build it here."""
+        return None
+
+    @classmethod
+    def save_head(cls, head: torch.nn.Linear, folder: Path) -> dict[str, Any]:
+        """Write `head` into `folder` (a run directory, a replay's final folder); its sidecar
+        record."""
+        raise NotImplementedError(f"{cls.name} has no head")
 
     def extra_params(self) -> Params:
         """Trainable parameters of the recipe's own, beyond the adapter's (the reward head)."""

@@ -56,6 +56,8 @@ from twinrun.train.setup.session import ModelSession, Session
 from twinrun.train.step.loop import Forward, Params, StepForwards, StepOutcome
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from twinrun.model.tokens import CheckpointTokenizer
 
 
@@ -167,13 +169,24 @@ class PairRecipe(Recipe):
 
     @classmethod
     def open(cls, session: Session, encoded: list[Any], context: Any) -> PairRecipe:
-        head = None
-        if objective(cls.name).head:  # reward: a scalar head trains with the adapter
-            from twinrun.model.reward_head import new_reward_head
+        return cls(session, encoded, epoch_plans(session, len(encoded)), cls.new_head(session))
 
-            head = new_reward_head(session.model.hidden_size, session.run.seed)
-            head = head.to(session.run.backend.device)
-        return cls(session, encoded, epoch_plans(session, len(encoded)), head)
+    @classmethod
+    def new_head(cls, s: ModelSession) -> torch.nn.Linear | None:
+        if not objective(cls.name).head:  # reward: a scalar head trains with the adapter
+            return None
+        from twinrun.model.reward_head import new_reward_head
+
+        return new_reward_head(s.model.hidden_size, s.run.seed).to(s.run.backend.device)
+
+    @classmethod
+    def save_head(cls, head: torch.nn.Linear, folder: Path) -> dict[str, Any]:
+        from twinrun.core.digest import sha256_file
+        from twinrun.model.reward_head import HEAD_FILE, HEAD_KEY, save_reward_head
+
+        save_reward_head(head, folder)
+        sha = sha256_file(folder / HEAD_FILE)  # reproduce and export check the file by it
+        return {"reward_head": {"file": HEAD_FILE, "key": HEAD_KEY, "sha256": sha}}
 
     @classmethod
     def replay_forwards(
@@ -201,12 +214,7 @@ class PairRecipe(Recipe):
     def finish(self, session: Session) -> dict[str, Any] | None:
         if self.head is None or not is_root():
             return None
-        from twinrun.core.digest import sha256_file
-        from twinrun.model.reward_head import HEAD_FILE, HEAD_KEY, save_reward_head
-
-        save_reward_head(self.head, session.out)
-        sha = sha256_file(session.out / HEAD_FILE)  # reproduce and export check the file by it
-        return {"reward_head": {"file": HEAD_FILE, "key": HEAD_KEY, "sha256": sha}}
+        return self.save_head(self.head, session.out)
 
     def prepare(self, step: int) -> PairBatch:
         plan = self.plans[step]

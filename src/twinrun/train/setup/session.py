@@ -54,6 +54,18 @@ class ModelSession:
     model: CausalLM
 
 
+def save_run_adapter(s: ModelSession, folder: Path) -> None:
+    """The LoRA adapter of `s`'s model, in PEFT's format, into `folder` (a training run's, a
+    replay's)."""
+    from twinrun.model.lora import save_adapter
+
+    run = s.run
+    save_adapter(
+        s.model, folder, base_model_path=run.model, rank=run.lora_rank, alpha=run.lora_alpha,
+        dropout=run.build.lora_dropout or 0.0,
+    )  # fmt: skip
+
+
 @dataclass
 class Session(ModelSession):
     """A training run's session: the model and what the run read, checked and recorded."""
@@ -74,13 +86,7 @@ class Session(ModelSession):
 
     def save_adapter(self, folder: Path) -> None:
         """The run's LoRA adapter, in PEFT's format, into `folder`."""
-        from twinrun.model.lora import save_adapter
-
-        run = self.run
-        save_adapter(
-            self.model, folder, base_model_path=run.model, rank=run.lora_rank,
-            alpha=run.lora_alpha, dropout=run.build.lora_dropout or 0.0,
-        )  # fmt: skip
+        save_run_adapter(self, folder)
 
     def shaping(self) -> dict[str, Any]:
         """Every number that shaped the run, with the values twinrun resolved recorded."""
