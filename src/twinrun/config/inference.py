@@ -7,8 +7,10 @@ A flag these commands share with training is the run setting's own declaration (
 changed only where the command says more (its help) or allows more (generate's temperature may
 be 0); a flag of their own is declared here (`own`). `check()` names every missing flag in one
 error, in declaration order (the order `--help` shows), then every bad value in one error: the
-declarations' checks, then the rules that join two settings. Nothing here touches a file: the
-commands claim their outputs (infer/) after `check()`.
+declarations' checks, then the rules that join two settings. `resolve()` checks, then gives the
+command's settings as typed values (`EvalRun`, `ExtractRun`, `GenerateRun`: a required setting
+is never None there). Nothing here touches a file: the commands claim their outputs (infer/)
+after `resolve()`.
 """
 
 from __future__ import annotations
@@ -80,6 +82,45 @@ class InferenceSettings:
 ADAPTER = "A LoRA adapter directory to apply."
 
 
+@dataclass(frozen=True)
+class EvalRun:
+    """`twinrun tune evaluate`'s checked settings that a flag may leave out, as typed values."""
+
+    examples: str
+    output: str
+    precision: str
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class ExtractRun:
+    """`twinrun extract`'s checked settings that a flag may leave out, as typed values."""
+
+    examples: str
+    layer: int
+    pool: str
+    precision: str
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class GenerateRun:
+    """`twinrun generate`'s checked settings that a flag may leave out, as typed values."""
+
+    prompt: str
+    max_new_tokens: int
+    temperature: float
+    seed: int | None  # None for greedy decoding (temperature 0), which draws nothing
+    precision: str
+    steering: tuple[str, float] | None  # the artifact and its scale
+
+
+def given(value: Any) -> Any:
+    """A setting `check()` has required: present."""
+    assert value is not None, "resolve() runs check() first"
+    return value
+
+
 @dataclass(frozen=True, kw_only=True)
 class EvalConfig(InferenceSettings):
     """`twinrun tune evaluate`."""
@@ -101,6 +142,11 @@ class EvalConfig(InferenceSettings):
     diag: str | None = own("str", "--diag", "Write eval-phase diag rows to this file.")
     overwrite: bool = shared("overwrite", help="Replace an existing report.")
     quiet: bool = shared("quiet")
+
+    def resolve(self) -> EvalRun:
+        self.check()
+        return EvalRun(given(self.examples), given(self.output), given(self.precision),
+                       given(self.batch_size))  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,6 +184,11 @@ class ExtractConfig(InferenceSettings):
         if not str(self.output).endswith(".safetensors"):
             return ["--output must end in .safetensors"]
         return []
+
+    def resolve(self) -> ExtractRun:
+        self.check()
+        return ExtractRun(given(self.examples), given(self.layer), given(self.pool),
+                          given(self.precision), given(self.batch_size))  # fmt: skip
 
     @property
     def out_path(self) -> Path:
@@ -179,3 +230,12 @@ class GenerateConfig(InferenceSettings):
         if (self.steer is None) != (self.steer_scale is None):
             return ["--steer and --steer-scale go together"]
         return []
+
+    def resolve(self) -> GenerateRun:
+        self.check()
+        temperature = float(given(self.temperature))
+        steering = None if self.steer is None else (self.steer, float(given(self.steer_scale)))
+        return GenerateRun(
+            given(self.prompt), given(self.max_new_tokens), temperature,
+            None if temperature == 0 else given(self.seed), given(self.precision), steering,
+        )  # fmt: skip

@@ -48,20 +48,20 @@ def diag_file(path: Path) -> bool:
 
 
 def run_evaluate(cfg: EvalConfig) -> dict[str, Any]:
-    cfg.check()  # before torch is imported
+    r = cfg.resolve()  # before torch is imported
     from twinrun.data.examples import encode_sft_rows
     from twinrun.infer.inputs import read_examples
 
     claim_outputs(cfg)
     p = open_for_inference(cfg)
-    raw, kind = read_examples(str(cfg.examples))
+    raw, kind = read_examples(r.examples)
     if kind == "pairs":
         from twinrun.data.pairs import encode_pairs
 
         pairs = encode_pairs(p.tok, raw, p.templated, p.max_length())
     else:
         rows = encode_sft_rows(p.tok, raw, p.templated, p.max_length())
-    model = p.build(precision=str(cfg.precision), batch_invariant=cfg.batch_invariant)
+    model = p.build(precision=r.precision, batch_invariant=cfg.batch_invariant)
     head = None
     if cfg.adapter is not None:
         from twinrun.model.reward_head import load_reward_head

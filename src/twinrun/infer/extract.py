@@ -34,7 +34,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from twinrun.config.inference import ExtractConfig
+from twinrun.config.inference import ExtractConfig, ExtractRun
 from twinrun.core.errors import ConfigError, DataError
 from twinrun.model.prelude import Prelude, open_for_inference
 
@@ -93,24 +93,23 @@ def encode_examples(tok: Any, raw: list[Any], chat: bool, max_len: int) -> list[
     return out
 
 
-def pooled_hidden(model: Any, rows: list[Any], pad_id: int, cfg: ExtractConfig) -> Any:
-    """float32 [N, H]: each row's residual stream at `cfg.layer`, pooled, in input order."""
+def pooled_hidden(model: Any, rows: list[Any], pad_id: int, r: ExtractRun, device: str) -> Any:
+    """float32 [N, H]: each row's residual stream at `r.layer`, pooled, in input order."""
 
     import torch
 
     from twinrun.data.batching import pad_rows
 
-    bs = cfg.batch_size
-    assert bs is not None
+    bs = r.batch_size
     parts = []
     with torch.no_grad():
         for start in range(0, len(rows), bs):
             batch = rows[start : start + bs]
-            ids, attn, _ = (t.to(cfg.device) for t in pad_rows(batch, pad_id))
-            hidden = model.run(ids, attn, hidden_layer=cfg.layer).hidden
+            ids, attn, _ = (t.to(device) for t in pad_rows(batch, pad_id))
+            hidden = model.run(ids, attn, hidden_layer=r.layer).hidden
             for b, row in enumerate(batch):
                 n = len(row.input_ids)
-                if cfg.pool == "last":
+                if r.pool == "last":
                     parts.append(hidden[b, n - 1].float().cpu())
                 else:  # the row's own real positions, as a [1, n, H] tensor
                     parts.append(hidden[b : b + 1, :n].float().mean(dim=1)[0].cpu())
@@ -119,20 +118,19 @@ def pooled_hidden(model: Any, rows: list[Any], pad_id: int, cfg: ExtractConfig) 
 
 def run_extract(cfg: ExtractConfig) -> dict[str, Any]:
     """Check, build, extract, write OUT.safetensors and OUT.json; returns the sidecar."""
-    cfg.check()  # before torch is imported
+    r = cfg.resolve()  # before torch is imported
     from twinrun.infer.inputs import read_examples
 
     claim_outputs(cfg)
     p = open_for_inference(cfg)
     layers = int(p.config.get("num_hidden_layers", 0))
-    assert cfg.layer is not None
-    if cfg.layer > layers:
+    if r.layer > layers:
         raise ConfigError(
             f"--layer must be in [0, {layers}] for this model ({layers} decoder layers), "
-            f"got {cfg.layer}",
+            f"got {r.layer}",
             "0 is the embeddings, L the output of decoder layer L-1",
         )
-    raw, kind = read_examples(str(cfg.examples))
+    raw, kind = read_examples(r.examples)
     if cfg.steering and kind != "pairs":
         raise ConfigError(
             "--steering needs preference pairs ({prompt, chosen, rejected} rows)",
@@ -145,8 +143,11 @@ def run_extract(cfg: ExtractConfig) -> dict[str, Any]:
         sides = {"chosen": [e.chosen for e in pairs], "rejected": [e.rejected for e in pairs]}
     else:
         sides = {"hidden": encode_examples(p.tok, raw, p.templated, p.max_length())}
-    model = p.build(precision=str(cfg.precision), batch_invariant=cfg.batch_invariant)
-    tensors = {name: pooled_hidden(model, rows, p.tok.pad_id, cfg) for name, rows in sides.items()}
+    model = p.build(precision=r.precision, batch_invariant=cfg.batch_invariant)
+    tensors = {
+        name: pooled_hidden(model, rows, p.tok.pad_id, r, cfg.device)
+        for name, rows in sides.items()
+    }
     if cfg.steering:
         vector = tensors["chosen"].double().mean(dim=0) - tensors["rejected"].double().mean(dim=0)
         tensors = {STEERING_KEY: vector.float()}

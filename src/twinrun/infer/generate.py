@@ -10,41 +10,41 @@ from twinrun.model.prelude import open_for_inference
 
 
 def run_generate(cfg: GenerateConfig) -> dict[str, Any]:
-    cfg.check()  # before torch is imported
+    r = cfg.resolve()  # before torch is imported
     p = open_for_inference(cfg)  # the checkpoint's config is read first: a wrong path, no torch
     import torch
 
     from twinrun.core.rng import stream
     from twinrun.model.decoding import generate as generate_tokens
 
-    messages = [{"role": "user", "content": str(cfg.prompt)}]
+    messages = [{"role": "user", "content": r.prompt}]
     prompt_ids = p.tok.prompt_ids(messages, p.templated)
     positions = p.max_length()
-    if len(prompt_ids) + int(cfg.max_new_tokens or 0) > positions:
+    if len(prompt_ids) + r.max_new_tokens > positions:
         raise ConfigError(
-            f"--max-new-tokens {cfg.max_new_tokens} after a prompt of {len(prompt_ids)} tokens "
+            f"--max-new-tokens {r.max_new_tokens} after a prompt of {len(prompt_ids)} tokens "
             f"runs past the model's {positions} positions",
             f"use --max-new-tokens {max(positions - len(prompt_ids), 0)} or less",
         )
-    model = p.build(precision=str(cfg.precision))
-    if cfg.steer is not None:
+    model = p.build(precision=r.precision)
+    if r.steering is not None:
         from twinrun.infer.steering import attach_steering
 
-        attach_steering(model, cfg.steer, cfg.steer_scale)  # type: ignore[arg-type]  # check() requires it
-    seed = cfg.seed
+        attach_steering(model, *r.steering)
+    seed = r.seed
 
     def sample_draw(position: int) -> float:
-        assert seed is not None  # check() requires it when sampling
+        assert seed is not None  # resolve() gives one when sampling
         return stream(seed, "sample", position).uniform()
 
-    draw = None if cfg.temperature == 0 else sample_draw  # greedy takes no draw
+    draw = None if seed is None else sample_draw  # greedy takes no draw
 
     with torch.no_grad():
         result = generate_tokens(
             model,
             prompt_ids,
-            cfg.max_new_tokens,  # type: ignore[arg-type]  # check() requires it
-            cfg.temperature,  # type: ignore[arg-type]  # check() requires it
+            r.max_new_tokens,
+            r.temperature,
             draw=draw,
             end_ids=p.tok.end_ids,
         )

@@ -8,7 +8,14 @@ import dataclasses
 
 import pytest
 
-from twinrun.config.inference import EvalConfig, ExtractConfig, GenerateConfig
+from twinrun.config.inference import (
+    EvalConfig,
+    EvalRun,
+    ExtractConfig,
+    ExtractRun,
+    GenerateConfig,
+    GenerateRun,
+)
 from twinrun.config.run import SETTINGS
 from twinrun.config.setting import settings_of
 from twinrun.core.errors import ConfigError, DataError
@@ -39,6 +46,18 @@ def test_settings_are_frozen() -> None:
     cfg = EvalConfig(**EVAL)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.batch_size = 3  # type: ignore[misc]
+
+
+def test_resolve_checks_then_gives_typed_values() -> None:
+    assert EvalConfig(**EVAL).resolve() == EvalRun("e.jsonl", "r.json", "f32", 2)
+    extract = ExtractConfig(**EVAL | {"output": "o.safetensors"}, layer=1, pool="mean")
+    assert extract.resolve() == ExtractRun("e.jsonl", 1, "mean", "f32", 2)
+    # greedy decoding draws nothing: a seed given with it is not taken
+    assert GenerateConfig(**GEN, seed=5).resolve() == GenerateRun("hi", 2, 0.0, None, "f32", None)
+    sampled = GenerateConfig(**GEN | {"temperature": 0.7}, seed=5, steer="s", steer_scale=2)
+    assert sampled.resolve() == GenerateRun("hi", 2, 0.7, 5, "f32", ("s", 2.0))
+    with pytest.raises(ConfigError, match="--seed"):  # resolve runs every check first
+        GenerateConfig(**GEN | {"temperature": 0.7}).resolve()
 
 
 def test_missing_flags_in_help_order_and_conditions() -> None:
