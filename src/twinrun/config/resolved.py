@@ -310,16 +310,36 @@ class ValidRun:
         }
         return dataclasses.replace(self, **replaced)
 
-    def as_config(self) -> RunConfig:
-        """The run's settings as a `RunConfig` — what it was resolved from, with the options as
-        changed since — for what records them (the sidecar's `train` numbers, the optimizer
-        contract, a capture's resolved config, the processes' agreement)."""
+    def values(self) -> dict[str, Any]:
+        """Every setting's value by its `RunConfig` name — what the run was resolved from, with
+        the options as changed since — as a `RunConfig` holds it (lists, dicts)."""
         values: dict[str, Any] = {"objective": self.objective}
         values |= {n: getattr(self, n) for n in COMMON}
         for held in (*self.records, *(getattr(self, _attr(k)) for k in OPTIONS)):
             values |= {n: getattr(held, n) for n in _names(type(held))}
         values |= self.unused
-        return RunConfig(**{n: _thawed(n, v) for n, v in values.items()})
+        return {n: _thawed(n, v) for n, v in values.items()}
+
+    def value(self, name: str) -> Any:
+        """The value of setting `name` (`config.run.Settings`): what the records read (the
+        sidecar's `train` numbers, the processes' agreement, the defaults taken), with no
+        `RunConfig` made for it. A setting this run does not hold has its declared default,
+        as in the `RunConfig` it was resolved from."""
+        values = self.values()
+        return values[name] if name in values else _default(name)
+
+    def as_config(self) -> RunConfig:
+        """The run's settings as a `RunConfig` (`values`), for what needs one to edit or write
+        (a TOML config, a capture's resolved config)."""
+        return RunConfig(**self.values())
+
+
+def _default(name: str) -> Any:
+    """The declared default of `RunConfig` field `name` (KeyError for no such field)."""
+    field = {f.name: f for f in dataclasses.fields(RunConfig)}[name]
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
 
 
 OPTION_FIELDS = tuple(kind.__name__.lower() for kind in OPTIONS)

@@ -13,7 +13,7 @@ import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from twinrun.config.setting import (
     INT_LIMIT,
@@ -38,6 +38,18 @@ EXAMPLES = names(reads_examples=True)  # every objective that reads an examples 
 STEPS = names(counts="steps")  # objectives that count optimizer steps, not epochs
 SCHEDULES = ("cosine", "wsd", "constant", "linear")
 CPU_KERNELS = MODES
+
+
+class Settings(Protocol):
+    """A run's settings by name: a `RunConfig` as given, or a validated `ValidRun` (what the
+    records are made from, without turning one back into the other)."""
+
+    @property
+    def objective(self) -> str: ...
+
+    def value(self, name: str) -> Any:
+        """The value of setting `name` (a `RunConfig` field's name; None where not given)."""
+        ...
 
 
 def _s(kind: Kind, flag: str, toml: str, help: str = "", **more: Any) -> Any:
@@ -424,6 +436,10 @@ class RunConfig:
         if self.inject is None:
             self.inject = []
 
+    def value(self, name: str) -> Any:
+        """The value of setting `name` (`Settings`)."""
+        return getattr(self, name)
+
 
 SETTINGS: dict[str, Setting] = settings_of(RunConfig)
 REPLAY_FIELDS = ("replay_capacity", "replay_alpha", "replay_beta", "replay_fraction")
@@ -551,7 +567,7 @@ RECORDED_WHEN_GIVEN = (
 )  # fmt: skip
 
 
-def shaping_numbers(cfg: RunConfig, resolved: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def shaping_numbers(cfg: Settings, resolved: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Every setting that shaped the run, as recorded in the sidecar's `train` section.
 
     `resolved` holds what the model builder decided for settings left at "from the model"
@@ -562,9 +578,9 @@ def shaping_numbers(cfg: RunConfig, resolved: Mapping[str, Any] | None = None) -
     for name, s in SETTINGS.items():
         if not s.shapes or not (cfg.objective in s.objectives or s.record_for_all):
             continue
-        if name in REPLAY_FIELDS and cfg.replay != "per":
+        if name in REPLAY_FIELDS and cfg.value("replay") != "per":
             continue
-        value = getattr(cfg, name)
+        value = cfg.value(name)
         if name in RECORDED_WHEN_GIVEN and value is None:
             continue  # off: runs recorded before the setting existed agree
         if resolved is not None and name in resolved and (value is None or name == "lora_targets"):

@@ -250,7 +250,7 @@ def write_sidecar(
     from twinrun.train.outputs.run_dir import sidecar
 
     record = sidecar(
-        train=shaping_numbers(v.replay().as_config()) | {"trainer": "optimizer_replay"},
+        train=shaping_numbers(v.replay()) | {"trainer": "optimizer_replay"},
         model_sha256=v.source_contract.get("model.sha256", ""),
         data_sha256="",  # no data is read
         adapter_sha256=final_sha,

@@ -200,3 +200,25 @@ def test_as_config_gives_back_what_was_given(name: str) -> None:
 def test_a_replay_gives_back_its_config() -> None:
     cfg = given("grpo", init_adapter="a")
     assert replay_run(cfg).as_config() == cfg  # the settings its contract leaves out included
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_valid_run_gives_every_setting_its_config_holds(name: str) -> None:
+    """What records read from a validated run (`value`) is what its `RunConfig` holds, so the
+    sidecar's numbers, the agreement and the inputs record need no `RunConfig` made again."""
+    from twinrun.config.run import SETTINGS, shaping_numbers
+    from twinrun.train.outputs.run_dir import config_inputs
+    from twinrun.train.parallel.agreement import agreement_record
+
+    extra: dict[str, Any] = {"eval_examples": "e.jsonl", "eval_every": 2}
+    if name == "grpo":
+        extra = {"env_args": {"key": "v"}}
+    extra |= {"inject": ["reduction@1"]} if name == "sft" else {}
+    run = validate(given(name, **extra))
+    cfg = run.as_config()
+    for setting in SETTINGS:
+        assert run.value(setting) == cfg.value(setting) == getattr(cfg, setting), setting
+    assert shaping_numbers(run) == shaping_numbers(cfg)
+    assert config_inputs(run) == config_inputs(cfg)
+    inputs = {"train": shaping_numbers(run), "model_sha256": "x"}
+    assert agreement_record(run, inputs) == agreement_record(cfg, inputs)

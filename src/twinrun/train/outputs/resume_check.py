@@ -44,7 +44,7 @@ def run_inputs(
     tok_files = tokenizer_files(model)
     return {
         "format": INPUTS_FORMAT,
-        "train": shaping_numbers(run.as_config()),
+        "train": shaping_numbers(run),
         "model_sha256": model_digest or model_sha256(model),
         "tokenizer_sha256": sha256_files(tok_files, model) if tok_files else None,
         "data_sha256": data_sha256,

@@ -16,13 +16,16 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twinrun.core.errors import OutputError
 from twinrun.core.ledger import LEDGER, covered, leads_to, read_listed, track
 from twinrun.core.owned import Layout, refuse_input_overlap, remove, survey
 from twinrun.diag.curves import CURVES_PICTURE
 from twinrun.diag.report import DIFF_PICTURE
+
+if TYPE_CHECKING:
+    from twinrun.config.run import Settings
 
 SIDECAR = "twinrun.json"
 SIDECAR_FORMAT = "twinrun.run.v1"
@@ -141,14 +144,14 @@ def check_output_dir(
     return p
 
 
-def config_inputs(cfg: Any) -> dict[str, Any]:
+def config_inputs(cfg: Settings) -> dict[str, Any]:
     """The paths a training config reads (name -> path or None): its output is none of them."""
-    corpus = {f"corpus file {c}": c for c in (getattr(cfg, "corpus", None) or [])}
+    corpus = {f"corpus file {c}": c for c in (cfg.value("corpus") or [])}
     return {
-        "model": getattr(cfg, "model", None),
-        "examples": getattr(cfg, "examples", None),
-        "eval examples": getattr(cfg, "eval_examples", None),
-        "initial adapter": getattr(cfg, "init_adapter", None),
+        "model": cfg.value("model"),
+        "examples": cfg.value("examples"),
+        "eval examples": cfg.value("eval_examples"),
+        "initial adapter": cfg.value("init_adapter"),
         **corpus,
     }
 

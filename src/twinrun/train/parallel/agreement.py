@@ -9,7 +9,7 @@ import hashlib
 import json
 from typing import Any
 
-from twinrun.config.run import RunConfig
+from twinrun.config.run import Settings
 
 # the inputs record's digests, by the name an error line gives them
 DIGESTS = {
@@ -23,7 +23,7 @@ PATHS = ("model", "examples", "corpus", "eval_examples", "init_adapter", "output
 
 
 def agreement_record(
-    cfg: RunConfig, inputs: dict[str, Any], model_outline: str | None = None
+    cfg: Settings, inputs: dict[str, Any], model_outline: str | None = None
 ) -> dict[str, Any]:
     """This process's settings and input digests, every value printable: `--env-arg` values (they
     may hold secrets, and the sidecar records them redacted) are compared by their SHA256, and a
@@ -35,11 +35,12 @@ def agreement_record(
     record = {k: v for k, v in inputs["train"].items() if k not in PATHS}
     if "device" in record and str(record["device"]).startswith("cuda"):
         record["device"] = "cuda"
-    if cfg.env_args is not None:
-        raw = json.dumps(cfg.env_args, sort_keys=True, default=repr).encode()
+    env_args = cfg.value("env_args")
+    if env_args is not None:
+        raw = json.dumps(env_args, sort_keys=True, default=repr).encode()
         record["env_args"] = "sha256 " + hashlib.sha256(raw).hexdigest()[:16]
-    record["resume"] = bool(cfg.resume)
-    record["shard_base"] = bool(cfg.shard_base)
+    record["resume"] = bool(cfg.value("resume"))
+    record["shard_base"] = bool(cfg.value("shard_base"))
     for key, name in DIGESTS.items():
         record[name] = inputs.get(key)
     if model_outline is not None:

@@ -59,7 +59,7 @@ def preflight(run: ValidRun) -> None:
 def check_output(run: ValidRun) -> None:
     """The run directory can be written (or, with `--resume`, holds a run to continue)."""
     if not run.switches.resume:
-        check_output_dir(run.output, run.switches.overwrite, config_inputs(run.as_config()))
+        check_output_dir(run.output, run.switches.overwrite, config_inputs(run))
     else:
         check_resumable(Path(run.output))
 

@@ -91,7 +91,7 @@ class Session(ModelSession):
     def shaping(self) -> dict[str, Any]:
         """Every number that shaped the run, with the values twinrun resolved recorded."""
         return shaping_numbers(
-            self.run.as_config(),
+            self.run,
             resolved={"lora_targets": self.lora_targets, "max_length": self.max_length},
         )
 
@@ -250,7 +250,7 @@ class Opening:
         # writes
         distributed.agree(
             "waiting for every process to check its inputs",
-            agreement_record(run.as_config(), self.inputs, self.base_outline),
+            agreement_record(run, self.inputs, self.base_outline),
         )
         sharding: dict[str, int] = {}
         if backend.shard_base:  # after the agreement: every process shards, or none does
