@@ -18,7 +18,10 @@ tests/integration/test_long_rows.py: chunking writes them unchanged.
 
 Writes bench/results/long_rows_memory.json and .md and the `long_rows_memory` section of
 docs/benchmarks.md. `--quick`: 64 and 128 tokens, prints only. `--lengths` picks the lengths,
-`--objectives` the objectives, `--eager` adds eager-attention rows at the first length.
+`--objectives` the objectives (measured in the order given), `--eager` adds eager-attention rows
+at the first length. `--add` keeps the rows of the results file this run does not measure
+again (each row records the commit and time it was measured at) and writes the results after
+every row, so a run of hours can be split or stopped without losing what it measured.
 """
 
 from __future__ import annotations
@@ -98,7 +101,8 @@ def measure_one(
     wall, cpu, rss = run_child(cmd, env)
     mib = rss / 2**20
     row = {"objective": objective, "seq": seq, "attention": attention, "peak_rss_mib": mib,
-           "process_s": wall, "process_cpu_s": cpu}  # fmt: skip
+           "process_s": wall, "process_cpu_s": cpu, "when": benchkit.now(),
+           "git_commit": benchkit.git("rev-parse", "--short", "HEAD")}  # fmt: skip
     print(f"  {objective} {seq} ({attention}): {mib:.0f} MiB, {wall:.0f} s", file=sys.stderr,
           flush=True)  # fmt: skip
     return row
@@ -127,9 +131,15 @@ def table(rows: list[dict[str, Any]], lengths: tuple[int, ...]) -> list[str]:
 def render(res: dict[str, Any]) -> str:
     m = res["meta"]
     lengths = tuple(res["lengths"])
+    commits = sorted({r.get("git_commit", m["git_commit"]) for r in res["rows"]})
+    when = (
+        f"commit {m['git_commit']}"
+        if commits == [m["git_commit"]]
+        else f"rows measured at commits {', '.join(commits)} (`--add`; each row's in the JSON)"
+    )
     intro = (
         f"Measured {m['when']} by `python -m bench long_rows_memory` on {m['cpu_count']} CPUs "
-        f"({m['cpu']}), torch {m.get('torch')}, commit {m['git_commit']}; load average "
+        f"({m['cpu']}), torch {m.get('torch')}, {when}; load average "
         f"{m['load_avg_start']:.2f} at start, {m['load_avg_end']:.2f} at end. SmolLM2-135M, f32, "
         f"LoRA rank {RANK}, `--cpu-kernels native`, {res['threads']} thread(s), one optimizer "
         "step of one row (one pair; GRPO: one prompt, two completions of at most 8 tokens) per "
@@ -148,11 +158,14 @@ def main() -> None:
     ap.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=OBJECTIVES)
     ap.add_argument("--eager", action="store_true", help="eager rows at the first length too")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--add", action="store_true",
+                    help="keep the results' other rows; write after every row")  # fmt: skip
     args = ap.parse_args()
     lengths = (64, 128) if args.quick else tuple(args.lengths)
     load_start = os.getloadavg()[0]
     model = smollm2_dir()
-    rows = []
+    kept = earlier_rows(args.threads) if args.add and not args.quick else []
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="twinrun-long-rows-") as tmp:
         work = Path(tmp)
         plans = [(t, "blockwise") for t in lengths]
@@ -164,15 +177,49 @@ def main() -> None:
                     measure_one(objective, model, data[objective], work, seq, attention,
                                 args.threads)
                 )  # fmt: skip
+                if args.add:
+                    write(merged(kept, rows), load_start, args.threads, quiet=True)
+    write(merged(kept, rows), load_start, args.threads, quiet=args.quick, only_print=args.quick)
+
+
+def key(row: dict[str, Any]) -> tuple[str, int, str]:
+    return row["objective"], row["seq"], row["attention"]
+
+
+def earlier_rows(threads: int) -> list[dict[str, Any]]:
+    """The rows of the results file (at the same thread count), for `--add`."""
+    path = benchkit.RESULTS / f"{NAME}.json"
+    if not path.exists():
+        return []
+    res = json.loads(path.read_text(encoding="utf-8"))
+    if res.get("threads") != threads:
+        sys.exit(f"{NAME}: --add at {threads} thread(s), the results were at {res.get('threads')}")
+    return [r | {"git_commit": r.get("git_commit", res["meta"]["git_commit"]),
+                 "when": r.get("when", res["meta"]["when"])} for r in res["rows"]]  # fmt: skip
+
+
+def merged(kept: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`kept` with the rows measured now in place of theirs."""
+    fresh = {key(r) for r in rows}
+    return [r for r in kept if key(r) not in fresh] + rows
+
+
+def write(
+    rows: list[dict[str, Any]], load_start: float, threads: int, quiet: bool,
+    only_print: bool = False,
+) -> None:  # fmt: skip
+    """The results of `rows` (every length any row has), and the docs section."""
+    lengths = sorted({r["seq"] for r in rows})
     met = all(r["peak_rss_mib"] <= GOAL_MIB[r["seq"]] for r in rows
               if r["attention"] == "blockwise" and r["seq"] in GOAL_MIB)  # fmt: skip
     res = {
-        "meta": meta(load_start, "torch", "transformers"), "lengths": list(lengths),
-        "threads": args.threads, "goal_mib": GOAL_MIB, "verdict": verdict(met), "rows": rows,
+        "meta": meta(load_start, "torch", "transformers"), "lengths": lengths,
+        "threads": threads, "goal_mib": GOAL_MIB, "verdict": verdict(met), "rows": rows,
     }  # fmt: skip
     md = render(res)
-    print(md)
-    if args.quick:
+    if not quiet:
+        print(md)
+    if only_print:
         return
     write_results(NAME, res, f"# {NAME}\n\n{md}")
     update_docs_section(NAME, "Long rows for every objective — peak RSS per objective", "", md,
