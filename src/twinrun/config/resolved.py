@@ -31,6 +31,7 @@ capture manifest, the processes' agreement — reads its settings back as a `Run
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -313,20 +314,26 @@ class ValidRun:
     def values(self) -> dict[str, Any]:
         """Every setting's value by its `RunConfig` name — what the run was resolved from, with
         the options as changed since — as a `RunConfig` holds it (lists, dicts)."""
-        values: dict[str, Any] = {"objective": self.objective}
-        values |= {n: getattr(self, n) for n in COMMON}
-        for held in (*self.records, *(getattr(self, _attr(k)) for k in OPTIONS)):
-            values |= {n: getattr(held, n) for n in _names(type(held))}
-        values |= self.unused
-        return {n: _thawed(n, v) for n, v in values.items()}
+        return {n: _thawed(n, v) for n, v in self._held.items()}
 
     def value(self, name: str) -> Any:
         """The value of setting `name` (`config.run.Settings`): what the records read (the
         sidecar's `train` numbers, the processes' agreement, the defaults taken), with no
         `RunConfig` made for it. A setting this run does not hold has its declared default,
         as in the `RunConfig` it was resolved from."""
-        values = self.values()
-        return values[name] if name in values else _default(name)
+        held = self._held
+        return _thawed(name, held[name]) if name in held else _default(name)
+
+    @functools.cached_property
+    def _held(self) -> dict[str, Any]:
+        """The values this run holds, frozen as held, gathered once (a record reads every
+        setting; each reader gets its own thawed copy)."""
+        values: dict[str, Any] = {"objective": self.objective}
+        values |= {n: getattr(self, n) for n in COMMON}
+        for held in (*self.records, *(getattr(self, _attr(k)) for k in OPTIONS)):
+            values |= {n: getattr(held, n) for n in _names(type(held))}
+        values |= self.unused
+        return values
 
     def as_config(self) -> RunConfig:
         """The run's settings as a `RunConfig` (`values`), for what needs one to edit or write

@@ -214,8 +214,7 @@ def save_final(folder: Path, built: Built, run: ValidRun) -> str:
     from twinrun.train.recipes import RECIPES
 
     save_run_adapter(ModelSession(run, built.tok, built.model), folder)
-    if built.head is not None:
-        RECIPES[run.objective].save_head(built.head, folder)
+    RECIPES[run.objective].save_head(built.head, folder)
     return sha256_file(folder / "adapter_model.safetensors")
 
 

@@ -115,10 +115,10 @@ class Recipe(StepRecipe):
         return None
 
     @classmethod
-    def save_head(cls, head: torch.nn.Linear, folder: Path) -> dict[str, Any]:
-        """Write `head` into `folder` (a run directory, a replay's final folder); its sidecar
-        record."""
-        raise NotImplementedError(f"{cls.name} has no head")
+    def save_head(cls, head: torch.nn.Linear | None, folder: Path) -> dict[str, Any] | None:
+        """Write `head` (what `new_head` built) into `folder` (a run directory, a replay's final
+        folder); its sidecar record, or None where the objective has no head."""
+        return None
 
     def extra_params(self) -> Params:
         """Trainable parameters of the recipe's own, beyond the adapter's (the reward head)."""

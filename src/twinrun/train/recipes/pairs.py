@@ -180,7 +180,9 @@ class PairRecipe(Recipe):
         return new_reward_head(s.model.hidden_size, s.run.seed).to(s.run.backend.device)
 
     @classmethod
-    def save_head(cls, head: torch.nn.Linear, folder: Path) -> dict[str, Any]:
+    def save_head(cls, head: torch.nn.Linear | None, folder: Path) -> dict[str, Any] | None:
+        if head is None:
+            return None
         from twinrun.core.digest import sha256_file
         from twinrun.model.reward_head import HEAD_FILE, HEAD_KEY, save_reward_head
 
@@ -212,9 +214,7 @@ class PairRecipe(Recipe):
         }
 
     def finish(self, session: Session) -> dict[str, Any] | None:
-        if self.head is None or not is_root():
-            return None
-        return self.save_head(self.head, session.out)
+        return self.save_head(self.head, session.out) if is_root() else None
 
     def prepare(self, step: int) -> PairBatch:
         plan = self.plans[step]
