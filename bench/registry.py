@@ -109,8 +109,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         name="diag_overhead",
-        measures="what --diag costs per toy SFT step, per engine, at load 0 and load 1",
-        goal="<= 5% per step at accumulation 1, at load 0 and at load 1",
+        measures="what --diag costs per SFT step (SmolLM2 and toy), at load 0 and load 1",
+        goal="<= 5% per SmolLM2 step (the hook inside the run), at load 0 and at load 1",
         results=_files("diag_overhead"),
         script="diag_overhead",
         quick_skip="5 or more fresh training processes per round at two loads (a minute)",

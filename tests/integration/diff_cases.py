@@ -13,7 +13,8 @@ import hashlib
 import json
 from pathlib import Path
 
-FORMAT = "twinrun.diag.v1"
+FORMAT = "twinrun.diag.v1"  # most cases are files of the older format: diff still reads them
+FORMAT_V2 = "twinrun.diag.v2"
 LEAVES = [
     "batch.sample_indices",
     "rollout.tokens",
@@ -174,6 +175,7 @@ MALFORMED: dict[str, bytes] = {
     .encode(),  # fmt: skip
     "digests_string": (GOOD.split(', "digests"')[0] + ', "digests": "x"}').encode(),
     "format_other": GOOD.replace(FORMAT, "other.v1").encode(),
+    "format_newer": GOOD.replace(FORMAT, "twinrun.diag.v9").encode(),
     "format_number": GOOD.replace('"twinrun.diag.v1"', "3").encode(),
     "checksum_text": GOOD.replace('"loss": ', '"loss": "abc", "x": ', 1).encode(),
     "checksum_null": GOOD.replace('"loss": ', '"loss": null, "x": ', 1).encode(),
@@ -269,8 +271,31 @@ def orders(root: Path) -> dict[str, list[str]]:
     }
 
 
+def formats(root: Path) -> dict[str, list[str]]:
+    """The same steps written in both formats (v2's digests are 32 hex digits, of another hash):
+    their checksums are compared, their digests are not; and a v2 pair whose digests differ."""
+
+    def as_v2(name: str) -> str:
+        out = []
+        for line in (root / name).read_text().splitlines():
+            obj = json.loads(line)
+            obj["format"] = FORMAT_V2
+            obj["digests"] = {k: v[:32] for k, v in obj["digests"].items()}
+            out.append(json.dumps(obj))
+        return write(root / f"v2_{name}", out)
+
+    v2, v2_drift = as_v2("a.jsonl"), as_v2("drift.jsonl")
+    return {
+        "formats_v1_v2": ["a.jsonl", v2],
+        "formats_v1_v2_bitwise": ["a.jsonl", v2, "--bitwise"],
+        "formats_v1_v2_json": [v2, "a.jsonl", "--json"],
+        "formats_v1_v2_drift": ["a.jsonl", v2_drift],
+        "formats_v2_bitwise": [v2, v2_drift, "--bitwise"],
+    }
+
+
 def build(root: Path) -> dict[str, list[str]]:
-    return {**drifting(root), **edges(root), **malformed(root), **orders(root)}
+    return {**drifting(root), **edges(root), **malformed(root), **orders(root), **formats(root)}
 
 
 def run_all(root: Path) -> dict[str, dict]:

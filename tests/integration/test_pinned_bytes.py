@@ -33,20 +33,20 @@ PLATFORM = fingerprint()["device"]
 BY_PLATFORM: dict[str, dict[str, dict[str, str]]] = {"cpu:x86_64-portable-digits": {
     "sft": {
         "adapter": "09d73b274fd307e7d606dabd2ba238d4b886280713994ac336bd64cc614db057",
-        "diag": "15c07cfc4c9c83f71924312166d16e6ba174a8b3546232c59a53e946213d041a",
+        "diag": "e940422f24cefd9e87945c95193232390fac57627320aba1eba92ef3e5e8a741",
     },
     "dpo": {
         "adapter": "eacd91d481559137a940d9e09b9a833b3aa5b2d1a79fdb7b4a0e17a6ee9cbce6",
-        "diag": "6695245ecb0f93eeaf4b687efca0cd94a26b8711e8dbe4adcfcd231bc2e89d4d",
+        "diag": "9fdb93be0898efbb4aad61fcf14bab0c928ae1d45c1ab41f44e5abe28425ba1b",
     },
     "reward": {
         "adapter": "a65a48051130a69046b16214e8c7205d67b57e81af08ad812b2fd612b2e027e5",
-        "diag": "7db98a31d01be6e19b68d505e2c7fc1dd4eaf3bcdc1ba52b18fda4f5af5c2709",
+        "diag": "8e2cc90a89d525ad3ac1bbf4692c71689e0478901d4ae6bf4fc10628b6ee9232",
         "head": "e8d5ef97efc7959c90e3d6209452125df093b9bee98e5743326af26b0ec04b5e",
     },
     "grpo": {
         "adapter": "3732b25fb209fb6e0a596a69bf0e290d10ac64d964127538989e88074565bf96",
-        "diag": "226e065a35d0f023394a191796f8ae7ed5214e08a5cfc5dee8ed874658a7899a",
+        "diag": "fc48f82eb700698140a393088015265bf94e93d4368f2b23b3839902dd2b6bc5",
     },
 }}  # fmt: skip
 PINNED = BY_PLATFORM.get(PLATFORM, {})
@@ -58,7 +58,7 @@ needs_pins = pytest.mark.skipif(
 # per-group bytes (re-pinned with the rest for the exact products).
 PER_GROUP_GRPO_BY_PLATFORM: dict[str, dict[str, str]] = {"cpu:x86_64-portable-digits": {
     "adapter": "3732b25fb209fb6e0a596a69bf0e290d10ac64d964127538989e88074565bf96",
-    "diag": "226e065a35d0f023394a191796f8ae7ed5214e08a5cfc5dee8ed874658a7899a",
+    "diag": "fc48f82eb700698140a393088015265bf94e93d4368f2b23b3839902dd2b6bc5",
 }}  # fmt: skip
 
 

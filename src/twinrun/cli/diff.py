@@ -43,6 +43,7 @@ from twinrun.diag.recorded import (
     sidecars_differ_in,
 )
 from twinrun.diag.recorder import STANDARD_LEAVES, TRAINER_ROW_LEAVES
+from twinrun.diag.rows import DIAG_FORMATS
 from twinrun.diag.trace import TraceDivergence
 
 TOLERANCE = FiniteFloat(low=0)  # finite and >= 0: nan would make every comparison pass
@@ -82,6 +83,13 @@ def _text(r: CompareResult, recorded: list[RecordedDifference] | None) -> list[s
     if r.one_sided:
         shown = ", ".join(f"{leaf} ({side} only)" for leaf, side in r.one_sided.items())
         head.append(f"COMMON_LEAVES: left out, recorded by one run only: {shown}")
+    if r.digests_skipped and r.formats is not None:
+        a, b = r.formats
+        head.append(
+            f"DIGESTS: not compared at {r.digests_skipped} of {r.rows_compared} rows: run A's "
+            f"rows are {a} ({DIAG_FORMATS[a]}), run B's {b} ({DIAG_FORMATS[b]}); their "
+            "checksums are compared" + (" exactly" if r.bitwise else "")
+        )
     if r.first is None:
         return head + _deterministic_lines(r, mode)
     return head + _divergence_lines(r, r.first, recorded, mode)

@@ -12,6 +12,10 @@ dict when the files are aligned), so memory is flat in the number of rows unless
 is asked for (the per-row relative differences the heatmap report draws). Byte-identical lines
 are parsed once and not compared leaf by leaf.
 
+Digests are compared only between rows of one format: a `twinrun.diag.v1` row's digests are
+SHA256, a `twinrun.diag.v2` row's XXH3-128, so a pair of rows of two formats is compared on its
+checksums alone (exactly, in bitwise mode) and counted in `digests_skipped`.
+
 Reading: blank lines are skipped; unknown keys in a row are ignored; rows whose `format` is
 another `twinrun.*` format (e.g. step traces) are skipped; checksums may be numbers or the
 strings "NaN", "Infinity", "-Infinity". Anything else unreadable raises DataError naming the
@@ -134,6 +138,8 @@ class CompareResult:
     table_rows: int | None = None  # rows in the whole table (`table` may hold only the first)
     one_sided: dict[str, str] = field(default_factory=dict)  # common_leaves: leaf -> "A" | "B"
     bytes_differ: int = 0  # tolerance mode: rows whose digests differ (equal within tolerance)
+    digests_skipped: int = 0  # paired rows of two formats: their digests were not compared
+    formats: tuple[str, str] | None = None  # (A's, B's) row format where they differ
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (non-finite floats as "NaN"/"Infinity" strings; no matrix, no
@@ -145,6 +151,9 @@ class CompareResult:
             d.pop("one_sided")  # only with common_leaves, when the runs' leaf sets differ
         if not d["bytes_differ"]:
             d.pop("bytes_differ")  # only when rows agree within tolerance but not bitwise
+        if not d["digests_skipped"]:
+            d.pop("digests_skipped")  # only when the runs' rows are of two formats
+            d.pop("formats")
         return jsonable(d)
 
 
@@ -208,6 +217,8 @@ class _Comparer:
         self.common = common  # compare only the leaves both rows record
         self.one_sided: dict[str, str] = {}  # leaf -> "A" | "B": recorded by one run only
         self.bytes_differ = 0  # tolerance mode: paired rows whose digests are not all equal
+        self.digests_skipped = 0  # paired rows of two formats (digests of two hashes)
+        self.formats: tuple[str, str] | None = None  # the first such pair's (A, B) formats
         self.rows = 0
         self.diverged = 0
         self.values = 0
@@ -243,6 +254,8 @@ class _Comparer:
     def pair(self, ra: DiagRow, rb: DiagRow) -> None:
         """Compare two rows of the same (phase, step): count them, and record the row's
         divergence (its details when it may be the first, or for the matrix or the table)."""
+        if ra.fmt != rb.fmt and ra.fmt is not None and rb.fmt is not None:
+            ra, rb = self._without_digests(ra, rb)
         names = self._pair_names(ra, rb)
         self._see_leaves(names)
         self.rows += 1
@@ -264,6 +277,17 @@ class _Comparer:
             div = Divergence(ra.phase, ra.step, f.leaf, f.a, f.b, f.delta, f.rel, kind, missing)
             self._diverge(ra.phase, ra.step, div, diffs)
             self._table_row(ra.phase, ra.step, [d.leaf for d in diffs])
+
+    def _without_digests(self, ra: DiagRow, rb: DiagRow) -> tuple[DiagRow, DiagRow]:
+        """Two rows of two formats (two hashes) as rows without digests: counted, and compared
+        on their checksums alone."""
+        self.digests_skipped += 1
+        if self.formats is None:
+            self.formats = (str(ra.fmt), str(rb.fmt))
+        return (
+            DiagRow(ra.phase, ra.step, ra.checks, {}, ra.lineno, ra.text, ra.fmt),
+            DiagRow(rb.phase, rb.step, rb.checks, {}, rb.lineno, rb.text, rb.fmt),
+        )
 
     def _pair_names(self, ra: DiagRow, rb: DiagRow) -> list[str]:
         """The leaves two paired rows are compared on, run A's order first: with `common`,
@@ -468,7 +492,9 @@ def _pair_rows(st: _Comparer) -> None:
                 st.identical(row)
                 continue
             ra: DiagRow | None = row
-            rb: DiagRow | None = DiagRow(row.phase, row.step, row.checks, row.digs, lb[0])
+            rb: DiagRow | None = DiagRow(
+                row.phase, row.step, row.checks, row.digs, lb[0], row.text, row.fmt
+            )
         else:
             ra = None if la is None else parse_row(la[1], pa, la[0])
             rb = None if lb is None else parse_row(lb[1], pb, lb[0])
@@ -566,6 +592,8 @@ def _result(st: _Comparer, table_limit: int | None) -> CompareResult:
         table=table,
         table_rows=table_rows,
         one_sided=dict(st.one_sided),
+        digests_skipped=st.digests_skipped,
+        formats=st.formats,
         bytes_differ=st.bytes_differ,
     )
 

@@ -17,13 +17,12 @@ first time one of its leaves is asked for. The checksum and digest of leaf i are
 
 from __future__ import annotations
 
-import hashlib
 import math
 import sys
 import threading
 from typing import Any
 
-from twinrun.diag.checksum import _LITTLE, SumSq, _header, sumsq
+from twinrun.diag.checksum import _LITTLE, SumSq, _header, leaf_hasher, sumsq
 from twinrun.diag.extract import rounded_sumsq_rows
 
 __all__ = ["FlatLeaf", "FlatLeaves"]
@@ -147,10 +146,11 @@ class FlatLeaves:
         out = []
         for shapes, a in zip(self.shapes, arrays, strict=True):
             mv = memoryview(a).cast("B")
-            pieces: list[bytes | memoryview] = [b"twinrun.tensors.v1\0"]
+            h = leaf_hasher(b"twinrun.tensors.v1\0")
             for head, start, stop in _flat_layout(shapes):
-                pieces += (head, mv[start:stop])
-            out.append(hashlib.sha256(b"".join(pieces)).hexdigest())
+                h.update(head)
+                h.update(mv[start:stop])
+            out.append(h.hexdigest())
         return out
 
 

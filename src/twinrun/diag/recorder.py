@@ -3,7 +3,7 @@
 One JSON object per line, appended and flushed as each step is committed (the file is a log,
 never rewritten):
 
-    {"format": "twinrun.diag.v1", "step": 3, "phase": "train",
+    {"format": "twinrun.diag.v2", "step": 3, "phase": "train",
      "checksums": {"batch.sample_indices": 1234.0, ...}, "digests": {"batch.sample_indices": "..."}}
 
 Leaves keep the order they were added in, which must be dataflow order (what is computed first
@@ -123,7 +123,7 @@ TRAINER_ROW_LEAVES = frozenset(HF_LEAVES) | {"grads.lora", "params.lora"}
 
 @dataclass(frozen=True)
 class LeafValue:
-    """A leaf's precomputed checksum (exact sum of squares) and digest (SHA256 hex)."""
+    """A leaf's precomputed checksum (exact sum of squares) and digest (XXH3-128 hex)."""
 
     checksum: float
     digest: str

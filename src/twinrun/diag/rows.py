@@ -1,4 +1,8 @@
-"""Reading diag.jsonl rows (format `twinrun.diag.v1`) for `twinrun diff`, and the checksum codec.
+"""Reading diag.jsonl rows for `twinrun diff`, and the checksum codec.
+
+Rows of format `twinrun.diag.v2` (what twinrun writes: XXH3-128 digests) and of the older
+`twinrun.diag.v1` (SHA256 digests, the same checksums) are both read; each row keeps its format,
+and `twinrun diff` compares digests only between rows of one format.
 
 `parse_row` reads one line. A line in the exact layout the recorder writes (`json.dumps` with
 its default separators, keys `format`, `step`, `phase`, `checksums`, `digests` in that order,
@@ -31,6 +35,7 @@ from twinrun.core.jsonlimits import DIAG, parse_json
 
 __all__ = [
     "DIAG_FORMAT",
+    "DIAG_FORMATS",
     "DiagRow",
     "decode_float",
     "encode_float",
@@ -40,13 +45,17 @@ __all__ = [
     "text_number",
 ]
 
-DIAG_FORMAT = "twinrun.diag.v1"
+DIAG_FORMAT = "twinrun.diag.v2"
+# every row format this reader takes -> what its digests are
+DIAG_FORMATS = {"twinrun.diag.v1": "SHA256", DIAG_FORMAT: "XXH3-128"}
+_EXPECTED = " or ".join(repr(f) for f in reversed(DIAG_FORMATS))
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _HINT = "each line of diag.jsonl must be one JSON object written by twinrun --diag"
 
 # The layout the recorder writes, cut at every double quote (no string in it may hold one).
-_HEAD = '{"format": "' + DIAG_FORMAT + '", "step": '
-_HEAD_PARTS = ["{", "format", ": ", DIAG_FORMAT, ", ", "step"]
+_HEAD = '{"format": "twinrun.diag.v'
+_HEAD_PARTS = ["{", "format", ": "]
+_STEP_PARTS = [", ", "step"]
 _PHASE_PARTS = ["phase", ": "]
 _CHECKS_PARTS = [", ", "checksums", ": {"]
 _DIGESTS = '}, "digests": {'
@@ -110,17 +119,21 @@ class DiagRow:
     value, or with `text` its JSON number text (see the module docstring); `number` reads
     either as a float."""
 
-    __slots__ = ("phase", "step", "checks", "digs", "lineno", "text")
+    __slots__ = ("phase", "step", "checks", "digs", "lineno", "text", "fmt")
 
     def __init__(
-        self, phase: str, step: int, checks: dict, digs: dict, lineno: int, text: bool = False
-    ) -> None:
+        self, phase: str, step: int, checks: dict, digs: dict, lineno: int, text: bool = False,
+        fmt: str | None = DIAG_FORMAT,
+    ) -> None:  # fmt: skip
         self.phase = phase
         self.step = step
         self.checks = checks
         self.digs = digs
         self.lineno = lineno
         self.text = text
+        # one of DIAG_FORMATS (digests of two formats are not comparable); None for a row
+        # that names none, whose digests are taken as comparable with any row's
+        self.fmt = fmt
 
     def leaves(self) -> list[str]:
         out = list(self.checks)
@@ -154,25 +167,31 @@ def parse_row(raw: bytes, path: Path, lineno: int) -> DiagRow | None:
     obj = parse_json(raw, f"{path}:{lineno}", DIAG)  # bounded digits, depth and size
     if type(obj) is not dict:
         raise DataError(f"{path}:{lineno}: a row must be a JSON object", _HINT)
-    fmt = obj.get("format", DIAG_FORMAT)
+    fmt = obj.get("format")
     step = obj.get("step")
     phase = obj.get("phase", "train")
     checks = obj.get("checksums", {})
     digs = obj.get("digests", {})
+    known = fmt is None or (type(fmt) is str and fmt in DIAG_FORMATS)
     if (
-        fmt == DIAG_FORMAT
+        known
         and type(step) is int
         and type(phase) is str
         and phase
         and type(checks) is dict
         and type(digs) is dict
     ):
-        return DiagRow(phase, step, checks, digs, lineno)
+        return DiagRow(phase, step, checks, digs, lineno, fmt=fmt)
     where = f"{path}:{lineno}"
-    if fmt != DIAG_FORMAT:
+    if not known:
+        if isinstance(fmt, str) and fmt.startswith("twinrun.diag."):
+            raise DataError(
+                f"{where}: diag format {fmt!r} is newer than this twinrun reads ({_EXPECTED})",
+                "upgrade twinrun to compare this file",
+            )
         if isinstance(fmt, str) and fmt.startswith("twinrun."):
             return None  # another twinrun row kind (e.g. a step trace): not compared here
-        raise DataError(f"{where}: unknown format {fmt!r} (expected {DIAG_FORMAT!r})", _HINT)
+        raise DataError(f"{where}: unknown format {fmt!r} (expected {_EXPECTED})", _HINT)
     if type(step) is not int:
         raise DataError(f"{where}: 'step' must be an integer, got {step!r}", _HINT)
     if type(phase) is not str or not phase:
@@ -199,7 +218,9 @@ def _plain_row(raw: bytes, lineno: int) -> DiagRow | None:
         return None
     p = head.split('"')
     if (
-        p[:6] != _HEAD_PARTS
+        p[:3] != _HEAD_PARTS
+        or p[3] not in DIAG_FORMATS
+        or p[4:6] != _STEP_PARTS
         or p[7:9] != _PHASE_PARTS
         or p[10:13] != _CHECKS_PARTS
         or not len(p) % 2
@@ -238,4 +259,5 @@ def _plain_row(raw: bytes, lineno: int) -> DiagRow | None:
         digs = dict(zip(d[1::4], d[3::4], strict=True))
     else:
         digs = {}
-    return DiagRow(p[9], int(step), dict(zip(keys, texts, strict=True)), digs, lineno, True)
+    checks = dict(zip(keys, texts, strict=True))
+    return DiagRow(p[9], int(step), checks, digs, lineno, True, p[3])

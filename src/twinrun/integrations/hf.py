@@ -42,7 +42,6 @@ Needs a transformers whose `TrainerCallback` has `on_pre_optimizer_step` and
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 from collections.abc import Sequence
@@ -51,7 +50,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from twinrun.diag.checksum import SumSq, digest
+from twinrun.diag.checksum import SumSq, digest, leaf_hasher
 from twinrun.diag.recorder import HF_LEAVES, DiagRecorder, LeafValue, leaf_value
 
 __all__ = ["DiagCallback", "HF_LEAVES"]
@@ -59,11 +58,11 @@ __all__ = ["DiagCallback", "HF_LEAVES"]
 
 class _Parts:
     """A leaf made of parts that arrive one at a time (microbatches): exact merged checksum and
-    SHA256 over the parts' digests, in arrival order."""
+    digest (`leaf_hasher`) over the parts' digests, in arrival order."""
 
     def __init__(self) -> None:
         self.acc = SumSq()
-        self.hash = hashlib.sha256(b"twinrun.parts.v1\0")
+        self.hash = leaf_hasher(b"twinrun.parts.v1\0")
         self.n = 0
 
     def add(self, t: torch.Tensor) -> None:

@@ -41,12 +41,12 @@ def test_recorder_rows(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in f.read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
     r = rows[1]
-    assert r["format"] == "twinrun.diag.v1" and r["phase"] == "train"
+    assert r["format"] == "twinrun.diag.v2" and r["phase"] == "train"
     assert list(r["checksums"]) == ["batch.sample_indices", "loss", "grads.lora", "lr"]
     assert r["checksums"]["batch.sample_indices"] == 1 + 4 + 9 + 16
     assert r["checksums"]["grads.lora"] == 3 * 1.5**2 + 2
     assert r["checksums"]["lr"] == 1e-3**2
-    assert all(len(d) == 64 for d in r["digests"].values())
+    assert all(len(d) == 32 for d in r["digests"].values())  # XXH3-128
     assert STANDARD_LEAVES[0] == "batch.sample_indices" and STANDARD_LEAVES[-1] == "rng.state"
     assert STANDARD_LEAVES.index("rollout.tokens") < STANDARD_LEAVES.index("batch.tokens")
 

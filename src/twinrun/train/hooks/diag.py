@@ -6,7 +6,7 @@ the step's loss; the late leaves are read once AdamW has stepped: the summed gra
 moments, the parameters, the learning rate and the generator states.
 
 In a data-parallel run each process keeps its own forwards' tokens and logits; they are gathered
-in global forward order (the digests are SHA256 over the parts in that order, so rank 0 needs
+in global forward order (the digests are hashes over the parts in that order, so rank 0 needs
 the bytes themselves: the cost is the step's logits, sent once per process) and rank 0 writes
 the row. Every other leaf is already the same on every process.
 
