@@ -266,6 +266,12 @@ def _first_divergence(
     if not a.is_file() or not b.is_file():
         return ["  (no diag.jsonl in both runs: run the original with --diag to see the step)"]
     result = compare(a, b, bitwise=True)
+    if result.first is None and result.digests_skipped:
+        return [
+            "  diag.jsonl: every recorded leaf's checksum agrees exactly (the original's rows "
+            f"are {result.formats[0] if result.formats else 'another format'}, whose digests "
+            "this version does not compare)"
+        ]
     if result.first is None:
         return ["  diag.jsonl: every recorded leaf agrees bit for bit"]
     first = result.first

@@ -266,3 +266,42 @@ def test_table_without_the_matrix_is_the_matrix_table(tmp_path: Path) -> None:
             assert head.first == full.first and head.rows_diverged == full.rows_diverged
     none = compare(tmp_path / "a.jsonl", tmp_path / "drift.jsonl")
     assert none.table is None and none.table_rows is None
+
+
+def test_rows_of_two_formats_compare_checksums_not_digests(tmp_path: Path) -> None:
+    """A v1 run (SHA256 digests) against a v2 run (XXH3-128) of the same steps: the digests
+    cannot agree, so they are not compared; the checksums are, exactly in bitwise mode."""
+
+    def rows(fmt: str, digest_len: int, loss: float) -> str:
+        return "".join(
+            json.dumps({"format": fmt, "step": s, "phase": "train",
+                        "checksums": {"loss": loss + s, "lr": 1e-3},
+                        "digests": {"loss": f"{s:0{digest_len}x}", "lr": "ab" * (digest_len // 2)}})
+            + "\n"
+            for s in range(3)
+        )  # fmt: skip
+
+    old, new = tmp_path / "v1.jsonl", tmp_path / "v2.jsonl"
+    old.write_text(rows("twinrun.diag.v1", 64, 0.5))
+    new.write_text(rows("twinrun.diag.v2", 32, 0.5))
+    for bitwise in (False, True):
+        r = compare(old, new, bitwise=bitwise)
+        assert r.deterministic and r.digests_skipped == 3 and r.rows_compared == 3
+        assert r.formats == ("twinrun.diag.v1", "twinrun.diag.v2") and r.bytes_differ == 0
+        assert r.to_dict()["digests_skipped"] == 3
+    moved = tmp_path / "v2_moved.jsonl"
+    moved.write_text(rows("twinrun.diag.v2", 32, 0.5).replace('"loss": 2.5', '"loss": 2.5000001'))
+    r = compare(old, moved, bitwise=True)
+    assert r.first is not None and (r.first.step, r.first.leaf, r.first.kind) == (
+        2,
+        "loss",
+        "value",
+    )
+    same = compare(new, new, bitwise=True)  # one format: digests compared, nothing skipped
+    assert (
+        same.deterministic and same.digests_skipped == 0 and "digests_skipped" not in same.to_dict()
+    )
+    differ = tmp_path / "v2_differ.jsonl"
+    differ.write_text(rows("twinrun.diag.v2", 32, 0.5).replace('"lr": "abab', '"lr": "cdab'))
+    r = compare(new, differ, bitwise=True)
+    assert r.first is not None and (r.first.leaf, r.first.kind) == ("lr", "digest")

@@ -107,3 +107,33 @@ def test_string_checksums_and_escapes_go_to_the_json_reader() -> None:
     assert_same_row(_plain_row(raw, 1), raw)
     with pytest.raises(DataError, match=r"diag\.jsonl:1: checksum of 'loss' is not a number"):
         parse_row(line({"loss": "1.5"}), WHERE, 1).number("loss", WHERE)
+
+
+@pytest.mark.parametrize("fmt", ["twinrun.diag.v1", "twinrun.diag.v2"])
+def test_both_formats_are_read_and_keep_their_format(fmt: str) -> None:
+    raw = line({"loss": 0.5, "lr": 1e-3}).replace(b"twinrun.diag.v1", fmt.encode())
+    fast = _plain_row(raw, 1)
+    assert fast is not None and fast.fmt == fmt
+    slow = parse_row(raw.replace(b'"step": 3', b'"step":  3'), WHERE, 1)  # not the plain layout
+    assert slow is not None and not slow.text and slow.fmt == fmt
+    assert_same_row(fast, raw)
+
+
+def test_a_row_without_a_format_has_none() -> None:
+    row = parse_row(b'{"step": 0, "checksums": {"loss": 1.0}, "digests": {}}', WHERE, 1)
+    assert row is not None and row.fmt is None
+
+
+@pytest.mark.parametrize(
+    ("fmt", "says"),
+    [
+        ('"twinrun.diag.v9"', "diag format 'twinrun.diag.v9' is newer than this twinrun reads"),
+        ('["twinrun.diag.v2"]', "unknown format ['twinrun.diag.v2']"),
+        ('{"v": 2}', "unknown format {'v': 2}"),
+    ],
+)
+def test_a_format_this_reader_does_not_know_is_one_error(fmt: str, says: str) -> None:
+    raw = line({"loss": 0.5}).replace(b'"twinrun.diag.v1"', fmt.encode())
+    with pytest.raises(DataError, match="diag.jsonl:7: ") as err:
+        parse_row(raw, WHERE, 7)
+    assert says in str(err.value)

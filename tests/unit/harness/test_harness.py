@@ -280,6 +280,19 @@ def test_diag_digest_only_falls_back_to_bitwise(tmp_path: Path) -> None:
     assert "metrics bit-exact, diag digests differ" in format_verdict(v)[1]
 
 
+def test_diag_of_two_formats_is_not_called_bit_exact(tmp_path: Path) -> None:
+    """Runs whose diag files are of two formats (SHA256 and XXH3-128 digests): equal checksums,
+    but no digest was compared, so the runs are not called bit-exact."""
+    a = write_diag(tmp_path / "a")
+    b = write_diag(tmp_path / "b")
+    f = b / "diag.jsonl"
+    f.write_text(f.read_text().replace("twinrun.diag.v1", "twinrun.diag.v2"))
+    d = check_diag(a, b)
+    assert d is not None and d.digests_equal is False and d.line is None
+    v = judge(rows(A), rows(A), rows(C), diag=d)
+    assert v.passed and not v.fully_bit_exact
+
+
 # ------------------------------------------------------------------------------- sidecars
 
 
