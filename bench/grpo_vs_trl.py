@@ -22,7 +22,11 @@ rollout (the four groups of one step) is recorded when the goal is not met, and 
 timing of one update (forward, float64 logprobs over every position vs over the kept positions
 only, backward).
 
-    python -m bench grpo_vs_trl [--rounds 3] [--steps 8] [--smollm2] [--quick]
+`--portable` adds a third arm to every comparison: twinrun in the portable mode
+(`--cpu-kernels portable`: the same bytes on every CPU), timed in the same rounds, alternating
+with the other two, and its own ratio to TRL.
+
+    python -m bench grpo_vs_trl [--rounds 3] [--steps 8] [--smollm2] [--portable] [--quick]
 
 Writes bench/results/grpo_vs_trl.json, .md and the `grpo_vs_trl` section of docs/benchmarks.md
 (`--quick`: 1 round of 4 steps, prints only).
@@ -83,7 +87,7 @@ def trl_python() -> Path:
     return py
 
 
-def twinrun_steps(model: Path, work: Path, steps: int) -> dict[str, Any]:
+def twinrun_steps(model: Path, work: Path, steps: int, kernels: str = "native") -> dict[str, Any]:
     s, out = SETTINGS, work / f"tw-{time.monotonic_ns()}"
     cmd = [
         sys.executable, "-m", "twinrun", "tune", "grpo", "--model", str(model),
@@ -95,7 +99,7 @@ def twinrun_steps(model: Path, work: Path, steps: int) -> dict[str, Any]:
         "--warmup-steps", "0", "--lr-schedule", "cosine",
         "--lora-rank", str(s["lora_rank"]),
         "--lora-alpha", str(s["lora_alpha"]), "--precision", "f32", "--chat-template", "on",
-        "--env", "arithmetic", "--threads", "1", "--quiet",
+        "--env", "arithmetic", "--threads", "1", "--quiet", "--cpu-kernels", kernels,
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -127,15 +131,22 @@ def trl_steps(py: Path, model: Path, work: Path, steps: int) -> dict[str, Any]:
             "trl": got["trl"], "torch_threads": got["torch_threads"]}  # fmt: skip
 
 
-def compare(py: Path, model: Path, work: Path, rounds: int, steps: int) -> dict[str, Any]:
+def compare(
+    py: Path, model: Path, work: Path, rounds: int, steps: int, portable: bool = False
+) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
+    arms = ("twinrun", "trl", "twinrun_portable") if portable else ("twinrun", "trl")
     for r in range(rounds):
-        order = ("twinrun", "trl") if r % 2 == 0 else ("trl", "twinrun")
+        order = benchkit.alternating(arms, r)
         got = {}
         for who in order:
-            got[who] = (twinrun_steps(model, work, steps) if who == "twinrun"
-                        else trl_steps(py, model, work, steps))  # fmt: skip
+            if who == "trl":
+                got[who] = trl_steps(py, model, work, steps)
+            else:
+                kernels = "portable" if who == "twinrun_portable" else "native"
+                got[who] = twinrun_steps(model, work, steps, kernels)
         runs.append({"order": order, **got})
+    portable_arm = _portable_arm(runs) if portable else {}
     tw = [x for run in runs for x in run["twinrun"]["step_s"][1:]]
     trl = [x for run in runs for x in run["trl"]["step_s"][1:]]
     per_round = [statistics.median(run["twinrun"]["step_s"][1:])
@@ -154,6 +165,32 @@ def compare(py: Path, model: Path, work: Path, rounds: int, steps: int) -> dict[
             x for run in runs for x in run["twinrun"]["mean_completion_tokens"]),
         "trl_mean_completion_tokens": statistics.mean(
             x for run in runs for x in run["trl"]["mean_completion_tokens"]),
+        **portable_arm,
+    }  # fmt: skip
+
+
+def _portable_arm(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The portable arm's step times, its ratios to TRL and to native twinrun (medians, and
+    per round)."""
+    pt = [x for run in runs for x in run["twinrun_portable"]["step_s"][1:]]
+    tw = [x for run in runs for x in run["twinrun"]["step_s"][1:]]
+    trl = [x for run in runs for x in run["trl"]["step_s"][1:]]
+
+    def per_round(a: str, b: str) -> list[float]:
+        return [statistics.median(run[a]["step_s"][1:]) / statistics.median(run[b]["step_s"][1:])
+                for run in runs]  # fmt: skip
+
+    return {
+        "portable_step_s": benchkit.spread(pt, 4),
+        "portable_rollout_s": benchkit.spread(
+            [x for run in runs for x in run["twinrun_portable"]["rollout_s"][1:]], 4),
+        "portable_update_s": benchkit.spread(
+            [x for run in runs for x in run["twinrun_portable"]["update_s"][1:]], 4),
+        "portable_ratio": statistics.median(pt) / statistics.median(trl),
+        "portable_ratio_per_round": benchkit.spread(per_round("twinrun_portable", "trl"), 3),
+        "portable_over_native": statistics.median(pt) / statistics.median(tw),
+        "portable_over_native_per_round": benchkit.spread(
+            per_round("twinrun_portable", "twinrun"), 3),
     }  # fmt: skip
 
 
@@ -254,6 +291,20 @@ def parts_table(name: str, u: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
+def _portable_rows(c: dict[str, Any]) -> list[str]:
+    """The portable arm's rows of a comparison's table (none without `--portable`)."""
+    if "portable_step_s" not in c:
+        return []
+    return [
+        f"| twinrun step, portable mode | {fmt(c['portable_step_s'])} |",
+        f"| — rollout | {fmt(c['portable_rollout_s'])} |",
+        f"| — update | {fmt(c['portable_update_s'])} |",
+        f"| **portable twinrun / TRL** | **{c['portable_ratio']:.2f}×** (per round "
+        f"{fmt(c['portable_ratio_per_round'], 2)}); portable / native twinrun "
+        f"{c['portable_over_native']:.2f}× |",
+    ]
+
+
 def fmt(s: dict[str, Any], d: int = 3) -> str:
     return f"{s['median']:.{d}f} ({s['min']:.{d}f}–{s['max']:.{d}f})"
 
@@ -268,9 +319,12 @@ def table(name: str, c: dict[str, Any]) -> list[str]:
         f"| — update | {fmt(c['twinrun_update_s'])} |",
         f"| TRL GRPOTrainer step | {fmt(c['trl_step_s'])} |",
         f"| **twinrun / TRL** | **{c['ratio']:.2f}×** (per round {fmt(c['ratio_per_round'], 2)}) |",
+        *_portable_rows(c),
         "",
         f"Mean completion length: twinrun {c['twinrun_mean_completion_tokens']:.1f}, TRL "
-        f"{c['trl_mean_completion_tokens']:.1f} tokens. Goal twinrun / TRL ≤ {GOAL}: {met}.", "",
+        f"{c['trl_mean_completion_tokens']:.1f} tokens. Goal twinrun / TRL ≤ {GOAL}: {met}."
+        + (f" The same in the portable mode: {benchkit.verdict(c['portable_ratio'] <= GOAL)}."
+           if "portable_ratio" in c else ""), "",
     ]  # fmt: skip
 
 
@@ -280,6 +334,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--smollm2", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--portable", action="store_true", help="also time the portable mode")
     a = ap.parse_args()
     rounds, steps = (1, 4) if a.quick else (a.rounds, a.steps)
     py = trl_python()
@@ -287,19 +342,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         toy = write_toy(work / "toy")
-        result: dict[str, Any] = {"toy": compare(py, toy, work, rounds, steps)}
+        result: dict[str, Any] = {"toy": compare(py, toy, work, rounds, steps, a.portable)}
         if result["toy"]["ratio"] > GOAL:
             result["toy"]["rollout_profile"] = rollout_profile(toy)
         result["toy"]["update_parts"] = update_parts(toy)
         if a.smollm2:
             sm = smollm2_dir()
-            result["smollm2"] = compare(py, sm, work, max(1, rounds - 1), max(3, steps // 2))
+            result["smollm2"] = compare(
+                py, sm, work, max(1, rounds - 1), max(3, steps // 2), a.portable
+            )
             if result["smollm2"]["ratio"] > GOAL:
                 result["smollm2"]["rollout_profile"] = rollout_profile(sm)
             result["smollm2"]["update_parts"] = update_parts(sm)
     meta = {
         "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python -m bench grpo_vs_trl" + (" --smollm2" if a.smollm2 else ""),
+        "command": "python -m bench grpo_vs_trl" + (" --smollm2" if a.smollm2 else "")
+        + (" --portable" if a.portable else ""),
         "cpu": cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
         **package_versions("torch", "transformers", "peft"), "trl": TRL_VERSION,
         "git_commit": git("rev-parse", "--short", "HEAD"),
