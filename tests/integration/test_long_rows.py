@@ -204,12 +204,13 @@ def test_long_evaluation_and_a_long_prompt_rollout_make_no_whole_logits(
 
 
 # IPO and evaluation at short rows (the pinned objectives are in test_pinned_bytes.py): the bytes
-# they wrote before the head ran by chunks, with the portable kernels.
+# they wrote before the head ran by chunks, with the portable kernels (the diag files' as the
+# diag format v2 writes them: XXH3-128 leaf digests).
 SHORT_BY_PLATFORM: dict[str, dict[str, str]] = {"cpu:x86_64-portable-digits": {
     "ipo.adapter": "229f583d25a4fabc4f4ff896e09d27ad5c6fe18efffb8f438455072482556878",
-    "ipo.diag": "f802316637bc0e41842825ce434acf59842f05b7052778c7b4358ec51fdae36a",
+    "ipo.diag": "0f714c44d578e8544205426dc64efcdf9cc9160336798d27556c76db59e53827",
     "eval.per_example": "e4431afda85488f968763a5fd487dbd0faa3fcc6cb21d904aa72f69deebba235",
-    "eval.diag": "ed0078e020f8c83cd4e226d6fb2769396bf918d82b339101cc69beb19db18740",
+    "eval.diag": "5a8d8ecd4a115391bed8dd47e5fc434b0d9847054cf3d891fe7fb7e731d2e1b0",
 }}  # fmt: skip
 SHORT = SHORT_BY_PLATFORM.get(fingerprint()["device"], {})
 
