@@ -36,7 +36,12 @@ def train(run: RunConfig | ValidRun, checked: bool = False) -> dict[str, Any]:
         run = validate(run)
     kind = RECIPES[run.objective]
     context = kind.context(run)  # built (and checked) before anything is written
-    opening = open_session(run, kind.read, checked)  # locked, checked, read, resume checked
+    locked = open_session(run, checked)  # locked, checked, the model's files opened
+    try:
+        opening = locked.take(kind.read(locked.run))  # the data read, a resume checked
+    except BaseException:
+        locked.close()
+        raise
     try:
         encoded = kind.encode(opening.run, opening.tok, opening.raw.items, opening.max_length,
                               context)  # fmt: skip

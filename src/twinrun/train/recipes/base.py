@@ -5,7 +5,7 @@ A recipe class is registered under its objective's name (`RECIPES` in this packa
 record of objectives/registry.py) and says:
 - `context(run)`, `read(run)` and `encode(run, tok, raw, max_length, context)`: what the run
   builds before anything is written (GRPO: its environment), how its data is read (the raw rows
-  and their SHA256, `open_session` calls it once the output is locked and the inputs checked) and
+  and their SHA256, read once the output is locked and the inputs checked) and
   encoded (checked, tokenized with the opened tokenizer); the session is built over the encoded
   data (`train` in this package says the order);
 - `open(session, encoded, context)`: the recipe of a training run over the encoded data, with
@@ -33,7 +33,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from twinrun.train.setup.session import RawData, read_examples
+from twinrun.config.resolved import Examples
+from twinrun.data.examples import examples_sha256, load_rows
+from twinrun.train.setup.session import RawData
 from twinrun.train.step.loop import Params, StepForwards, StepRecipe
 
 if TYPE_CHECKING:
@@ -75,7 +77,8 @@ class Recipe(StepRecipe):
     def read(cls, run: ValidRun) -> RawData:
         """The run's raw data and its SHA256: the `--examples` rows unless the objective reads
         other files."""
-        return read_examples(run)
+        path = run.record(Examples).examples
+        return RawData(load_rows(path), examples_sha256(path))
 
     @classmethod
     @abstractmethod

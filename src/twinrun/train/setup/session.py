@@ -5,7 +5,7 @@ at the end write the adapter, metrics and sidecar atomically."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -122,21 +122,13 @@ class RawData:
     sha256: str
 
 
-def read_examples(run: ValidRun) -> RawData:
-    """The rows of `--examples` and the file's SHA256."""
-    path = run.record(Examples).examples
-    return RawData(load_rows(path), examples_sha256(path))
-
-
-def open_session(
-    given: ValidRun, read: Callable[[ValidRun], RawData] = read_examples, checked: bool = False
-) -> Opening:
+def open_session(given: ValidRun, checked: bool = False) -> Locked:
     """A run's set-up up to its data: nothing is written before every input has been checked;
     the output directory is locked for the whole session (by the process that writes it: rank 0
-    under torchrun). `read` gives the raw data (the recipe's). `checked`: the caller ran the
-    input checks (`preflight.CHECKS`) already; else they run here, after the lock is taken.
-    The caller encodes the data with the opening's tokenizer, then builds the session from it
-    (`Opening.session`), or closes the opening when anything fails before."""
+    under torchrun). `checked`: the caller ran the input checks (`preflight.CHECKS`) already;
+    else they run here, after the lock is taken. The caller reads the run's data (the recipe's
+    `read`) and gives it to `Locked.take`, then encodes it with the opening's tokenizer and builds
+    the session from it (`Opening.session`); it closes the opening when anything fails before."""
     # joins torchrun's process group, if any; rank 0 reports, the others only compute
     device = distributed.setup(given.backend.device)
     quiet = given.switches.quiet or not distributed.is_root()
@@ -156,23 +148,16 @@ def open_session(
     # the second writer stops here; under torchrun only rank 0 writes, so only it locks
     lock = acquire(run.output) if distributed.is_root() else None
     try:
-        return _open_locked(run, read, faults, lock, checked)
+        return _open_locked(run, faults, lock, checked)
     except BaseException:
         if lock is not None:
             release(lock)
         raise
 
 
-def _open_locked(
-    run: ValidRun,
-    read: Callable[[ValidRun], RawData],
-    faults: Faults,
-    lock: Path | None,
-    checked: bool,
-) -> Opening:
-    """The checks, the model's files opened (tokenizer, config), the data read and a resume
-    checked against it: a resume with other inputs is refused before they are tokenized (a
-    changed tokenizer would warn about rows first) and before any file is touched."""
+def _open_locked(run: ValidRun, faults: Faults, lock: Path | None, checked: bool) -> Locked:
+    """The checks, the model's files opened (tokenizer, config) and the refusal of a base that
+    cannot fit, before any data is read."""
     if not checked:  # the commands ran the input checks before importing torch
         preflight(run)
     backend = run.backend
@@ -183,23 +168,50 @@ def _open_locked(
         cpu_kernels=backend.cpu_kernels, adapter=run.build.init_adapter,
     )  # fmt: skip
     check_base_fits(run)
-    out = Path(run.output)
-    raw = read(run)
-    eval_sha256 = eval_digest(run)
-    base, outline = None, None
-    if backend.shard_base:  # rank 0 hashes every byte; each process hashes what it reads
-        from twinrun.model.shard_digests import base_digests, outline_sha256
+    return Locked(run, p, faults, lock)
 
-        size = distributed.world().size
-        base = distributed.from_root(lambda: base_digests(run.model, size), "hashing the model")
-        outline = outline_sha256(run.model)
-    inputs = run_inputs(run, raw.sha256, eval_sha256, base.sha256 if base else None)
-    if run.switches.resume and check_resume(out, inputs) == 0:
-        # killed before its first checkpoint: start again from step 0 (a fresh run)
-        run = run.with_switches(resume=False, overwrite=True)
-        check_output_dir(out, run.switches.overwrite)  # its partial logs go; anything foreign stops
-    max_length = p.max_length(run.build.max_length)
-    return Opening(run, p, faults, lock, raw, eval_sha256, inputs, max_length, base, outline)
+
+@dataclass
+class Locked:
+    """A run whose inputs are checked, its output locked and its model's files opened: what
+    takes the run's data (`take`)."""
+
+    run: ValidRun
+    prelude: Prelude
+    faults: Faults
+    lock: Path | None
+
+    def close(self) -> None:
+        """Release the output directory's lock (when anything fails before the session)."""
+        if self.lock is not None:
+            release(self.lock)
+            self.lock = None
+
+    def take(self, raw: RawData) -> Opening:
+        """The run's data taken, and a resume checked against it: a resume with other inputs is
+        refused before they are tokenized (a changed tokenizer would warn about rows first) and
+        before any file is touched. The opening holds the lock from here on."""
+        run = self.run
+        out = Path(run.output)
+        eval_sha256 = eval_digest(run)
+        base, outline = None, None
+        if run.backend.shard_base:  # rank 0 hashes every byte; each process what it reads
+            from twinrun.model.shard_digests import base_digests, outline_sha256
+
+            size = distributed.world().size
+            base = distributed.from_root(lambda: base_digests(run.model, size), "hashing the model")
+            outline = outline_sha256(run.model)
+        inputs = run_inputs(run, raw.sha256, eval_sha256, base.sha256 if base else None)
+        if run.switches.resume and check_resume(out, inputs) == 0:
+            # killed before its first checkpoint: start again from step 0 (a fresh run)
+            run = run.with_switches(resume=False, overwrite=True)
+            # its partial logs go; anything foreign stops
+            check_output_dir(out, run.switches.overwrite)
+        max_length = self.prelude.max_length(run.build.max_length)
+        opening = Opening(run, self.prelude, self.faults, self.lock, raw, eval_sha256, inputs,
+                          max_length, base, outline)  # fmt: skip
+        self.lock = None  # the opening releases it
+        return opening
 
 
 @dataclass
