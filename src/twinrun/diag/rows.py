@@ -186,8 +186,8 @@ def parse_row(raw: bytes, path: Path, lineno: int) -> DiagRow | None:
     if not known:
         if isinstance(fmt, str) and fmt.startswith("twinrun.diag."):
             raise DataError(
-                f"{where}: diag format {fmt!r} is newer than this twinrun reads ({_EXPECTED})",
-                "upgrade twinrun to compare this file",
+                f"{where}: diag format {fmt!r} is not one this twinrun reads ({_EXPECTED})",
+                "a newer twinrun wrote it? upgrade twinrun to compare this file",
             )
         if isinstance(fmt, str) and fmt.startswith("twinrun."):
             return None  # another twinrun row kind (e.g. a step trace): not compared here

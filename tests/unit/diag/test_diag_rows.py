@@ -127,7 +127,7 @@ def test_a_row_without_a_format_has_none() -> None:
 @pytest.mark.parametrize(
     ("fmt", "says"),
     [
-        ('"twinrun.diag.v9"', "diag format 'twinrun.diag.v9' is newer than this twinrun reads"),
+        ('"twinrun.diag.v9"', "diag format 'twinrun.diag.v9' is not one this twinrun reads"),
         ('["twinrun.diag.v2"]', "unknown format ['twinrun.diag.v2']"),
         ('{"v": 2}', "unknown format {'v': 2}"),
     ],
