@@ -68,8 +68,6 @@ __all__ = [
     "sumsq",
 ]
 
-DIGEST_NAME = "XXH3-128"  # what `leaf_hasher` computes, as docs and messages name it
-
 
 def leaf_hasher(prefix: bytes) -> Any:
     """A fresh leaf digest (XXH3-128, seed 0) fed with `prefix`: `update` it with bytes-like

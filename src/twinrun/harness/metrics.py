@@ -258,22 +258,22 @@ def check_diag(
     if not (has_a and has_b):
         return DiagCheck("a" if has_a else "b", None, 0, 0)
     bitwise = compare(fa, fb, bitwise=True)
-    if bitwise.digests_skipped:  # rows of two diag formats: no digest was compared
-        bitwise.deterministic = False
-    if bitwise.deterministic and metrics_bit_exact:
+    # rows of two diag formats: their digests were not compared, so no bytes are known equal
+    digests_equal = bitwise.deterministic and not bitwise.digests_skipped
+    if digests_equal and metrics_bit_exact:
         return DiagCheck("both", True, bitwise.rows_compared, len(bitwise.leaves))
     tol = compare(fa, fb)
     chosen: CompareResult | None = tol if tol.first is not None else None
     if chosen is None and bitwise.first is not None:
         chosen = bitwise
     if chosen is None or chosen.first is None:
-        return DiagCheck("both", bitwise.deterministic, bitwise.rows_compared, len(bitwise.leaves))
+        return DiagCheck("both", digests_equal, bitwise.rows_compared, len(bitwise.leaves))
     from twinrun.diag.advice import advice_for
 
     adv = advice_for(chosen.first.leaf)
     return DiagCheck(
         present="both",
-        digests_equal=bitwise.deterministic,
+        digests_equal=digests_equal,
         rows=bitwise.rows_compared,
         leaves=len(bitwise.leaves),
         first=chosen.first,
