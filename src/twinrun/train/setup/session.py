@@ -172,11 +172,10 @@ def _open_locked(run: ValidRun, faults: Faults, lock: Path | None, checked: bool
 
 
 @dataclass
-class Locked:
-    """A run whose inputs are checked, its output locked and its model's files opened: what
-    takes the run's data (`take`)."""
+class _Held:
+    """A checked run whose output directory is locked (by rank 0) and its model's files opened."""
 
-    run: ValidRun
+    run: ValidRun  # as it goes on (a resume killed before its first checkpoint starts again)
     prelude: Prelude
     faults: Faults
     lock: Path | None
@@ -186,6 +185,12 @@ class Locked:
         if self.lock is not None:
             release(self.lock)
             self.lock = None
+
+
+@dataclass
+class Locked(_Held):
+    """A run whose inputs are checked, its output locked and its model's files opened: what
+    takes the run's data (`take`)."""
 
     def take(self, raw: RawData) -> Opening:
         """The run's data taken, and a resume checked against it: a resume with other inputs is
@@ -215,14 +220,10 @@ class Locked:
 
 
 @dataclass
-class Opening:
+class Opening(_Held):
     """A run whose inputs are checked and read, its output locked, its tokenizer loaded: what
     the recipe encodes its data with (`tok`, `max_length`) before the session is built."""
 
-    run: ValidRun  # as it goes on (a resume killed before its first checkpoint starts again)
-    prelude: Prelude
-    faults: Faults
-    lock: Path | None
     raw: RawData
     eval_sha256: str | None
     inputs: dict[str, Any]  # the run's inputs record (train/outputs/resume_check.py `run_inputs`)
@@ -233,12 +234,6 @@ class Opening:
     @property
     def tok(self) -> CheckpointTokenizer:
         return self.prelude.tok
-
-    def close(self) -> None:
-        """Release the output directory's lock (when anything fails before `session`)."""
-        if self.lock is not None:
-            release(self.lock)
-            self.lock = None
 
     def session(self, encoded: Sequence[Any]) -> Session:
         """The session over the recipe's `encoded` data (rows, pairs, token ids): the schedule
