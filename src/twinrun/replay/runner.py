@@ -28,7 +28,7 @@ from twinrun.capture.checks import Verified, run_checks, schedule
 from twinrun.capture.digests import effective_rows_sha256, logical_sha256, padding_fraction
 from twinrun.capture.payload import BatchArrays
 from twinrun.capture.source import FINAL, RESOLVED
-from twinrun.capture.state import HEAD_PARAM, load_optimizer_state
+from twinrun.capture.state import load_optimizer_state
 from twinrun.config.resolved import ValidRun
 from twinrun.config.toml import TomlRun, resolved_tree
 from twinrun.core.determinism import runtime_versions
@@ -41,7 +41,12 @@ from twinrun.train.driver import build_loop
 from twinrun.train.hooks.capture import SKIPPED
 from twinrun.train.hooks.timing import TimingHook, peak_memory
 from twinrun.train.outputs.run_dir import REPLAY_INPUTS_FORMAT, begin_output_dir
-from twinrun.train.setup.session import ModelSession, save_run_adapter
+from twinrun.train.setup.session import (
+    ModelSession,
+    head_params,
+    objective_head,
+    save_run_adapter,
+)
 from twinrun.train.step.loop import Hook, Loop, Params, Phase, StepView
 
 if TYPE_CHECKING:
@@ -137,11 +142,8 @@ def build(v: Verified) -> Built:
         batch_invariant=backend.batch_invariant,
         gradient_checkpointing=backend.gradient_checkpointing,
     )  # fmt: skip
-    params = lora_parameters(model)
-    head = captured_head(v, ModelSession(valid, p.tok, model))
-    if head is not None:
-        assert isinstance(head.weight, torch.nn.Parameter)  # typed as a Tensor by torch
-        params = [*params, (HEAD_PARAM, head.weight)]
+    head = captured_head(v, valid, model)
+    params = [*lora_parameters(model), *head_params(head)]  # as a training session's
     return Built(p.tok, model, params, head, p.provenance)
 
 
@@ -172,9 +174,9 @@ def replay_step(v: Verified, built: Built, loop: Loop) -> dict[str, Any]:
     assert v.decoded is not None
     valid, m = v.replay(), v.manifest
     device = valid.backend.device
-    session = ModelSession(valid, built.tok, built.model)
+    session = ModelSession(valid, built.tok, built.model, built.head)
     batch = v.decoded.arrays.to_batch()
-    recipe = RECIPES[valid.objective].from_batch(session, batch, built.head)
+    recipe = RECIPES[valid.objective].from_batch(session, batch)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
     restore_torch_rng(v.decoded.rng)
@@ -185,14 +187,13 @@ def replay_step(v: Verified, built: Built, loop: Loop) -> dict[str, Any]:
             hook.close()
 
 
-def captured_head(v: Verified, s: ModelSession) -> torch.nn.Linear | None:
-    """The objective's head (the recipe builds it, as training does) as the captured step
-    started from: from the seed (a fresh run), or the verified bytes of the captured state."""
+def captured_head(v: Verified, run: ValidRun, model: CausalLM) -> torch.nn.Linear | None:
+    """The objective's head (built as training builds it) as the captured step started from:
+    from the seed (a fresh run), or the verified bytes of the captured state."""
     from twinrun.core.safetensors_io import read_safetensors
     from twinrun.model.reward_head import HEAD_KEY
-    from twinrun.train.recipes import RECIPES
 
-    head = RECIPES[s.run.objective].new_head(s)
+    head = objective_head(run, model)
     if head is None:
         return None
     pin = v.manifest["initial_state"]["reward_head"]
@@ -213,7 +214,7 @@ def save_final(folder: Path, built: Built, run: ValidRun) -> str:
     the adapter's SHA256."""
     from twinrun.train.recipes import RECIPES
 
-    save_run_adapter(ModelSession(run, built.tok, built.model), folder)
+    save_run_adapter(ModelSession(run, built.tok, built.model, built.head), folder)
     RECIPES[run.objective].save_head(built.head, folder)
     return sha256_file(folder / "adapter_model.safetensors")
 

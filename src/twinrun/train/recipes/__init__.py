@@ -17,6 +17,7 @@ from twinrun.train.recipes.grpo import GrpoRecipe
 from twinrun.train.recipes.pairs import PAIR_RECIPES
 from twinrun.train.recipes.sft import SftRecipe
 from twinrun.train.recipes.text import TextRecipe
+from twinrun.train.setup.preflight import preflight
 from twinrun.train.setup.session import finish_session, open_session
 
 _KINDS: tuple[type[Recipe], ...] = (SftRecipe, *PAIR_RECIPES, GrpoRecipe, TextRecipe)
@@ -27,30 +28,27 @@ def train(run: RunConfig | ValidRun, checked: bool = False) -> dict[str, Any]:
     """Run `run` (validated here once if it is not yet) with its objective's recipe; returns the
     run's sidecar record ({} on a process of a data-parallel run other than rank 0). The one
     entry every command trains through. `checked`: the caller ran the input checks
-    (`train.preflight.CHECKS`) on this run already; else the session runs them."""
+    (`preflight.CHECKS`, as the commands do before torch loads) on this run already; else they
+    run here, first."""
     if isinstance(run, RunConfig):
         if run.objective not in NAMES:
             raise ConfigError(
                 f"unknown objective {run.objective!r}", f"use one of {', '.join(NAMES)}"
             )
         run = validate(run)
+    if not checked:
+        preflight(run)  # the output, the model's files, the data: one line for the first bad one
     kind = RECIPES[run.objective]
     context = kind.context(run)  # built (and checked) before anything is written
-    locked = open_session(run, checked)  # locked, checked, the model's files opened
+    raw = kind.read(run)  # the data as its files hold it (checked above)
+    opening = open_session(run, raw)  # locked, the model's files opened, a resume checked
     try:
-        opening = locked.take(kind.read(locked.run))  # the data read, a resume checked
-    except BaseException:
-        locked.close()
-        raise
-    try:
-        encoded = kind.encode(opening.run, opening.tok, opening.raw.items, opening.max_length,
-                              context)  # fmt: skip
+        encoded = kind.encode(opening.run, opening.tok, raw.items, opening.max_length, context)
         session = opening.session(encoded)
     except BaseException:
         opening.close()
         raise
     recipe = kind.open(session, encoded, context)
-    session.params = [*session.params, *recipe.extra_params()]  # the reward head trains too
     loop = make_loop(session, recipe.total_steps, recipe.objective_state)
     drive(session, loop, recipe, recipe.objective_state)
     summary = recipe.summary(loop.metrics, spikes_of(loop))

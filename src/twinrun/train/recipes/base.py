@@ -5,18 +5,19 @@ A recipe class is registered under its objective's name (`RECIPES` in this packa
 record of objectives/registry.py) and says:
 - `context(run)`, `read(run)` and `encode(run, tok, raw, max_length, context)`: what the run
   builds before anything is written (GRPO: its environment), how its data is read (the raw rows
-  and their SHA256, read once the output is locked and the inputs checked) and
-  encoded (checked, tokenized with the opened tokenizer); the session is built over the encoded
-  data (`train` in this package says the order);
+  and their SHA256, read once the inputs are checked, before the output is locked) and encoded
+  (checked, tokenized with the opened tokenizer); the session is built over the encoded data
+  (`train` in this package says the order);
 - `open(session, encoded, context)`: the recipe of a training run over the encoded data, with
-  `total_steps`, its checkpointed state (`objective_state`, GRPO's replay buffer) and its own
-  trainable parameters beyond the adapter (`extra_params()`, the reward head);
+  `total_steps` and its checkpointed state (`objective_state`, GRPO's replay buffer); the
+  session holds the objective's head (`session.head`, built with the model: the reward head)
+  and its parameter;
 - `prepare(step)` / `collect(step, plan)` / `forwards(step, batch)` / `after_update(step,
   outcome)`: the step protocol of train/step/loop.py (only GRPO collects: it samples; the other
   objectives' plans are their batches);
 - `summary(metrics, spikes)` and `finish(session)`: the sidecar's metrics and any record of its
-  own files (the reward head's);
-- `from_batch(session, batch, head)`: the recipe of one captured step (replay): the batch is the
+  own files (the reward head's, written by `save_head`, which replay calls too);
+- `from_batch(session, batch)`: the recipe of one captured step (replay): the batch is the
   captured `OptimizerBatch`, already collected (nothing is sampled), the forwards the
   objective's own (`replay_forwards`) — no data is read.
 
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from twinrun.config.resolved import Examples
 from twinrun.data.examples import examples_sha256, load_rows
 from twinrun.train.setup.session import RawData
-from twinrun.train.step.loop import Params, StepForwards, StepRecipe
+from twinrun.train.step.loop import StepForwards, StepRecipe
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -94,17 +95,13 @@ class Recipe(StepRecipe):
         """The recipe of a training run over its encoded data."""
 
     @classmethod
-    def from_batch(
-        cls, session: ModelSession, batch: OptimizerBatch, head: torch.nn.Linear | None
-    ) -> StepRecipe:
+    def from_batch(cls, session: ModelSession, batch: OptimizerBatch) -> StepRecipe:
         """The recipe of one captured step: `replay_forwards` on the captured batch."""
-        return Replayed(batch, lambda step, b: cls.replay_forwards(session, b, step, head))
+        return Replayed(batch, lambda step, b: cls.replay_forwards(session, b, step))
 
     @classmethod
     @abstractmethod
-    def replay_forwards(
-        cls, s: ModelSession, batch: OptimizerBatch, step: int, head: torch.nn.Linear | None
-    ) -> StepForwards:
+    def replay_forwards(cls, s: ModelSession, batch: OptimizerBatch, step: int) -> StepForwards:
         """The objective's forwards over a captured batch (what training ran on it)."""
 
     @abstractmethod
@@ -112,20 +109,10 @@ class Recipe(StepRecipe):
         """The sidecar's metrics of the finished run (`spikes`: the spike reruns)."""
 
     @classmethod
-    def new_head(cls, s: ModelSession) -> torch.nn.Linear | None:
-        """The objective's own trainable module beyond the adapter, fresh from the run's seed on
-        its device (the reward head), or None. Training and replay both build it here."""
-        return None
-
-    @classmethod
     def save_head(cls, head: torch.nn.Linear | None, folder: Path) -> dict[str, Any] | None:
-        """Write `head` (what `new_head` built) into `folder` (a run directory, a replay's final
-        folder); its sidecar record, or None where the objective has no head."""
+        """Write `head` (the session's, `objective_head`) into `folder` (a run directory, a
+        replay's final folder); its sidecar record, or None where the objective has no head."""
         return None
-
-    def extra_params(self) -> Params:
-        """Trainable parameters of the recipe's own, beyond the adapter's (the reward head)."""
-        return []
 
     def finish(self, session: Session) -> dict[str, Any] | None:
         """Write the recipe's own files into the run directory (rank 0, after the adapter);

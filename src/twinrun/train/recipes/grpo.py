@@ -242,9 +242,7 @@ class GrpoRecipe(Recipe):
         return recipe
 
     @classmethod
-    def replay_forwards(
-        cls, s: ModelSession, batch: OptimizerBatch, step: int, head: torch.nn.Linear | None
-    ) -> StepForwards:
+    def replay_forwards(cls, s: ModelSession, batch: OptimizerBatch, step: int) -> StepForwards:
         return update_forwards(s, rows_from_batch(batch), step)
 
     def summary(self, metrics: Rows, spikes: Rows) -> dict[str, Any]:

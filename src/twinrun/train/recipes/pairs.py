@@ -39,7 +39,6 @@ from twinrun.model.head_chunks import chunks_head, completion_nll_by_chunks
 from twinrun.model.lora import lora_disabled
 from twinrun.objectives.dpo import DPOOut, dpo_loss, sequence_logprob
 from twinrun.objectives.ipo import ipo_loss
-from twinrun.objectives.registry import objective
 from twinrun.objectives.reward import bradley_terry_loss
 from twinrun.objectives.simpo import simpo_loss
 from twinrun.train.parallel.distributed import in_global_order, is_root
@@ -53,7 +52,7 @@ from twinrun.train.recipes.base import (
 )
 from twinrun.train.recipes.sft import Padded, chunked_forward
 from twinrun.train.setup.session import ModelSession, Session
-from twinrun.train.step.loop import Forward, Params, StepForwards, StepOutcome
+from twinrun.train.step.loop import Forward, StepForwards, StepOutcome
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -153,13 +152,13 @@ def pad_sides(groups: list[list[EncodedPair]], pad_id: int) -> list[Padded]:
 @dataclass
 class PairRecipe(Recipe):
     """A pair objective's run: the planned groups of pairs, one plan per step; `loss` is the
-    objective's `PairLoss`, `head` the reward head (objectives whose record has `head`)."""
+    objective's `PairLoss`; the session's `head` is the reward head (objectives whose record has
+    `head`)."""
 
     loss: ClassVar[PairLoss]
     s: Session
     pairs: list[EncodedPair]
     plans: list[StepPlan]
-    head: torch.nn.Linear | None
 
     @classmethod
     def encode(
@@ -169,15 +168,7 @@ class PairRecipe(Recipe):
 
     @classmethod
     def open(cls, session: Session, encoded: list[Any], context: Any) -> PairRecipe:
-        return cls(session, encoded, epoch_plans(session, len(encoded)), cls.new_head(session))
-
-    @classmethod
-    def new_head(cls, s: ModelSession) -> torch.nn.Linear | None:
-        if not objective(cls.name).head:  # reward: a scalar head trains with the adapter
-            return None
-        from twinrun.model.reward_head import new_reward_head
-
-        return new_reward_head(s.model.hidden_size, s.run.seed).to(s.run.backend.device)
+        return cls(session, encoded, epoch_plans(session, len(encoded)))
 
     @classmethod
     def save_head(cls, head: torch.nn.Linear | None, folder: Path) -> dict[str, Any] | None:
@@ -191,18 +182,8 @@ class PairRecipe(Recipe):
         return {"reward_head": {"file": HEAD_FILE, "key": HEAD_KEY, "sha256": sha}}
 
     @classmethod
-    def replay_forwards(
-        cls, s: ModelSession, batch: OptimizerBatch, step: int, head: torch.nn.Linear | None
-    ) -> StepForwards:
-        return pair_forwards(s, pairs_from_batch(batch), step, cls.name, cls.loss, head)
-
-    def extra_params(self) -> Params:
-        from twinrun.capture.state import HEAD_PARAM
-
-        if self.head is None:
-            return []
-        assert isinstance(self.head.weight, torch.nn.Parameter)  # typed as a Tensor by torch
-        return [(HEAD_PARAM, self.head.weight)]
+    def replay_forwards(cls, s: ModelSession, batch: OptimizerBatch, step: int) -> StepForwards:
+        return pair_forwards(s, pairs_from_batch(batch), step, cls.name, cls.loss, s.head)
 
     def summary(self, metrics: Rows, spikes: Rows) -> dict[str, Any]:
         last = metrics[-1]
@@ -214,7 +195,7 @@ class PairRecipe(Recipe):
         }
 
     def finish(self, session: Session) -> dict[str, Any] | None:
-        return self.save_head(self.head, session.out) if is_root() else None
+        return self.save_head(session.head, session.out) if is_root() else None
 
     def prepare(self, step: int) -> PairBatch:
         plan = self.plans[step]
@@ -223,7 +204,7 @@ class PairRecipe(Recipe):
 
     def forwards(self, step: int, batch: PairBatch) -> StepForwards:
         outcome = yield from pair_forwards(
-            self.s, batch.groups, step, self.name, self.loss, self.head, batch.sides
+            self.s, batch.groups, step, self.name, self.loss, self.s.head, batch.sides
         )
         indices = torch.tensor([i for fw in batch.indices for i in fw])
         outcome.leaves = {"batch.sample_indices": indices, **outcome.leaves}

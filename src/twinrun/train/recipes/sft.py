@@ -73,9 +73,7 @@ class SftRecipe(Recipe):
         return cls(session, encoded, epoch_plans(session, len(encoded)))
 
     @classmethod
-    def replay_forwards(
-        cls, s: ModelSession, batch: OptimizerBatch, step: int, head: torch.nn.Linear | None
-    ) -> StepForwards:
+    def replay_forwards(cls, s: ModelSession, batch: OptimizerBatch, step: int) -> StepForwards:
         return sft_forwards(s, rows_from_batch(batch), step, cls.name)
 
     def summary(self, metrics: Rows, spikes: Rows) -> dict[str, Any]:

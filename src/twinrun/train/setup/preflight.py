@@ -9,9 +9,9 @@ and safetensors weights, the `--device` name, each examples, evaluation examples
 the steps the examples make, and that an `--init-adapter` is a directory whose weights are a
 readable safetensors file of float32 tensors (its header: `train.init_adapter.check_init_header`).
 The commands run it before importing torch and tell `train` so (`checked=True`); a library call
-of `train(run)` has the session run it. A new input check is one function added to `CHECKS`.
-What needs a tokenizer or a model (a row's length, the weights' shapes) is checked by the
-session as it loads them.
+of `train(run)` runs it first, before the output directory is locked, as the commands do. A new
+input check is one function added to `CHECKS`. What needs a tokenizer or a model (a row's length,
+the weights' shapes) is checked by the session as it loads them.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def check_adapter(run: ValidRun) -> None:
 
 Check = Callable[[ValidRun], None]
 # The one list of a run's input checks, in order: `preflight` runs it before torch loads (the
-# commands), and the session runs it when its caller has not (`train(run)` from a library).
+# commands), and `train(run)` runs it first when its caller has not (a library call).
 CHECKS: list[Check] = [check_output, check_model_files, check_device, check_data, check_adapter]
 
 

@@ -32,10 +32,12 @@ from twinrun.train.outputs.run_dir import (
     sidecar,
 )
 from twinrun.train.parallel import distributed
-from twinrun.train.setup.preflight import check_run_schedule, preflight
+from twinrun.train.setup.preflight import check_run_schedule
 from twinrun.train.step.faults import Faults, parse_faults
 
 if TYPE_CHECKING:
+    import torch
+
     from twinrun.data.examples import EncodedRow
     from twinrun.model.build import CausalLM
     from twinrun.model.prelude import Prelude
@@ -46,12 +48,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class ModelSession:
-    """What an objective's forwards use of a run: the validated run, tokenizer and model (a
-    training `Session`, or what replay builds without any data)."""
+    """What an objective's forwards use of a run: the validated run, tokenizer and model, and the
+    objective's head (a training `Session`, or what replay builds without any data)."""
 
     run: ValidRun  # validated once the process knows its device; never changed after
     tok: CheckpointTokenizer
     model: CausalLM
+    head: torch.nn.Linear | None  # the objective's own trainable module (`objective_head`)
 
 
 def save_run_adapter(s: ModelSession, folder: Path) -> None:
@@ -122,13 +125,13 @@ class RawData:
     sha256: str
 
 
-def open_session(given: ValidRun, checked: bool = False) -> Locked:
-    """A run's set-up up to its data: nothing is written before every input has been checked;
-    the output directory is locked for the whole session (by the process that writes it: rank 0
-    under torchrun). `checked`: the caller ran the input checks (`preflight.CHECKS`) already;
-    else they run here, after the lock is taken. The caller reads the run's data (the recipe's
-    `read`) and gives it to `Locked.take`, then encodes it with the opening's tokenizer and builds
-    the session from it (`Opening.session`); it closes the opening when anything fails before."""
+def open_session(given: ValidRun, raw: RawData) -> Opening:
+    """A checked run's set-up over its data (the caller ran the input checks, `preflight.CHECKS`,
+    and read the data: the recipe's `read`): the output directory locked for the whole session
+    (by the process that writes it: rank 0 under torchrun), the model's files opened, a base that
+    cannot fit refused and a resume checked against the inputs — nothing is written. The caller
+    encodes the data with the opening's tokenizer and builds the session from it
+    (`Opening.session`); it closes the opening when anything fails before."""
     # joins torchrun's process group, if any; rank 0 reports, the others only compute
     device = distributed.setup(given.backend.device)
     quiet = given.switches.quiet or not distributed.is_root()
@@ -148,18 +151,18 @@ def open_session(given: ValidRun, checked: bool = False) -> Locked:
     # the second writer stops here; under torchrun only rank 0 writes, so only it locks
     lock = acquire(run.output) if distributed.is_root() else None
     try:
-        return _open_locked(run, faults, lock, checked)
+        return _open_locked(run, raw, faults, lock)
     except BaseException:
         if lock is not None:
             release(lock)
         raise
 
 
-def _open_locked(run: ValidRun, faults: Faults, lock: Path | None, checked: bool) -> Locked:
-    """The checks, the model's files opened (tokenizer, config) and the refusal of a base that
-    cannot fit, before any data is read."""
-    if not checked:  # the commands ran the input checks before importing torch
-        preflight(run)
+def _open_locked(run: ValidRun, raw: RawData, faults: Faults, lock: Path | None) -> Opening:
+    """The model's files opened (tokenizer, config), the refusal of a base that cannot fit, and
+    the resume checked against the run's inputs: a resume with other inputs is refused before
+    they are tokenized (a changed tokenizer would warn about rows first) and before any file is
+    touched."""
     backend = run.backend
     from twinrun.model.prelude import open_model
 
@@ -168,62 +171,35 @@ def _open_locked(run: ValidRun, faults: Faults, lock: Path | None, checked: bool
         cpu_kernels=backend.cpu_kernels, adapter=run.build.init_adapter,
     )  # fmt: skip
     check_base_fits(run)
-    return Locked(run, p, faults, lock)
+    out = Path(run.output)
+    eval_sha256 = eval_digest(run)
+    base, outline = None, None
+    if run.backend.shard_base:  # rank 0 hashes every byte; each process what it reads
+        from twinrun.model.shard_digests import base_digests, outline_sha256
+
+        size = distributed.world().size
+        base = distributed.from_root(lambda: base_digests(run.model, size), "hashing the model")
+        outline = outline_sha256(run.model)
+    inputs = run_inputs(run, raw.sha256, eval_sha256, base.sha256 if base else None)
+    if run.switches.resume and check_resume(out, inputs) == 0:
+        # killed before its first checkpoint: start again from step 0 (a fresh run)
+        run = run.with_switches(resume=False, overwrite=True)
+        # its partial logs go; anything foreign stops
+        check_output_dir(out, run.switches.overwrite)
+    max_length = p.max_length(run.build.max_length)
+    return Opening(run, p, faults, lock, raw, eval_sha256, inputs, max_length, base, outline)
 
 
 @dataclass
-class _Held:
-    """A checked run whose output directory is locked (by rank 0) and its model's files opened."""
+class Opening:
+    """A run whose inputs are checked and read, its output locked (by rank 0), its model's files
+    opened: what the recipe encodes its data with (`tok`, `max_length`) before the session is
+    built."""
 
     run: ValidRun  # as it goes on (a resume killed before its first checkpoint starts again)
     prelude: Prelude
     faults: Faults
     lock: Path | None
-
-    def close(self) -> None:
-        """Release the output directory's lock (when anything fails before the session)."""
-        if self.lock is not None:
-            release(self.lock)
-            self.lock = None
-
-
-@dataclass
-class Locked(_Held):
-    """A run whose inputs are checked, its output locked and its model's files opened: what
-    takes the run's data (`take`)."""
-
-    def take(self, raw: RawData) -> Opening:
-        """The run's data taken, and a resume checked against it: a resume with other inputs is
-        refused before they are tokenized (a changed tokenizer would warn about rows first) and
-        before any file is touched. The opening holds the lock from here on."""
-        run = self.run
-        out = Path(run.output)
-        eval_sha256 = eval_digest(run)
-        base, outline = None, None
-        if run.backend.shard_base:  # rank 0 hashes every byte; each process what it reads
-            from twinrun.model.shard_digests import base_digests, outline_sha256
-
-            size = distributed.world().size
-            base = distributed.from_root(lambda: base_digests(run.model, size), "hashing the model")
-            outline = outline_sha256(run.model)
-        inputs = run_inputs(run, raw.sha256, eval_sha256, base.sha256 if base else None)
-        if run.switches.resume and check_resume(out, inputs) == 0:
-            # killed before its first checkpoint: start again from step 0 (a fresh run)
-            run = run.with_switches(resume=False, overwrite=True)
-            # its partial logs go; anything foreign stops
-            check_output_dir(out, run.switches.overwrite)
-        max_length = self.prelude.max_length(run.build.max_length)
-        opening = Opening(run, self.prelude, self.faults, self.lock, raw, eval_sha256, inputs,
-                          max_length, base, outline)  # fmt: skip
-        self.lock = None  # the opening releases it
-        return opening
-
-
-@dataclass
-class Opening(_Held):
-    """A run whose inputs are checked and read, its output locked, its tokenizer loaded: what
-    the recipe encodes its data with (`tok`, `max_length`) before the session is built."""
-
     raw: RawData
     eval_sha256: str | None
     inputs: dict[str, Any]  # the run's inputs record (train/outputs/resume_check.py `run_inputs`)
@@ -234,6 +210,12 @@ class Opening(_Held):
     @property
     def tok(self) -> CheckpointTokenizer:
         return self.prelude.tok
+
+    def close(self) -> None:
+        """Release the output directory's lock (when anything fails before the session)."""
+        if self.lock is not None:
+            release(self.lock)
+            self.lock = None
 
     def session(self, encoded: Sequence[Any]) -> Session:
         """The session over the recipe's `encoded` data (rows, pairs, token ids): the schedule
@@ -251,6 +233,8 @@ class Opening(_Held):
         bounded = backend.shard_base or run.build.attention == "blockwise"
         allocator = bound_allocator() if bounded else {}
         model, params = _build_model(run, self.prelude)
+        head = objective_head(run, model)
+        params = [*params, *head_params(head)]  # the head trains with the adapter
         from twinrun.train.parallel.agreement import agreement_record
 
         # every process has the same settings and inputs (or every process stops), then rank 0
@@ -273,6 +257,7 @@ class Opening(_Held):
             out=out,
             tok=self.tok,
             model=model,
+            head=head,
             params=params,
             provenance=self.prelude.provenance,
             runtime=runtime_versions() | distributed.runtime_record() | sharding | allocator,
@@ -321,6 +306,32 @@ def _build_model(run: ValidRun, p: Prelude) -> tuple[CausalLM, Params]:
     params = lora_parameters(model)
     tile_parameters([p for _, p in params])
     return model, params
+
+
+def objective_head(run: ValidRun, model: CausalLM) -> torch.nn.Linear | None:
+    """The objective's own trainable module beyond the adapter, fresh from the run's seed on its
+    device: the reward head where the objective's record has `head`, else None. Training and
+    replay both build it here (replay then loads a captured step's bytes into it)."""
+    from twinrun.objectives.registry import objective
+
+    if not objective(run.objective).head:
+        return None
+    from twinrun.model.reward_head import new_reward_head
+
+    return new_reward_head(model.hidden_size, run.seed).to(run.backend.device)
+
+
+def head_params(head: torch.nn.Linear | None) -> Params:
+    """The head's trainable parameter by its name in captures and checkpoints (none without a
+    head)."""
+    if head is None:
+        return []
+    import torch
+
+    from twinrun.capture.state import HEAD_PARAM
+
+    assert isinstance(head.weight, torch.nn.Parameter)  # typed as a Tensor by torch
+    return [(HEAD_PARAM, head.weight)]
 
 
 def eval_digest(run: ValidRun) -> str | None:
