@@ -47,7 +47,7 @@ def print_defaults_table(valid: ValidRun, source: Source = "flag") -> None:
 
     if valid.switches.quiet or os.environ.get("RANK", "0") != "0":
         return
-    table = defaults_table(valid.as_config(), source)
+    table = defaults_table(valid, source)
     if table:
         click.echo(table, err=True)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from twinrun.config.run import RECORDED_WHEN_GIVEN, SETTINGS, RunConfig, applies
+from twinrun.config.run import RECORDED_WHEN_GIVEN, SETTINGS, Settings, applies
 from twinrun.core.digest import canonical_json
 
 V1_ALLOWED_DIFFERENCES = ("backend.options.gradient_checkpointing",)
@@ -43,7 +43,7 @@ def contract_settings(objective: str) -> tuple[str, ...]:
 
 
 def optimizer_contract(
-    cfg: RunConfig,
+    cfg: Settings,
     objective: str,
     model_sha256: str,
     lora_targets: list[str],
@@ -60,7 +60,7 @@ def optimizer_contract(
         "inference.engine": engine,
     }
     for name in contract_settings(objective):
-        value = getattr(cfg, name)
+        value = cfg.value(name)
         if value is None and name in RECORDED_WHEN_GIVEN:
             continue  # off: a capture made before the setting existed has no key either
         c[SETTINGS[name].toml] = _AS_WRITTEN.get(name, lambda v: v)(value)

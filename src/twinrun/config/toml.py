@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.config.resolved import ReplayPins, ValidRun, replay_pins, validate
-from twinrun.config.run import SETTINGS, RunConfig, required_fields
+from twinrun.config.run import SETTINGS, RunConfig, Settings, required_fields
 from twinrun.config.setting import (
     KIND_WORDS,
     Setting,
@@ -367,14 +367,22 @@ def _replay_problems(run: TomlRun) -> list[str]:
 def resolved_tree(run: TomlRun) -> dict[str, Any]:
     """The resolved config (every key with a value, defaults included — a training config's
     numbers taken from `training.defaults` too), redacted."""
-    flat: dict[str, Any] = {"training.trainer": run.trainer}
-    cfg = run.training().as_config() if isinstance(run.resolved, ValidRun) else run.cfg
+    settings: Settings = run.training() if isinstance(run.resolved, ValidRun) else run.cfg
+    return settings_tree(run.trainer, settings, run.extras, run.max_steps)
+
+
+def settings_tree(
+    trainer: str, settings: Settings, extras: RunExtras, max_steps: int | None
+) -> dict[str, Any]:
+    """The redacted config tree of `settings` (a `RunConfig` as given, or a validated run) and
+    `extras`: every key with a value."""
+    flat: dict[str, Any] = {"training.trainer": trainer}
     for key, (owner, name, _) in schema().items():
         if key == "training.trainer":
             continue
-        value = getattr(cfg if owner == "cfg" else run.extras, name)
+        value = settings.value(name) if owner == "cfg" else getattr(extras, name)
         if key == "training.max_steps":
-            value = run.max_steps
+            value = max_steps
         if value is not None:
             flat[key] = list(value) if isinstance(value, tuple) else value
     return nest_redacted(flat)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from twinrun.config.run import SETTINGS, RunConfig, applies
+from twinrun.config.run import SETTINGS, RunConfig, Settings, applies
 from twinrun.config.setting import Source
 from twinrun.objectives.registry import BY_NAME, objective
 
@@ -97,31 +97,33 @@ def _fixed(config: str) -> dict[str, Taken]:
     return out
 
 
-def trl_defaults(cfg: RunConfig) -> dict[str, Taken]:
+def trl_defaults(cfg: Settings) -> dict[str, Taken]:
     """What `--defaults trl` gives a run of `cfg.objective`: every setting that applies to it and
     that TRL (or PEFT) has a default for, the ones that depend on other settings (GRPO's token
-    cap and advantage clip, PEFT's LoRA targets, the thread count) computed from `cfg` as given
-    or filled."""
+    cap and advantage clip, PEFT's LoRA targets, the thread count) computed from `cfg` (a
+    `RunConfig` as given or filled, or a validated run)."""
     config = objective(cfg.objective).trl_config
     fixed = {n: v for n, v in _fixed(config).items() if applies(n, cfg.objective)}
-    if cfg.warmup_ratio is not None:  # the warm-up is given, as a fraction of the steps
+    if cfg.value("warmup_ratio") is not None:  # the warm-up is given, as a fraction of the steps
         fixed.pop("warmup_steps")
-    filled = dataclasses.replace(
-        cfg, **{n: v.value for n, v in fixed.items() if getattr(cfg, n) is None}
-    )
+
+    def filled(name: str) -> Any:  # as given, else the fixed default
+        value = cfg.value(name)
+        return fixed[name].value if value is None and name in fixed else value
+
     out = dict(fixed)
     if applies("token_cap", cfg.objective):
         out["token_cap"] = Taken(
-            filled.max_new_tokens, "GRPOConfig.max_completion_length (TRL has no separate cap)"
+            filled("max_new_tokens"), "GRPOConfig.max_completion_length (TRL has no separate cap)"
         )
-    if applies("advantage_clip", cfg.objective) and filled.prompts_per_step and filled.group_size:
-        rows = filled.prompts_per_step * filled.group_size
+    rows = (filled("prompts_per_step") or 0) * (filled("group_size") or 0)
+    if applies("advantage_clip", cfg.objective) and rows:
         out["advantage_clip"] = Taken(
             float(math.ceil(math.sqrt(max(rows - 1, 1)))),
             "GRPOConfig: no advantage clip (a bound no normalised advantage of a "
             f"{rows}-row step reaches)",
         )
-    model = model_config(cfg.model)
+    model = model_config(cfg.value("model"))
     positions = model.get("max_position_embeddings")
     if "max_length" in out and isinstance(positions, int) and 1 <= positions < 1024:
         out["max_length"] = Taken(
@@ -130,7 +132,7 @@ def trl_defaults(cfg: RunConfig) -> dict[str, Taken]:
     targets = peft_targets(model.get("model_type"))
     if targets is not None:
         out["lora_targets"] = Taken(targets, "LoraConfig.target_modules: PEFT's default")
-    if cfg.device == "cpu" and cfg.cpu_kernels == "native":
+    if cfg.value("device") == "cpu" and cfg.value("cpu_kernels") == "native":
         out["threads"] = Taken(
             torch_threads(), "torch's default: OMP_NUM_THREADS, else this process's CPUs"
         )
@@ -152,25 +154,26 @@ def fill_defaults(cfg: RunConfig) -> RunConfig:
     return dataclasses.replace(cfg, **values)
 
 
-def defaults_record(cfg: RunConfig) -> dict[str, Any] | None:
+def defaults_record(cfg: Settings) -> dict[str, Any] | None:
     """The sidecar's `defaults` section: which defaults, and each number taken from them with
     its value and where it came from (None when the run took none)."""
-    if not cfg.taken or cfg.defaults is None:
+    taken, defaults = cfg.value("taken"), cfg.value("defaults")
+    if not taken or defaults is None:
         return None
     sources = trl_defaults(cfg)
     return {
-        "from": cfg.defaults,
+        "from": defaults,
         "versions": {"trl": TRL_VERSION, "peft": PEFT_VERSION},
         "config": objective(cfg.objective).trl_config,
         "taken": {
-            n: {"value": _plain(getattr(cfg, n)), "source": sources[n].source}
-            for n in cfg.taken
+            n: {"value": _plain(cfg.value(n)), "source": sources[n].source}
+            for n in taken
             if n in sources
         },
     }
 
 
-def defaults_table(cfg: RunConfig, source: Source = "flag") -> str:
+def defaults_table(cfg: Settings, source: Source = "flag") -> str:
     """The numbers a run took from its defaults, one per line, as printed before it starts;
     each named as the user would give it (`source`: a flag, or a TOML key)."""
     record = defaults_record(cfg)

@@ -205,3 +205,27 @@ def test_the_thread_count_taken_is_torchs_default(
         assert torch_threads() == len(os.sched_getaffinity(0))
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert torch_threads() == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("objective", sorted(EXPECTED))
+def test_the_records_read_a_validated_run_as_its_config(objective: str, llama: Path) -> None:
+    """The sidecar's defaults record, a capture's optimizer contract and resolved config read the
+    validated run's values: each equals the record made from the `RunConfig` it gives back."""
+    from twinrun.config.contract import optimizer_contract
+    from twinrun.config.toml import RunExtras, settings_tree
+
+    valid = validate(given(objective, llama, defaults="trl", threads=1))
+    cfg = valid.as_config()
+    record = defaults_record(valid)
+    assert record is not None and record["taken"]  # the run took numbers: the record says which
+    assert record == defaults_record(cfg)
+    assert defaults_table(valid) == defaults_table(cfg) != ""
+    targets = ["q_proj", "v_proj"]
+    assert optimizer_contract(valid, objective, "m", targets) == optimizer_contract(
+        cfg, objective, "m", targets
+    )
+    steps = valid.value("steps")
+    assert steps == cfg.steps
+    tree = settings_tree(objective, valid, RunExtras(), steps)
+    assert tree == settings_tree(objective, cfg, RunExtras(), cfg.steps)
+    assert tree["training"]["learning_rate"] == EXPECTED[objective]["learning_rate"]

@@ -27,7 +27,6 @@ from twinrun.capture.digests import effective_rows_sha256, logical_sha256, paddi
 from twinrun.capture.payload import BatchArrays, encode, validate
 from twinrun.capture.state import HEAD_PARAM, adapter_bytes, head_bytes, optimizer_bytes
 from twinrun.capture.store import check_free, new_dir, write_new
-from twinrun.config.run import RunConfig
 from twinrun.core.digest import sha256_bytes, sha256_file, sha256_json
 from twinrun.core.errors import ConfigError, ContractError
 from twinrun.core.fileio import atomic_write_json
@@ -39,14 +38,6 @@ if TYPE_CHECKING:
     from twinrun.train.setup.session import Session
 
 SKIPPED = ("dataset", "environment", "rollout", "sampling")
-
-
-def resolved_config(cfg: RunConfig) -> dict[str, Any]:
-    """The redacted resolved config of a run given as a RunConfig."""
-    from twinrun.config.toml import RunExtras, TomlRun, resolved_tree
-
-    run = TomlRun(Path(""), cfg.objective, cfg, RunExtras(), cfg.steps, set())
-    return resolved_tree(run)
 
 
 @dataclass
@@ -93,11 +84,11 @@ class CaptureHook(Hook):
         initial = self.initial_state(view)
         lr = float(view.optimizer.param_groups[0]["lr"])
         from twinrun.config.contract import optimizer_contract
+        from twinrun.config.toml import RunExtras, settings_tree
         from twinrun.core.determinism import runtime_versions
 
-        settings = run.as_config()
-        contract = optimizer_contract(settings, run.objective, s.model_sha256, s.lora_targets)
-        tree = resolved_config(settings)
+        contract = optimizer_contract(run, run.objective, s.model_sha256, s.lora_targets)
+        tree = settings_tree(run.objective, run, RunExtras(), run.value("steps"))
         manifest = {
             "format": mf.FORMAT,
             "objective": run.objective,

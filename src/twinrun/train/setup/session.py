@@ -405,7 +405,7 @@ def finish_session(
         metrics=summary | {"wall_s": time.perf_counter() - s.started},
         extra={"inputs": redact(inputs_of(s.run))}
         | ({"eval": {"sha256": s.eval_sha256, "examples": len(s.eval_rows)}} if s.eval_rows else {})
-        | ({"defaults": taken} if (taken := defaults_record(s.run.as_config())) else {})
+        | ({"defaults": taken} if (taken := defaults_record(s.run)) else {})
         | (extra or {}),
     )
     atomic_write_json(s.out / "twinrun.json", record)
