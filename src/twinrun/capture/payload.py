@@ -2,12 +2,13 @@
 
 Ragged rows are stored flat: `row_offsets` [N+1] and `tokens` [T] (int64), with the per-token
 `loss_mask` (uint8), per-row `active_counts` (int64), the loss `denominator` and the
-`forward_sizes` (rows per forward, in order). Per-objective data follows the OptimizerBatch:
-`floats.<name>` (float64) and `ints.<name>` (int64), each either per token ([T], aligned with
-`tokens`) or per row ([N]) — the `layout` in the metadata says which (the metadata is one key,
-`twinrun`, holding canonical JSON: format, objective, layout). Then the torch generator states
-(`rng.cpu`, `rng.cuda.<i>`, uint8) and twinrun's stream position (`stream_position` = seed, step:
-every twinrun draw is keyed by them, so they are the whole generator position).
+`forward_sizes` (rows per forward, in order). Per-objective data is the OptimizerBatch's `update`
+columns (`UpdateColumns`): `floats.<name>` (float64) and `ints.<name>` (int64), each either per
+token ([T], aligned with `tokens`) or per row ([N]) — the `layout` in the metadata says which
+(the metadata is one key, `twinrun`, holding canonical JSON: format, objective, layout). Then the
+torch generator states (`rng.cpu`, `rng.cuda.<i>`, uint8) and twinrun's stream position
+(`stream_position` = seed, step: every twinrun draw is keyed by them, so they are the whole
+generator position).
 
 `decode` trusts nothing: every name, dtype, shape and invariant is checked, and a failure is a
 `DataError` naming what is wrong. safetensors only — a payload can never execute code.
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from twinrun.capture.batch import OptimizerBatch
+from twinrun.capture.batch import OptimizerBatch, UpdateColumns
 from twinrun.core.errors import DataError
 from twinrun.core.jsonlimits import SMALL, parse_json
 from twinrun.objectives.registry import BY_NAME, NAMES, Batch
@@ -79,14 +80,11 @@ class BatchArrays:
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         extras: dict[str, tuple[str, np.ndarray]] = {}
-        for kind, values, dtype in (
-            ("floats", batch.floats, np.float64),
-            ("ints", batch.ints, np.int64),
-        ):
-            for name, value in values.items():
-                ragged = bool(value) and isinstance(value[0], list | tuple)
-                flat = [x for row in value for x in row] if ragged else list(value)
-                extras[f"{kind}.{name}"] = ("token" if ragged else "row", np.array(flat, dtype))
+        columns = batch.update.columns() if batch.update is not None else {}
+        for key, (layout, value) in columns.items():
+            dtype = np.float64 if key.startswith("floats.") else np.int64
+            flat = [x for row in value for x in row] if layout == "token" else list(value)
+            extras[key] = (layout, np.array(flat, dtype))
         return cls(
             objective=batch.objective,
             step=batch.step,
@@ -105,12 +103,10 @@ class BatchArrays:
         def split(flat: list[Any]) -> list[list[Any]]:
             return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
-        floats: dict[str, Any] = {}
-        ints: dict[str, Any] = {}
-        for key, (layout, a) in self.extras.items():
-            kind, name = key.split(".", 1)
-            value = split(a.tolist()) if layout == "token" else a.tolist()
-            (floats if kind == "floats" else ints)[name] = value
+        columns = {
+            key: split(a.tolist()) if layout == "token" else a.tolist()
+            for key, (layout, a) in self.extras.items()
+        }
         return OptimizerBatch(
             objective=self.objective,
             step=self.step,
@@ -118,8 +114,7 @@ class BatchArrays:
             loss_masks=split(mask),
             forward_sizes=self.forward_sizes.tolist(),
             denominator=self.denominator,
-            floats=floats,
-            ints=ints,
+            update=UpdateColumns.from_columns(columns) if columns else None,
         )
 
 

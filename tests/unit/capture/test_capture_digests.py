@@ -48,7 +48,9 @@ def test_golden_follows_the_framing_rule() -> None:
 
 def swapped(batch: OptimizerBatch) -> OptimizerBatch:
     out = copy.deepcopy(batch)
-    for seq in (out.rows, out.loss_masks, *out.floats.values(), *out.ints.values()):
+    assert out.update is not None
+    columns = [values for _, values in out.update.columns().values()]
+    for seq in (out.rows, out.loss_masks, *columns):
         seq.reverse()
     return out
 
@@ -61,14 +63,16 @@ def test_row_order_changes_the_digest() -> None:
 def test_one_ulp_changes_the_digest() -> None:
     for where in ("old_logprobs", "advantages"):
         batch = grpo_batch()
-        values = batch.floats[where]
+        assert batch.update is not None
+        values = getattr(batch.update, where)
         if where == "old_logprobs":
             values[0][2] = float(np.nextafter(values[0][2], 0.0))
         else:
             values[1] = float(np.nextafter(values[1], -1.0))
         assert logical(batch) != GOLDEN_LOGICAL, where
     batch = grpo_batch()
-    batch.floats["old_logprobs"][0][0] = -0.0  # same value, other bits
+    assert batch.update is not None
+    batch.update.old_logprobs[0][0] = -0.0  # same value, other bits
     assert logical(batch) != GOLDEN_LOGICAL
 
 
@@ -77,7 +81,7 @@ def test_tokens_masks_and_denominator_count() -> None:
         lambda b: b.rows[1].__setitem__(2, 9),
         lambda b: b.loss_masks[0].__setitem__(2, 0),
         lambda b: setattr(b, "denominator", 4),
-        lambda b: b.ints["prompt_lengths"].__setitem__(0, 1),
+        lambda b: b.update.prompt_lengths.__setitem__(0, 1),
     ):
         batch = grpo_batch()
         change(batch)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save
 
-from twinrun.capture.batch import OptimizerBatch
+from twinrun.capture.batch import OptimizerBatch, UpdateColumns
 from twinrun.capture.payload import BatchArrays, decode, encode, pack_meta, unpack_meta
 from twinrun.core.errors import DataError
 
@@ -24,12 +24,12 @@ def grpo_batch() -> OptimizerBatch:
         loss_masks=[[0, 0, 1, 1], [0, 0, 1]],
         forward_sizes=[2],
         denominator=3,
-        floats={
-            "old_logprobs": [[0.0, 0.0, -1.25, -0.5], [0.0, 0.0, -2.0]],
-            "advantages": [0.75, -0.75],
-            "weights": [1.0, 1.0],
-        },
-        ints={"prompt_lengths": [2, 2]},
+        update=UpdateColumns(
+            old_logprobs=[[0.0, 0.0, -1.25, -0.5], [0.0, 0.0, -2.0]],
+            advantages=[0.75, -0.75],
+            weights=[1.0, 1.0],
+            prompt_lengths=[2, 2],
+        ),
     )
 
 
@@ -69,9 +69,11 @@ def test_round_trip_is_exact(make: object) -> None:
 def test_round_trip_keeps_float_bits() -> None:
     batch = grpo_batch()
     tiny = [5e-324, -0.0, np.nextafter(-1.25, 0.0), 1e308]
-    batch.floats["old_logprobs"][0] = tiny
+    assert batch.update is not None
+    batch.update.old_logprobs[0] = tiny
     out = decode(encode(BatchArrays.from_batch(batch), rng(), 1), "p").arrays.to_batch()
-    got = out.floats["old_logprobs"][0]
+    assert out.update is not None
+    got = out.update.old_logprobs[0]
     assert [struct.pack(">d", x) for x in got] == [struct.pack(">d", x) for x in tiny]
 
 

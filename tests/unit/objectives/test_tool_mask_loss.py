@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from twinrun.capture.batch import OptimizerBatch
+from twinrun.capture.payload import BatchArrays
 from twinrun.config.resolved import PolicyUpdate
 from twinrun.objectives.grpo import grpo_loss
 from twinrun.train.recipes.grpo import Rollout, optimizer_batch, rows_from_batch, update_rows
@@ -59,7 +60,9 @@ def test_token_cap_counts_model_tokens_only() -> None:
 def test_capture_keeps_the_model_mask() -> None:
     u = update_rows(session(), [ROW])
     batch = optimizer_batch([ROW], u, 0, 1)
-    assert batch.ints["model_mask"] == [[0, 0, 1, 1, 0, 0, 1]]
+    assert batch.update is not None
+    assert batch.update.model_mask == [[0, 0, 1, 1, 0, 0, 1]]
+    assert "ints.model_mask" in BatchArrays.from_batch(batch).extras
     assert batch.loss_masks == [[0, 0, 1, 1, 0, 0, 1]]
     back = rows_from_batch(batch)[0]
     assert back == ROW  # every field the update reads, and nothing else
@@ -69,5 +72,6 @@ def test_capture_keeps_the_model_mask() -> None:
 def test_single_turn_batches_have_no_model_mask() -> None:
     plain = Rollout(0, 0, 0, [5, 6], [7, 8], [-1.0, -2.0], 1.0, advantage=1.0).update_row()
     batch: OptimizerBatch = optimizer_batch([plain], update_rows(session(), [plain]), 0, 1)
-    assert "model_mask" not in batch.ints
+    assert batch.update is not None and batch.update.model_mask is None
+    assert "ints.model_mask" not in BatchArrays.from_batch(batch).extras
     assert rows_from_batch(batch) == [plain]

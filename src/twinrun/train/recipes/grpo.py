@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from twinrun.capture.batch import OptimizerBatch
+from twinrun.capture.batch import OptimizerBatch, UpdateColumns
 from twinrun.config.resolved import (
     Examples,
     PerReplay,
@@ -50,6 +50,7 @@ from twinrun.config.resolved import (
     StepCount,
     ValidRun,
 )
+from twinrun.core.errors import ContractError
 from twinrun.core.rng import stream
 from twinrun.data.batching import epoch_order
 from twinrun.data.examples import SourcedRow, conversational_prompt
@@ -646,33 +647,39 @@ def optimizer_batch(batch: list[UpdateRow], u: UpdateRows, step: int, bs: int) -
         loss_masks=kept_rows,
         forward_sizes=[min(bs, n - a) for a in range(0, n, bs)],
         denominator=u.denominator,
-        floats={
-            "old_logprobs": [full_old[i, : len(r.tokens)].tolist() for i, r in enumerate(batch)],
-            "advantages": u.advantages.tolist(),
-            "weights": u.weights.tolist(),
-        },
-        ints={"prompt_lengths": [len(r.prompt_ids) for r in batch]} | model_masks(batch),
+        update=UpdateColumns(
+            old_logprobs=[full_old[i, : len(r.tokens)].tolist() for i, r in enumerate(batch)],
+            advantages=u.advantages.tolist(),
+            weights=u.weights.tolist(),
+            prompt_lengths=[len(r.prompt_ids) for r in batch],
+            model_mask=model_masks(batch),
+        ),
     )
 
 
-def model_masks(batch: list[UpdateRow]) -> dict[str, list[list[int]]]:
-    """`model_mask` (per token: 1 on the model's sampled tokens) when a row holds tool or
-    environment tokens; absent for single-turn batches (every completion token is the model's)."""
+def model_masks(batch: list[UpdateRow]) -> list[list[int]] | None:
+    """Per row and token, 1 on the model's sampled tokens, when a row holds tool or environment
+    tokens; None for single-turn batches (every completion token is the model's)."""
     if all(r.model_mask is None for r in batch):
-        return {}
-    return {"model_mask": [[0] * len(r.prompt_ids) + r.completion_mask() for r in batch]}
+        return None
+    return [[0] * len(r.prompt_ids) + r.completion_mask() for r in batch]
 
 
 def rows_from_batch(batch: OptimizerBatch) -> list[UpdateRow]:
     """The update rows of a captured GRPO batch (what `update_forwards` trains on again)."""
+    u = batch.update
+    if u is None:
+        raise ContractError(
+            f"a captured {batch.objective} batch holds no update columns",
+            "re-capture the step",
+        )
     out = []
-    masks = batch.ints.get("model_mask")
     for i, row in enumerate(batch.rows):
-        p = batch.ints["prompt_lengths"][i]
+        p = u.prompt_lengths[i]
+        mask = None if u.model_mask is None else list(u.model_mask[i][p:])
         out.append(UpdateRow(
             prompt_ids=list(row[:p]), completion=list(row[p:]),
-            old_logprobs=list(batch.floats["old_logprobs"][i][p:]),
-            advantage=batch.floats["advantages"][i], weight=batch.floats["weights"][i],
-            model_mask=None if masks is None else list(masks[i][p:]),
+            old_logprobs=list(u.old_logprobs[i][p:]), advantage=u.advantages[i],
+            weight=u.weights[i], model_mask=mask,
         ))  # fmt: skip
     return out
