@@ -129,6 +129,32 @@ def test_capture_explain_replay_twice_evidence_b(
     assert report["timing"]["same"]["replays"] == 2
 
 
+def test_a_replay_builds_no_training_input(
+    grpo_capture: Capture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay trains on the captured batch's own typed columns: no rollout, episode or
+    collected batch of a training run is built (nothing with sentinel values), and the training
+    recipe is never opened, prepared or collected — and the replay still ends on the source's
+    adapter bytes."""
+    from twinrun.train.recipes.episodes import EpisodeResult, EpisodeRun
+    from twinrun.train.recipes.grpo import GrpoBatch, GrpoRecipe, Rollout
+
+    def no(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a replay built a training run's input")
+
+    forbid_data_and_environment(monkeypatch, grpo_capture)
+    for cls in (Rollout, EpisodeRun, EpisodeResult, GrpoBatch):
+        monkeypatch.setattr(cls, "__init__", no)
+    for method in ("open", "prepare", "collect"):
+        monkeypatch.setattr(GrpoRecipe, method, no)
+    cfg = tmp_path / "replay.toml"
+    write_toml(cfg, grpo_capture.replay_config(tmp_path / "r"))
+    assert run_cli(["run", str(cfg), "--quiet"]) == 0
+    assert sha(tmp_path / "r" / "final" / "adapter_model.safetensors") == sha(
+        grpo_capture.out / "final" / "adapter_model.safetensors"
+    )
+
+
 def test_checkpointing_arm_passes_gate_a(
     grpo_capture: Capture, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
