@@ -77,7 +77,7 @@ def trace_setup(work: Path) -> tuple[list[str], list[str]]:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sys.setprofile(hook)
     try:
-        train(run, checked=False)
+        train(run)
     except FirstStep:
         pass
     finally:

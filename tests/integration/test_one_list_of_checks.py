@@ -79,3 +79,39 @@ def test_a_command_runs_the_list_once(
     monkeypatch.setattr(preflight, "CHECKS", [*preflight.CHECKS, lambda run: seen.append("x")])
     assert run_cli(sft_args(toy_model_dir, sft_examples, tmp_path / "run", 1)) == 0
     assert seen == ["x"]  # before torch, not again in the session
+
+
+def test_the_data_is_read_once_and_handed_on(
+    tmp_path: Path, toy_model_dir: Path, sft_examples: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checks read the examples (every row's shape checked) and the session trains on what
+    they read: whichever module asks, the examples file is read once per run."""
+    import twinrun.data.examples
+    import twinrun.train.setup.run_data
+    import twinrun.train.setup.session
+
+    original = twinrun.data.examples.load_rows
+    reads: list[str] = []
+
+    def counted(path: Path | str, *more: object) -> object:
+        reads.append(str(path))
+        return original(path, *more)  # type: ignore[arg-type]
+
+    for module in (twinrun.data.examples, twinrun.train.setup.run_data, preflight,
+                   twinrun.train.setup.session):  # fmt: skip
+        monkeypatch.setattr(module, "load_rows", counted)
+    assert run_cli(sft_args(toy_model_dir, sft_examples, tmp_path / "cli", 1)) == 0
+    assert reads == [str(sft_examples)]
+    reads.clear()
+    from twinrun.config.resolved import validate
+    from twinrun.config.run import RunConfig
+    from twinrun.train.recipes import train
+
+    cfg = RunConfig(objective="sft", model=str(toy_model_dir), examples=str(sft_examples),
+                    output=str(tmp_path / "lib"), seed=1, epochs=1, batch_size=4,
+                    accumulation=1, learning_rate=1e-2, warmup_steps=1, lr_schedule="cosine",
+                    lora_rank=4, lora_alpha=8.0, precision="f32", chat_template="on", threads=1,
+                    quiet=True)  # fmt: skip
+    assert train(validate(cfg))  # a library call runs the checks itself, and hands their data on
+    assert (tmp_path / "lib" / "adapter_model.safetensors").is_file()
+    assert reads == [str(sft_examples)]

@@ -37,6 +37,7 @@ EXPENSIVE = (  # what must not run before the output is checked
     "twinrun.data.examples.load_rows",
     "twinrun.train.setup.session.load_rows",
     "twinrun.train.setup.preflight.load_rows",
+    "twinrun.train.setup.run_data.load_rows",
     "twinrun.train.setup.preflight.read_model_config",
     "twinrun.dispatch.reproduce.model_sha256",
     "twinrun.harness._run_plan",

@@ -63,10 +63,10 @@ def training_command(objective: Objective) -> click.Command:
         print_defaults_table(valid)
         from twinrun.train.setup.preflight import preflight
 
-        preflight(valid)  # a path that cannot be used: one line, before torch is imported
+        data = preflight(valid)  # a path that cannot be used: one line, before torch is imported
         from twinrun.train.recipes import train
 
-        print_run_summary(train(valid, checked=True), cfg.quiet, cfg.output)
+        print_run_summary(train(valid, data), cfg.quiet, cfg.output)
 
     return tune.command(objective.name, help=objective.summary)(run_options(objective.name)(run))
 

@@ -48,14 +48,14 @@ def run_toml(
         return replay(run)
     from twinrun.train.setup.preflight import preflight
 
-    preflight(run.training())  # the output, the model and the data files, before torch loads
+    data = preflight(run.training())  # the output, the model and the data, before torch loads
     problems = source_problems(run)
     if problems:
         hint = "see docs/capture.md (capture a source step)"
         raise ConfigError(f"{path}: " + "; ".join(problems), hint)
     from twinrun.train.recipes import train
 
-    record = train(run.training(), checked=True)  # validated and checked once, above
+    record = train(run.training(), data)  # validated, checked and read once, above
     if not record:  # a process of a data-parallel run other than rank 0: it writes nothing
         return record
     out = Path(run.training().output)

@@ -18,32 +18,31 @@ from twinrun.train.recipes.pairs import PAIR_RECIPES
 from twinrun.train.recipes.sft import SftRecipe
 from twinrun.train.recipes.text import TextRecipe
 from twinrun.train.setup.preflight import preflight
+from twinrun.train.setup.run_data import RawData
 from twinrun.train.setup.session import finish_session, open_session
 
 _KINDS: tuple[type[Recipe], ...] = (SftRecipe, *PAIR_RECIPES, GrpoRecipe, TextRecipe)
 RECIPES: dict[str, type[Recipe]] = {kind.name: kind for kind in _KINDS}
 
 
-def train(run: RunConfig | ValidRun, checked: bool = False) -> dict[str, Any]:
+def train(run: RunConfig | ValidRun, data: RawData | None = None) -> dict[str, Any]:
     """Run `run` (validated here once if it is not yet) with its objective's recipe; returns the
     run's sidecar record ({} on a process of a data-parallel run other than rank 0). The one
-    entry every command trains through. `checked`: the caller ran the input checks
-    (`preflight.CHECKS`, as the commands do before torch loads) on this run already; else they
-    run here, first."""
+    entry every command trains through. `data`: what the input checks read (`preflight(run)`
+    returns it; the commands run them before torch loads); without it they run here, first."""
     if isinstance(run, RunConfig):
         if run.objective not in NAMES:
             raise ConfigError(
                 f"unknown objective {run.objective!r}", f"use one of {', '.join(NAMES)}"
             )
         run = validate(run)
-    if not checked:
-        preflight(run)  # the output, the model's files, the data: one line for the first bad one
+    if data is None:  # the output, the model's files, the data: one line for the first bad one
+        data = preflight(run)
     kind = RECIPES[run.objective]
     context = kind.context(run)  # built (and checked) before anything is written
-    raw = kind.read(run)  # the data as its files hold it (checked above)
-    opening = open_session(run, raw)  # locked, the model's files opened, a resume checked
+    opening = open_session(run, data)  # locked, the model's files opened, a resume checked
     try:
-        encoded = kind.encode(opening.run, opening.tok, raw.items, opening.max_length, context)
+        encoded = kind.encode(opening.run, opening.tok, data.items, opening.max_length, context)
         session = opening.session(encoded)
     except BaseException:
         opening.close()

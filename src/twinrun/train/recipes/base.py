@@ -3,11 +3,10 @@ replay alike.
 
 A recipe class is registered under its objective's name (`RECIPES` in this package, one entry per
 record of objectives/registry.py) and says:
-- `context(run)`, `read(run)` and `encode(run, tok, raw, max_length, context)`: what the run
-  builds before anything is written (GRPO: its environment), how its data is read (the raw rows
-  and their SHA256, read once the inputs are checked, before the output is locked) and encoded
-  (checked, tokenized with the opened tokenizer); the session is built over the encoded data
-  (`train` in this package says the order);
+- `context(run)` and `encode(run, tok, raw, max_length, context)`: what the run builds before
+  anything is written (GRPO: its environment), and how its data — as the input checks read it
+  (`train/setup/run_data.py`) — is encoded (checked, tokenized with the opened tokenizer); the
+  session is built over the encoded data (`train` in this package says the order);
 - `open(session, encoded, context)`: the recipe of a training run over the encoded data, with
   `total_steps` and its checkpointed state (`objective_state`, GRPO's replay buffer); the
   session holds the objective's head (`session.head`, built with the model: the reward head)
@@ -34,9 +33,6 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from twinrun.config.resolved import Examples
-from twinrun.data.examples import examples_sha256, load_rows
-from twinrun.train.setup.session import RawData
 from twinrun.train.step.loop import StepForwards, StepRecipe
 
 if TYPE_CHECKING:
@@ -73,13 +69,6 @@ class Recipe(StepRecipe):
         """What the run builds before anything is written and its data is encoded with (GRPO: its
         environment, a plugin's errors raised here); None for most objectives."""
         return None
-
-    @classmethod
-    def read(cls, run: ValidRun) -> RawData:
-        """The run's raw data and its SHA256: the `--examples` rows unless the objective reads
-        other files."""
-        path = run.record(Examples).examples
-        return RawData(load_rows(path), examples_sha256(path))
 
     @classmethod
     @abstractmethod

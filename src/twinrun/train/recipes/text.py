@@ -18,13 +18,13 @@ from typing import Any, ClassVar
 import torch
 
 from twinrun.config.resolved import StepCount, TextWindows, ValidRun
-from twinrun.data.corpus import check_window, read_corpus, tokenize_corpus, window_row
+from twinrun.data.corpus import check_window, tokenize_corpus, window_row
 from twinrun.data.corpus import window_start as start_of
 from twinrun.data.examples import EncodedRow
 from twinrun.model.tokens import CheckpointTokenizer
 from twinrun.train.recipes.base import Recipe, Rows
 from twinrun.train.recipes.sft import SftRecipe, sft_forwards
-from twinrun.train.setup.session import RawData, Session
+from twinrun.train.setup.session import Session
 from twinrun.train.step.loop import StepForwards
 
 
@@ -54,10 +54,6 @@ class TextRecipe(Recipe):
     @property
     def total_steps(self) -> int:
         return self.s.run.record(StepCount).steps
-
-    @classmethod
-    def read(cls, run: ValidRun) -> RawData:
-        return RawData(*read_corpus(list(run.record(TextWindows).corpus)))
 
     @classmethod
     def encode(

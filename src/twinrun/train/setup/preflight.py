@@ -5,13 +5,14 @@ mistake costs no torch, transformers or PEFT import (seconds on a small machine)
 directory (when resuming: that it holds something to resume,
 `train.resume_check.check_resumable`), the model directory, its `config.json`, tokenizer files
 and safetensors weights, the `--device` name, each examples, evaluation examples and corpus file
-(read and every row's shape checked as the objective reads it, `data.shapes`), the schedule over
+(read and every row's shape checked as the objective reads it, `run_data`), the schedule over
 the steps the examples make, and that an `--init-adapter` is a directory whose weights are a
 readable safetensors file of float32 tensors (its header: `train.init_adapter.check_init_header`).
-The commands run it before importing torch and tell `train` so (`checked=True`); a library call
-of `train(run)` runs it first, before the output directory is locked, as the commands do. A new
-input check is one function added to `CHECKS`. What needs a tokenizer or a model (a row's length,
-the weights' shapes) is checked by the session as it loads them.
+It returns the run's data as it read it. The commands run it before importing torch and hand
+that data to `train`; a library call of `train(run)` runs it first, before the output directory
+is locked, as the commands do. A new input check is one function added to `CHECKS`. What needs
+a tokenizer or a model (a row's length, the weights' shapes) is checked by the session as it loads
+them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from twinrun.config.resolved import (
     Evaluation,
     Examples,
     StepCount,
-    TextWindows,
     ValidRun,
 )
 from twinrun.config.schedule import check_schedule
@@ -36,11 +36,11 @@ from twinrun.data.examples import load_rows
 from twinrun.data.shapes import check_shapes
 from twinrun.model.loading import check_model_dir, read_model_config, shard_files
 from twinrun.model.tokens import check_tokenizer_files
-from twinrun.objectives.registry import objective
 from twinrun.train.outputs.init_adapter import check_init_header
 from twinrun.train.outputs.resume_check import check_resumable
 from twinrun.train.outputs.run_dir import check_output_dir, config_inputs
 from twinrun.train.parallel.distributed import process_device
+from twinrun.train.setup.run_data import RawData, read_data
 
 
 def _readable(path: str, what: str, hint: str, missing: str | None = None) -> None:
@@ -49,11 +49,12 @@ def _readable(path: str, what: str, hint: str, missing: str | None = None) -> No
     reading.open_regular(path, what, hint=hint, missing=missing).close()
 
 
-def preflight(run: ValidRun) -> None:
+def preflight(run: ValidRun) -> RawData:
     """OutputError, ModelError, ConfigError or DataError — one line — for the first input of
-    `run` that cannot be used: each of `CHECKS` in turn."""
-    for check in CHECKS:
-        check(run)
+    `run` that cannot be used: each of `CHECKS` in turn. Returns the run's data as the data check
+    read it (`check_data`): what `train` hands the session, so nothing is read twice."""
+    read = [data for check in CHECKS if (data := check(run)) is not None]
+    return read[0]
 
 
 def check_output(run: ValidRun) -> None:
@@ -77,23 +78,18 @@ def check_device(run: ValidRun) -> None:
     parse_device(process_device(run.backend.device))
 
 
-def check_data(run: ValidRun) -> None:
-    """Every row's shape as the objective reads it, the schedule over the steps the examples
-    make, the evaluation examples and the corpus files."""
+def check_data(run: ValidRun) -> RawData:
+    """The run's data read (`run_data.read_data`: every row's shape checked as the objective
+    reads it, or the corpus), the schedule over the steps the examples make, and the evaluation
+    examples. Returns the data read."""
+    data = read_data(run)
     templated = run.has(Examples) and run.record(Examples).templated
-    examples = 0
-    if run.has(Examples):
-        rows = load_rows(run.record(Examples).examples)
-        check_shapes(objective(run.objective).data, rows, templated)
-        examples = len(rows)
-    check_run_schedule(run, examples)
+    check_run_schedule(run, len(data.items) if run.has(Examples) else 0)
     if run.has(Evaluation):
         path = run.record(Evaluation).eval_examples
         _readable(path, "examples file", "check the --eval-examples path")
         check_shapes("examples", load_rows(path)[: run.switches.eval_limit], templated)
-    for corpus in run.record(TextWindows).corpus if run.has(TextWindows) else ():
-        _readable(corpus, "corpus file", "check the --corpus paths",
-                  f"corpus file {corpus} does not exist")  # fmt: skip
+    return data
 
 
 def check_adapter(run: ValidRun) -> None:
@@ -102,7 +98,7 @@ def check_adapter(run: ValidRun) -> None:
         check_init_header(run.build.init_adapter)
 
 
-Check = Callable[[ValidRun], None]
+Check = Callable[[ValidRun], RawData | None]  # the data check returns what it read; others None
 # The one list of a run's input checks, in order: `preflight` runs it before torch loads (the
 # commands), and `train(run)` runs it first when its caller has not (a library call).
 CHECKS: list[Check] = [check_output, check_model_files, check_device, check_data, check_adapter]

@@ -33,6 +33,7 @@ from twinrun.train.outputs.run_dir import (
 )
 from twinrun.train.parallel import distributed
 from twinrun.train.setup.preflight import check_run_schedule
+from twinrun.train.setup.run_data import RawData
 from twinrun.train.step.faults import Faults, parse_faults
 
 if TYPE_CHECKING:
@@ -116,18 +117,9 @@ class Session(ModelSession):
         return adapter_targets(self.model)
 
 
-@dataclass(frozen=True)
-class RawData:
-    """A run's data as its files hold it, before any tokenizer: the rows (a corpus's texts for
-    `tune text`) and the SHA256 of what was read. What a recipe's `read` returns."""
-
-    items: Any
-    sha256: str
-
-
 def open_session(given: ValidRun, raw: RawData) -> Opening:
-    """A checked run's set-up over its data (the caller ran the input checks, `preflight.CHECKS`,
-    and read the data: the recipe's `read`): the output directory locked for the whole session
+    """A checked run's set-up over its data (what the input checks, `preflight.CHECKS`, read): the
+    output directory locked for the whole session
     (by the process that writes it: rank 0 under torchrun), the model's files opened, a base that
     cannot fit refused and a resume checked against the inputs — nothing is written. The caller
     encodes the data with the opening's tokenizer and builds the session from it

@@ -1,0 +1,39 @@
+"""A training run's data as its files hold it, read once, before torch loads.
+
+`read_data(run)` reads what the run's objective trains on (its registry record's `data`): the
+`--examples` rows (SFT rows, preference pairs, GRPO's prompts), every row's shape checked as the
+objective reads it (`data.shapes`), or the text corpus (`--corpus`). The input checks read it
+(`preflight.check_data`), and the session receives what they read: nothing is read twice, and
+what is trained on is what was checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from twinrun.config.resolved import Examples, TextWindows, ValidRun
+from twinrun.data.corpus import read_corpus
+from twinrun.data.examples import examples_sha256, load_rows
+from twinrun.data.shapes import check_shapes
+from twinrun.objectives.registry import objective
+
+
+@dataclass(frozen=True)
+class RawData:
+    """A run's data as its files hold it, before any tokenizer: the rows (a corpus's texts for
+    `tune text`) and the SHA256 of what was read."""
+
+    items: Any
+    sha256: str
+
+
+def read_data(run: ValidRun) -> RawData:
+    """The data `run` trains on, read and shape-checked: a DataError naming the file (and row)
+    that cannot be used."""
+    if run.has(TextWindows):
+        return RawData(*read_corpus(list(run.record(TextWindows).corpus)))
+    examples = run.record(Examples)
+    rows = load_rows(examples.examples)
+    check_shapes(objective(run.objective).data, rows, examples.templated)
+    return RawData(rows, examples_sha256(examples.examples))
