@@ -10,12 +10,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# GRPO's update columns, in the payload's order: (field, payload name, layout — per "token",
+# aligned with the row, or one per "row"); the optional ones may be absent (None)
+UPDATE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("old_logprobs", "floats.old_logprobs", "token"),
+    ("advantages", "floats.advantages", "row"),
+    ("weights", "floats.weights", "row"),
+    ("prompt_lengths", "ints.prompt_lengths", "row"),
+)
+OPTIONAL_UPDATE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("model_mask", "ints.model_mask", "token"),
+)
+
 
 @dataclass
 class UpdateColumns:
     """A GRPO batch's update data beyond its rows and masks, one entry per row: what the clipped
-    update reads (capture writes each as `floats.<name>` or `ints.<name>`, per token or per
-    row)."""
+    update reads (capture writes each as `UPDATE_COLUMNS` names it)."""
 
     old_logprobs: list[list[float]]  # per token, aligned with the row; 0.0 off completion tokens
     advantages: list[float]
@@ -26,28 +37,19 @@ class UpdateColumns:
     model_mask: list[list[int]] | None = None
 
     def columns(self) -> dict[str, tuple[str, list[Any]]]:
-        """Each column by its payload name (`floats.<name>`, `ints.<name>`), with its layout
-        ("token" or "row"), in the payload's order."""
-        out: dict[str, tuple[str, list[Any]]] = {
-            "floats.old_logprobs": ("token", self.old_logprobs),
-            "floats.advantages": ("row", self.advantages),
-            "floats.weights": ("row", self.weights),
-            "ints.prompt_lengths": ("row", self.prompt_lengths),
+        """Each column held, by its payload name, with its layout, in the payload's order."""
+        return {
+            key: (layout, value)
+            for name, key, layout in (*UPDATE_COLUMNS, *OPTIONAL_UPDATE_COLUMNS)
+            if (value := getattr(self, name)) is not None
         }
-        if self.model_mask is not None:
-            out["ints.model_mask"] = ("token", self.model_mask)
-        return out
 
     @classmethod
     def from_columns(cls, columns: dict[str, list[Any]]) -> UpdateColumns:
         """The columns `columns()` names, by those names (a decoded payload's)."""
-        return cls(
-            old_logprobs=columns["floats.old_logprobs"],
-            advantages=columns["floats.advantages"],
-            weights=columns["floats.weights"],
-            prompt_lengths=columns["ints.prompt_lengths"],
-            model_mask=columns.get("ints.model_mask"),
-        )
+        values: dict[str, Any] = {name: columns[key] for name, key, _ in UPDATE_COLUMNS}
+        values |= {name: columns.get(key) for name, key, _ in OPTIONAL_UPDATE_COLUMNS}
+        return cls(**values)
 
 
 @dataclass

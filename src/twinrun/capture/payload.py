@@ -23,7 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from twinrun.capture.batch import OptimizerBatch, UpdateColumns
+from twinrun.capture.batch import (
+    OPTIONAL_UPDATE_COLUMNS,
+    UPDATE_COLUMNS,
+    OptimizerBatch,
+    UpdateColumns,
+)
 from twinrun.core.errors import DataError
 from twinrun.core.jsonlimits import SMALL, parse_json
 from twinrun.objectives.registry import BY_NAME, NAMES, Batch
@@ -32,16 +37,13 @@ FORMAT = "twinrun.optimizer-batch.v1"
 META_KEY = "twinrun"
 # what each batch shape's update needs beyond rows and masks: name -> layout
 REQUIRED_EXTRAS: dict[str, dict[str, str]] = {
-    "rollouts": {
-        "floats.old_logprobs": "token",
-        "floats.advantages": "row",
-        "floats.weights": "row",
-        "ints.prompt_lengths": "row",
-    },
+    "rollouts": {key: layout for _, key, layout in UPDATE_COLUMNS},
 }
 # what a batch shape may hold besides: rollouts of a tool environment hold tool and environment
 # tokens, which `ints.model_mask` (1 on the model's sampled tokens) keeps out of the update
-OPTIONAL_EXTRAS: dict[str, dict[str, str]] = {"rollouts": {"ints.model_mask": "token"}}
+OPTIONAL_EXTRAS: dict[str, dict[str, str]] = {
+    "rollouts": {key: layout for _, key, layout in OPTIONAL_UPDATE_COLUMNS},
+}
 BASE: tuple[str, ...] = (
     "row_offsets",
     "tokens",
