@@ -1,13 +1,16 @@
 """A signal while a step waits on an environment's code that does not return (a tool call that
 sleeps, a reward that sleeps), as a real process: the step is abandoned at once and the run
 stops in one `interrupted` line — exit 143 for SIGTERM, 130 for Ctrl-C — with no adapter, no
-sidecar and no file the run's list of written files does not name.
+sidecar and no file the run's list of written files does not name. Signals the process gets
+together (it could not run between them) name SIGTERM, and signals after the stop change nothing.
 
 The bound on the wait is far from the expected time (about a second): it only tells "stopped"
-from "still blocked in a 600 s sleep"."""
+from "still blocked in a 600 s sleep". Where the order matters, the plugin waits in C code for
+the test to say it is done (a named pipe), not on a clock."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -19,13 +22,22 @@ from pathlib import Path
 import pytest
 
 PLUGIN = """
+import atexit
 import os
+import signal
 import time
+
+SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def _blocked():
     open(os.environ["BLOCK_MARKER"], "w").close()  # the test signals from here on
     time.sleep(600)
+
+
+def _wait_for_the_test():  # in C code (a read of a named pipe) until the test writes to it
+    pipe = os.open(os.environ["RELEASE_PIPE"], os.O_RDWR)  # no wait for a writer
+    os.read(pipe, 1)
 
 
 class Sleepy:  # multi-turn: step() is called on every turn
@@ -47,11 +59,37 @@ class SleepyReward:  # single-turn: the reward is called on the main thread
         return 1.0
 
 
+class DeafReward(SleepyReward):  # the process cannot act on a signal until the test is done
+    def reward(self, row, completion):
+        if completion:
+            signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+            open(os.environ["BLOCK_MARKER"], "w").close()
+            _wait_for_the_test()
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+            time.sleep(600)
+        return 1.0
+
+
+def _on_the_way_out():
+    open(os.environ["EXIT_MARKER"], "w").close()
+    _wait_for_the_test()
+
+
 def tool():
     return Sleepy()
 
 
 def reward():
+    return SleepyReward()
+
+
+def deaf_reward():
+    return DeafReward()
+
+
+def reward_then_slow_exit():  # called for each group: the exit hook is registered once
+    atexit.unregister(_on_the_way_out)
+    atexit.register(_on_the_way_out)  # runs as the process exits, after twinrun said its line
     return SleepyReward()
 """
 
@@ -74,35 +112,77 @@ def default_signals() -> None:  # a background job may inherit SIGINT ignored
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def signalled(tmp_path: Path, argv: list[str], signals: list[signal.Signals]) -> tuple[int, str]:
-    """Run `argv`; once the plugin blocks, send `signals` a second apart; its status and output."""
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    (plugins / "sleepy_env.py").write_text(PLUGIN)
-    marker = tmp_path / "blocked"
-    env = os.environ | {
-        "BLOCK_MARKER": str(marker),
-        "PYTHONPATH": os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, cwd=tmp_path, preexec_fn=default_signals)  # fmt: skip
-    try:
+class Run:
+    """`argv` as a process, with the plugin on its path; the test waits for the plugin's
+    markers, signals it and releases the plugin's wait on the named pipe."""
+
+    def __init__(self, tmp_path: Path, argv: list[str]) -> None:
+        plugins = tmp_path / "plugins"
+        plugins.mkdir()
+        (plugins / "sleepy_env.py").write_text(PLUGIN)
+        self.blocked, self.exiting = tmp_path / "blocked", tmp_path / "exiting"
+        self.pipe = tmp_path / "release"
+        os.mkfifo(self.pipe)
+        env = os.environ | {
+            "BLOCK_MARKER": str(self.blocked),
+            "EXIT_MARKER": str(self.exiting),
+            "RELEASE_PIPE": str(self.pipe),
+            "PYTHONPATH": os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")]),
+        }
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=env, cwd=tmp_path,
+                                     preexec_fn=default_signals)  # fmt: skip
+
+    def wait_for(self, marker: Path) -> None:
         deadline = time.monotonic() + 300  # the start: torch, the toy model, the first turn
         while not marker.exists():
-            assert proc.poll() is None, proc.communicate()[0]
-            assert time.monotonic() < deadline, "the plugin was never called"
+            assert self.proc.poll() is None, self.proc.communicate()[0]
+            assert time.monotonic() < deadline, f"the plugin never wrote {marker.name}"
             time.sleep(0.1)
+
+    def send(self, signals: list[signal.Signals], gap: float) -> None:
         for i, sig in enumerate(signals):
             if i:
-                time.sleep(1)
-            if proc.poll() is None:
-                proc.send_signal(sig)
-        said, _ = proc.communicate(timeout=60)  # blocked, it would sleep for 600 s
+                time.sleep(gap)
+            if self.proc.poll() is None:
+                self.proc.send_signal(sig)
+
+    def release(self) -> None:
+        """Write to the pipe the plugin waits on (once the plugin has it open)."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                pipe = os.open(self.pipe, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as exc:  # ENXIO: not open yet
+                assert exc.errno == errno.ENXIO, exc
+            else:
+                os.write(pipe, b"x")
+                os.close(pipe)
+                return
+            assert self.proc.poll() is None, self.proc.communicate()[0]
+            assert time.monotonic() < deadline, "the plugin never opened the pipe"
+            time.sleep(0.05)
+
+    def finish(self) -> tuple[int, str]:
+        """Its exit status and output (blocked, it would sleep for 600 s)."""
+        try:
+            said, _ = self.proc.communicate(timeout=60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.communicate()
+        return self.proc.returncode, said
+
+
+def signalled(tmp_path: Path, argv: list[str], signals: list[signal.Signals]) -> tuple[int, str]:
+    """Run `argv`; once the plugin blocks, send `signals` a second apart; its status and output."""
+    run = Run(tmp_path, argv)
+    try:
+        run.wait_for(run.blocked)
+        run.send(signals, gap=1)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return proc.returncode, said
+        status_said = run.finish()
+    return status_said
 
 
 def nothing_half_written(out: Path) -> None:
@@ -149,10 +229,48 @@ def test_sigterm_then_two_ctrl_c_during_a_blocked_reward(
     out = tmp_path / "run"
     argv = grpo(toy_model_dir, arithmetic, out, "sleepy_env:reward")
     status, said = signalled(tmp_path, argv, [signal.SIGTERM, signal.SIGINT, signal.SIGINT])
+    only_the_sigterm_line(status, said, out)
+
+
+def only_the_sigterm_line(status: int, said: str, out: Path) -> None:
     lines = said.strip().splitlines()
     assert status == 143, said
     assert len(lines) == 1 and lines[0].startswith(
         "twinrun: error: interrupted (SIGTERM) during a step, which was abandoned"
     ), said
-    assert "Traceback" not in said
     nothing_half_written(out)
+
+
+def test_signals_that_come_together_name_sigterm(
+    tmp_path: Path, toy_model_dir: Path, arithmetic: Path
+) -> None:
+    """SIGTERM, then two Ctrl-Cs, all before the process can act on any (as on a loaded
+    machine): Python runs the handlers in the order of the signals' numbers, SIGINT first, and
+    the run still reports the SIGTERM."""
+    out = tmp_path / "run"
+    run = Run(tmp_path, grpo(toy_model_dir, arithmetic, out, "sleepy_env:deaf_reward"))
+    try:
+        run.wait_for(run.blocked)
+        run.send([signal.SIGTERM, signal.SIGINT, signal.SIGINT], gap=0.05)
+        run.release()
+    finally:
+        status, said = run.finish()
+    only_the_sigterm_line(status, said, out)
+
+
+def test_ctrl_c_while_the_stopped_run_exits_changes_nothing(
+    tmp_path: Path, toy_model_dir: Path, arithmetic: Path
+) -> None:
+    """SIGTERM stops the run; two Ctrl-Cs come while the process exits, after twinrun said its
+    line (an exit hook of the plugin waits for the test): no traceback, status still 143."""
+    out = tmp_path / "run"
+    run = Run(tmp_path, grpo(toy_model_dir, arithmetic, out, "sleepy_env:reward_then_slow_exit"))
+    try:
+        run.wait_for(run.blocked)
+        run.send([signal.SIGTERM], gap=0)
+        run.wait_for(run.exiting)
+        run.send([signal.SIGINT, signal.SIGINT], gap=0.05)
+        run.release()
+    finally:
+        status, said = run.finish()
+    only_the_sigterm_line(status, said, out)

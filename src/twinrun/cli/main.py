@@ -55,6 +55,8 @@ class StartInterrupted(Exception):
 def _note_sigint(signum: int, frame: Any) -> None:
     from twinrun.core import interrupts
 
+    if interrupts.ending():  # a signal ended the run's steps: it says so; this changes nothing
+        return
     SIGINT_SEEN.append(True)
     interrupts.note()  # for the writers' last check: a library may swallow what is raised
     signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt, as Python's own
@@ -209,10 +211,14 @@ def os_error_line(exc: OSError) -> str:
 
 def run_cli(args: list[str] | None = None) -> int:
     """Run the CLI and return the exit code (used by tests in-process and by `main`)."""
-    from twinrun.core import redact  # noqa: F401  # imported now: `say` needs no memory later
+    from twinrun.core import (
+        interrupts,
+        redact,  # noqa: F401  # imported now: `say` needs no memory later
+    )
     from twinrun.core.errors import ConfigError, TwinrunError
     from twinrun.train.parallel import launcher  # noqa: F401  # (and this, which `say` asks first)
 
+    interrupts.ENDING.clear()  # a command starts with no run ended (in-process, one of many)
     try:
         nul = next((i for i, a in enumerate(args or []) if "\0" in a), None)
         if nul is not None:  # only in-process: an OS command line cannot hold one
@@ -290,6 +296,11 @@ def main() -> None:
         code = run_cli()
     except KeyboardInterrupt:
         code = interrupted()
+    from twinrun.core import interrupts
+
+    if interrupts.ending():  # on its way out after a signal: one more prints nothing (an atexit
+        for sig in (signal.SIGINT, signal.SIGTERM):  # hook's traceback) nor ends it otherwise
+            signal.signal(sig, signal.SIG_IGN)
     if code == 0:  # under torchrun: leave the process group (a failed run just exits)
         from twinrun.train.parallel.distributed import teardown
 

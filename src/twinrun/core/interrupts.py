@@ -10,7 +10,9 @@ While a run's steps go on, a first SIGINT or SIGTERM only asks the run to stop a
 under way (train/interrupt.py notes it in `STOP`). A step that waits on an environment's code (a
 tool call, a reset, a reward) waits inside `abandonable()`: a stop asked before or during that
 wait ends it at once with `StopNow` — the code may never return — and the step is abandoned, as a
-second signal abandons any step. This module does not import torch.
+second signal abandons any step. Once a signal has ended the steps (`end()`), the run is on its
+way out: a later signal changes nothing, neither the line it prints nor its exit status
+(`ending()`). This module does not import torch.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from contextlib import contextmanager
 
 SEEN: list[str] = []  # the signals noted, in order
 STOP: list[str] = []  # the signals that asked the steps under way to stop, in order
+ENDING: list[bool] = []  # non-empty once a signal has ended a run's steps (until the next run's)
 _WAITS = [0]  # how many abandonable waits are under way (on the main thread)
 
 
@@ -46,6 +49,16 @@ def ask_stop(name: str) -> None:
     STOP.append(name)
 
 
+def end() -> None:
+    """The run's steps are over because of a signal: what it reports is decided."""
+    ENDING[:] = [True]
+
+
+def ending() -> bool:
+    """Whether a signal has ended the run's steps (a later one is then too late to matter)."""
+    return bool(ENDING)
+
+
 def waiting() -> bool:
     """Whether the main thread waits on an environment's code just now."""
     return _WAITS[0] > 0
@@ -56,6 +69,7 @@ def abandonable() -> Iterator[None]:
     """A wait that a stop ends at once: StopNow on entry when one was asked already, and the
     stop handler raises StopNow into the wait when one is asked during it."""
     if STOP:
+        end()
         raise StopNow(STOP[0])
     if threading.current_thread() is not threading.main_thread():
         yield  # a signal's handler runs on the main thread: it cannot end this wait

@@ -181,16 +181,17 @@ def drive(
     # died fails them, which is one line like any other collective's, not an internal error
     sharded = distributed.collective("a step of the sharded base") if s.model.sharded else None
     interrupt = next(h for h in loop.hooks if isinstance(h, InterruptHook))
-    try:
-        with sharded or contextlib.nullcontext(), stop_signals(interrupt):
-            loop.run(recipe, start, switches.prefetch)
-    except interrupts.StopNow as stop:  # the step under way is abandoned: it writes nothing
-        raise interrupt.abandoned(stop.name, loop.total_steps) from None
-    finally:
-        if loop.progress is not None:
-            loop.progress.close()
-        for hook in loop.hooks:
-            hook.close()
+    with stop_signals(interrupt):  # the hooks close in it too: a signal after a stop is absorbed
+        try:
+            with sharded or contextlib.nullcontext():
+                loop.run(recipe, start, switches.prefetch)
+        except interrupts.StopNow as stop:  # the step under way is abandoned: it writes nothing
+            raise interrupt.abandoned(stop.name, loop.total_steps) from None
+        finally:
+            if loop.progress is not None:
+                loop.progress.close()
+            for hook in loop.hooks:
+                hook.close()
 
 
 def spikes_of(loop: Loop) -> list[dict[str, Any]]:

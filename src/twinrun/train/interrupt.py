@@ -13,6 +13,12 @@ while the step waits on an environment's code (a tool call that sleeps may never
 core/interrupts.py). An abandoned step writes nothing more; the newest checkpoint stays, as after
 a kill, and the run stops with the same `interrupted` line and exit status.
 
+The line and the status name SIGTERM when a SIGTERM came before the run ended, whatever came with
+it: signals that arrive while the process cannot run (a loaded machine, a wait in C code) are
+handled in the order of their numbers, SIGINT first, not in the order they were sent; and
+SIGTERM is the one a job scheduler sends and reads back (143). Once the steps have ended on a
+signal, a later one changes nothing: the run is on its way out.
+
 torchrun passes a SIGINT it gets on to every process and kills the ones still running 30 s
 later: the step under way must end within that for the run to be kept.
 """
@@ -51,6 +57,7 @@ class Interrupted(TwinrunError):
 
 
 NAMES = {sig.name for sig in SIGNALS}
+RANK = {"SIGTERM": 0, "SIGINT": 1}  # which signal the run reports when both came
 
 
 class InterruptHook(Hook):
@@ -64,7 +71,8 @@ class InterruptHook(Hook):
         self.asked: str | None = None  # the signal's name, once one arrived
 
     def ask(self, name: str) -> None:
-        self.asked = self.asked or name
+        if self.asked is None or RANK[name] < RANK[self.asked]:
+            self.asked = name
 
     def after_step(self, view: StepView, row: dict[str, Any]) -> None:
         done = view.step + 1
@@ -78,6 +86,7 @@ class InterruptHook(Hook):
                 self.checkpointer.write(view, done)
             kept = f"checkpoint step-{done:06d} written"
             hint = "rerun the same command with --resume to continue from it"
+        interrupts.end()
         raise Interrupted(
             f"interrupted ({self.asked or 'another process was'}) with {done} of "
             f"{view.total_steps} steps done: {kept}",
@@ -117,8 +126,10 @@ class InterruptHook(Hook):
 @contextmanager
 def stop_signals(hook: InterruptHook) -> Iterator[None]:
     """SIGINT / SIGTERM ask `hook` to stop the run; a second of either kind, or one that comes
-    while the step waits on an environment's code, abandons the step at once (`StopNow`). The
-    previous handlers come back on leaving. Nothing off the main thread."""
+    while the step waits on an environment's code, abandons the step at once (`StopNow`); once
+    the steps have ended on a signal, one more does nothing. The previous handlers come back on
+    leaving (`interrupts.ending()` still tells the caller how the steps ended). Nothing off the
+    main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -128,11 +139,15 @@ def stop_signals(hook: InterruptHook) -> Iterator[None]:
         name = signal.Signals(signum).name
         again = hook.asked is not None
         hook.ask(name)
+        if interrupts.ending():  # the steps have ended on a signal: too late to change anything
+            return
         interrupts.ask_stop(name)
         if again or interrupts.waiting():
+            interrupts.end()
             raise interrupts.StopNow(hook.asked or name)
 
     interrupts.STOP.clear()
+    interrupts.ENDING.clear()
     for sig in SIGNALS:
         signal.signal(sig, asked)
     try:

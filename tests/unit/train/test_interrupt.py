@@ -185,3 +185,40 @@ def test_outside_the_steps_a_wait_is_not_abandoned() -> None:
     with interrupts.abandonable():
         assert interrupts.waiting()
     assert not interrupts.waiting()
+
+
+def test_sigterm_outranks_a_ctrl_c_that_came_with_it(tmp_path: Path) -> None:
+    """A Ctrl-C, then a SIGTERM in the same step: the step is abandoned and the run reports the
+    SIGTERM (143), as it does when the two arrive together and Python runs SIGINT's handler
+    first; a SIGINT after a SIGTERM does not take its place."""
+    hook = InterruptHook(None)
+    loop, param = loop_with(hook)
+    with pytest.raises(interrupts.StopNow) as stopped, stop_signals(hook):
+        loop.run(Sends(param, at=1, signals=[signal.SIGINT, signal.SIGTERM]), 0)
+    assert stopped.value.name == "SIGTERM"
+    assert hook.abandoned(stopped.value.name, 4).exit_code == 143
+    hook.ask("SIGINT")
+    assert hook.asked == "SIGTERM"
+
+
+def test_a_signal_after_the_steps_ended_on_one_changes_nothing() -> None:
+    """Once a stop has ended the steps (as the hooks close after it), one more signal raises
+    nothing: the run's `interrupted` error goes on out as it was."""
+    hook = InterruptHook(None)
+    loop, param = loop_with(hook)
+    with pytest.raises(Interrupted) as raised, stop_signals(hook):
+        try:
+            loop.run(Sends(param, at=0, signals=[signal.SIGTERM]), 0)
+        finally:
+            assert interrupts.ending()
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)  # the handler runs in here at the latest
+    assert raised.value.exit_code == 143
+    assert raised.value.message.startswith("interrupted (SIGTERM) with 1 of 4 steps done")
+
+
+def test_a_new_run_starts_with_no_stop_and_no_end() -> None:
+    interrupts.ask_stop("SIGINT")
+    interrupts.end()
+    with stop_signals(InterruptHook(None)):
+        assert interrupts.STOP == [] and not interrupts.ending()
