@@ -18,6 +18,7 @@ way out: a later signal changes nothing, neither the line it prints nor its exit
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,6 +26,7 @@ SEEN: list[str] = []  # the signals noted, in order
 STOP: list[str] = []  # the signals that asked the steps under way to stop, in order
 ENDING: list[bool] = []  # non-empty once a signal has ended a run's steps (until the next run's)
 _WAITS = [0]  # how many abandonable waits are under way (on the main thread)
+SLICE_S = 0.1  # a wait on another thread wakes this often to run the handlers of signals
 
 
 def note(name: str = "SIGINT") -> None:
@@ -79,3 +81,16 @@ def abandonable() -> Iterator[None]:
         yield
     finally:
         _WAITS[0] -= 1
+
+
+def join(thread: threading.Thread, timeout_s: float) -> None:
+    """`thread.join(timeout_s)` in slices of SLICE_S. A signal's handler runs on the main thread
+    only, and a wait in C code is woken only when the kernel gave the signal to the main thread;
+    when another thread took it (a process stopped and continued, say), the handler runs at the
+    next slice, not when the wait times out."""
+    deadline = time.monotonic() + timeout_s
+    while thread.is_alive():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        thread.join(min(left, SLICE_S))

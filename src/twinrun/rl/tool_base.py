@@ -87,7 +87,7 @@ def bounded(timeout_s: float, fn: Callable[..., Any], /, *args: Any, **kwargs: A
     with interrupts.abandonable():  # a stop asked meanwhile ends the wait (the thread is left)
         worker = threading.Thread(target=work, name="twinrun-environment-call", daemon=True)
         worker.start()
-        worker.join(timeout_s)
+        interrupts.join(worker, timeout_s)
     if worker.is_alive():
         raise _TimedOut
     if "error" in box:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -222,3 +223,37 @@ def test_a_new_run_starts_with_no_stop_and_no_end() -> None:
     interrupts.end()
     with stop_signals(InterruptHook(None)):
         assert interrupts.STOP == [] and not interrupts.ending()
+
+
+def test_a_stop_another_thread_received_ends_a_wait_on_an_environment() -> None:
+    """The kernel may give a SIGINT to a thread other than the main one (a process stopped and
+    continued): the main thread's wait on a tool call is not woken by it, and would last until
+    the tool's time limit (30 s here); waited in slices, the handler runs while the tool call
+    still waits (it waits 10 s for that at most) and the stop ends the wait."""
+    from twinrun.rl.tool_base import bounded
+
+    hook = InterruptHook(None)
+    seen: list[bool] = []
+
+    def tool() -> None:  # waits until the run's handler has run, or 10 s
+        deadline = time.monotonic() + 10
+        while hook.asked is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.append(hook.asked is not None)
+
+    quiet = threading.Event()
+    receiver = threading.Thread(target=quiet.wait, daemon=True)  # a thread the signal may go to
+    receiver.start()
+    with stop_signals(hook):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # never the main thread
+        try:
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+            with pytest.raises(interrupts.StopNow):
+                bounded(30, tool)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            quiet.set()
+    deadline = time.monotonic() + 20
+    while not seen and time.monotonic() < deadline:  # the abandoned call ends on its own
+        time.sleep(0.01)
+    assert seen == [True]  # the handler ran during the call, not after its time limit
