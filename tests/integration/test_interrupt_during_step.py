@@ -164,25 +164,25 @@ class Run:
             time.sleep(0.05)
 
     def finish(self) -> tuple[int, str]:
-        """Its exit status and output (blocked, it would sleep for 600 s)."""
-        try:
-            said, _ = self.proc.communicate(timeout=60)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.communicate()
+        """Its exit status and output (blocked, it would sleep for 600 s: TimeoutExpired)."""
+        said, _ = self.proc.communicate(timeout=60)
         return self.proc.returncode, said
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:  # a failed test leaves no process behind
+            self.proc.kill()
+            self.proc.communicate()
 
 
 def signalled(tmp_path: Path, argv: list[str], signals: list[signal.Signals]) -> tuple[int, str]:
     """Run `argv`; once the plugin blocks, send `signals` a second apart; its status and output."""
-    run = Run(tmp_path, argv)
-    try:
+    with Run(tmp_path, argv) as run:
         run.wait_for(run.blocked)
         run.send(signals, gap=1)
-    finally:
-        status_said = run.finish()
-    return status_said
+        return run.finish()
 
 
 def nothing_half_written(out: Path) -> None:
@@ -248,12 +248,10 @@ def test_signals_that_come_together_name_sigterm(
     machine): Python runs the handlers in the order of the signals' numbers, SIGINT first, and
     the run still reports the SIGTERM."""
     out = tmp_path / "run"
-    run = Run(tmp_path, grpo(toy_model_dir, arithmetic, out, "sleepy_env:deaf_reward"))
-    try:
+    with Run(tmp_path, grpo(toy_model_dir, arithmetic, out, "sleepy_env:deaf_reward")) as run:
         run.wait_for(run.blocked)
         run.send([signal.SIGTERM, signal.SIGINT, signal.SIGINT], gap=0.05)
         run.release()
-    finally:
         status, said = run.finish()
     only_the_sigterm_line(status, said, out)
 
@@ -264,13 +262,12 @@ def test_ctrl_c_while_the_stopped_run_exits_changes_nothing(
     """SIGTERM stops the run; two Ctrl-Cs come while the process exits, after twinrun said its
     line (an exit hook of the plugin waits for the test): no traceback, status still 143."""
     out = tmp_path / "run"
-    run = Run(tmp_path, grpo(toy_model_dir, arithmetic, out, "sleepy_env:reward_then_slow_exit"))
-    try:
+    argv = grpo(toy_model_dir, arithmetic, out, "sleepy_env:reward_then_slow_exit")
+    with Run(tmp_path, argv) as run:
         run.wait_for(run.blocked)
         run.send([signal.SIGTERM], gap=0)
         run.wait_for(run.exiting)
         run.send([signal.SIGINT, signal.SIGINT], gap=0.05)
         run.release()
-    finally:
         status, said = run.finish()
     only_the_sigterm_line(status, said, out)
