@@ -84,11 +84,12 @@ def test_a_command_runs_the_list_once(
 def test_the_data_is_read_once_and_handed_on(
     tmp_path: Path, toy_model_dir: Path, sft_examples: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The checks read the examples (every row's shape checked) and the session trains on what
-    they read: whichever module asks, the examples file is read once per run."""
+    """The checks read the examples and the evaluation examples (every row's shape checked) and
+    the session trains and evaluates on what they read: whichever module asks, each file is read
+    once per run."""
+    import sys
+
     import twinrun.data.examples
-    import twinrun.train.setup.run_data
-    import twinrun.train.setup.session
 
     original = twinrun.data.examples.load_rows
     reads: list[str] = []
@@ -97,11 +98,16 @@ def test_the_data_is_read_once_and_handed_on(
         reads.append(str(path))
         return original(path, *more)  # type: ignore[arg-type]
 
-    for module in (twinrun.data.examples, twinrun.train.setup.run_data, preflight,
-                   twinrun.train.setup.session):  # fmt: skip
+    importers = [m for m in list(sys.modules.values()) if getattr(m, "load_rows", None) is original]
+    assert twinrun.data.examples in importers and len(importers) > 1
+    for module in importers:  # the reader's module and every module that imports it
         monkeypatch.setattr(module, "load_rows", counted)
-    assert run_cli(sft_args(toy_model_dir, sft_examples, tmp_path / "cli", 1)) == 0
-    assert reads == [str(sft_examples)]
+    held_out = tmp_path / "eval.jsonl"
+    held_out.write_bytes(sft_examples.read_bytes())
+    evaluated = ("--eval-examples", str(held_out), "--eval-every", "1")
+    assert run_cli(sft_args(toy_model_dir, sft_examples, tmp_path / "cli", 1, *evaluated)) == 0
+    assert sorted(reads) == sorted([str(sft_examples), str(held_out)])
+    assert (tmp_path / "cli" / "twinrun.json").is_file()
     reads.clear()
     from twinrun.config.resolved import validate
     from twinrun.config.run import RunConfig
@@ -111,7 +117,8 @@ def test_the_data_is_read_once_and_handed_on(
                     output=str(tmp_path / "lib"), seed=1, epochs=1, batch_size=4,
                     accumulation=1, learning_rate=1e-2, warmup_steps=1, lr_schedule="cosine",
                     lora_rank=4, lora_alpha=8.0, precision="f32", chat_template="on", threads=1,
-                    quiet=True)  # fmt: skip
-    assert train(validate(cfg))  # a library call runs the checks itself, and hands their data on
+                    quiet=True, eval_examples=str(held_out), eval_every=1)  # fmt: skip
+    record = train(validate(cfg))  # a library call runs the checks itself, and hands data on
     assert (tmp_path / "lib" / "adapter_model.safetensors").is_file()
-    assert reads == [str(sft_examples)]
+    assert sorted(reads) == sorted([str(sft_examples), str(held_out)])
+    assert record["eval"]["examples"] == len(original(held_out))  # evaluated on what was read

@@ -35,8 +35,6 @@ EXPENSIVE = (  # what must not run before the output is checked
     "twinrun.model.loading.model_sha256",
     "twinrun.model.tokens.load_tokenizer",
     "twinrun.data.examples.load_rows",
-    "twinrun.train.setup.session.load_rows",
-    "twinrun.train.setup.preflight.load_rows",
     "twinrun.train.setup.run_data.load_rows",
     "twinrun.train.setup.preflight.read_model_config",
     "twinrun.dispatch.reproduce.model_sha256",

@@ -17,6 +17,7 @@ them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,15 +33,13 @@ from twinrun.core import reading
 from twinrun.core.determinism import parse_device
 from twinrun.core.errors import ConfigError
 from twinrun.data.batching import steps_per_epoch
-from twinrun.data.examples import load_rows
-from twinrun.data.shapes import check_shapes
 from twinrun.model.loading import check_model_dir, read_model_config, shard_files
 from twinrun.model.tokens import check_tokenizer_files
 from twinrun.train.outputs.init_adapter import check_init_header
 from twinrun.train.outputs.resume_check import check_resumable
 from twinrun.train.outputs.run_dir import check_output_dir, config_inputs
 from twinrun.train.parallel.distributed import process_device
-from twinrun.train.setup.run_data import RawData, read_data
+from twinrun.train.setup.run_data import RawData, read_data, read_eval
 
 
 def _readable(path: str, what: str, hint: str, missing: str | None = None) -> None:
@@ -81,15 +80,14 @@ def check_device(run: ValidRun) -> None:
 def check_data(run: ValidRun) -> RawData:
     """The run's data read (`run_data.read_data`: every row's shape checked as the objective
     reads it, or the corpus), the schedule over the steps the examples make, and the evaluation
-    examples. Returns the data read."""
+    examples read (`run_data.read_eval`). Returns the data read, the evaluation rows with it."""
     data = read_data(run)
-    templated = run.has(Examples) and run.record(Examples).templated
     check_run_schedule(run, len(data.items) if run.has(Examples) else 0)
     if run.has(Evaluation):
-        path = run.record(Evaluation).eval_examples
-        _readable(path, "examples file", "check the --eval-examples path")
-        check_shapes("examples", load_rows(path)[: run.switches.eval_limit], templated)
-    return data
+        _readable(
+            run.record(Evaluation).eval_examples, "examples file", "check the --eval-examples path"
+        )
+    return dataclasses.replace(data, eval=read_eval(run))
 
 
 def check_adapter(run: ValidRun) -> None:

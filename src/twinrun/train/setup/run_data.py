@@ -2,9 +2,10 @@
 
 `read_data(run)` reads what the run's objective trains on (its registry record's `data`): the
 `--examples` rows (SFT rows, preference pairs, GRPO's prompts), every row's shape checked as the
-objective reads it (`data.shapes`), or the text corpus (`--corpus`). The input checks read it
+objective reads it (`data.shapes`), or the text corpus (`--corpus`); `read_eval(run)` the
+`--eval-examples` rows the run evaluates on. The input checks read both
 (`preflight.check_data`), and the session receives what they read: nothing is read twice, and
-what is trained on is what was checked.
+what is trained and evaluated on is what was checked.
 """
 
 from __future__ import annotations
@@ -12,20 +13,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from twinrun.config.resolved import Examples, TextWindows, ValidRun
+from twinrun.config.resolved import Evaluation, Examples, TextWindows, ValidRun
 from twinrun.data.corpus import read_corpus
-from twinrun.data.examples import examples_sha256, load_rows
+from twinrun.data.examples import SourcedRow, examples_sha256, load_rows
 from twinrun.data.shapes import check_shapes
 from twinrun.objectives.registry import objective
 
 
 @dataclass(frozen=True)
+class EvalData:
+    """The `--eval-examples` rows the run evaluates on (cut to `--eval-limit`) and the SHA256 of
+    the file."""
+
+    rows: list[SourcedRow]
+    sha256: str
+
+
+@dataclass(frozen=True)
 class RawData:
     """A run's data as its files hold it, before any tokenizer: the rows (a corpus's texts for
-    `tune text`) and the SHA256 of what was read."""
+    `tune text`) and the SHA256 of what was read, and the evaluation rows when it has them."""
 
     items: Any
     sha256: str
+    eval: EvalData | None = None
 
 
 def read_data(run: ValidRun) -> RawData:
@@ -37,3 +48,15 @@ def read_data(run: ValidRun) -> RawData:
     rows = load_rows(examples.examples)
     check_shapes(objective(run.objective).data, rows, examples.templated)
     return RawData(rows, examples_sha256(examples.examples))
+
+
+def read_eval(run: ValidRun) -> EvalData | None:
+    """The `--eval-examples` rows, cut to `--eval-limit` and shape-checked as SFT rows (the run's
+    chat template decides which shape): a DataError naming the file and row otherwise."""
+    if not run.has(Evaluation):
+        return None
+    path = run.record(Evaluation).eval_examples
+    templated = run.has(Examples) and run.record(Examples).templated
+    rows = load_rows(path)[: run.switches.eval_limit]
+    check_shapes("examples", rows, templated)
+    return EvalData(rows, examples_sha256(path))

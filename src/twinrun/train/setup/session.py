@@ -23,7 +23,6 @@ from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.core.lock import acquire, release
 from twinrun.core.progress import Progress
 from twinrun.core.redact import redact
-from twinrun.data.examples import examples_sha256, load_rows
 from twinrun.train.outputs.resume_check import check_resume, run_inputs
 from twinrun.train.outputs.run_dir import (
     adopt_run_dir,
@@ -164,7 +163,7 @@ def _open_locked(run: ValidRun, raw: RawData, faults: Faults, lock: Path | None)
     )  # fmt: skip
     check_base_fits(run)
     out = Path(run.output)
-    eval_sha256 = eval_digest(run)
+    eval_sha256 = raw.eval.sha256 if raw.eval is not None else None
     base, outline = None, None
     if run.backend.shard_base:  # rank 0 hashes every byte; each process what it reads
         from twinrun.model.shard_digests import base_digests, outline_sha256
@@ -179,7 +178,7 @@ def _open_locked(run: ValidRun, raw: RawData, faults: Faults, lock: Path | None)
         # its partial logs go; anything foreign stops
         check_output_dir(out, run.switches.overwrite)
     max_length = p.max_length(run.build.max_length)
-    return Opening(run, p, faults, lock, raw, eval_sha256, inputs, max_length, base, outline)
+    return Opening(run, p, faults, lock, raw, inputs, max_length, base, outline)
 
 
 @dataclass
@@ -192,8 +191,7 @@ class Opening:
     prelude: Prelude
     faults: Faults
     lock: Path | None
-    raw: RawData
-    eval_sha256: str | None
+    raw: RawData  # what the input checks read (the evaluation rows with it)
     inputs: dict[str, Any]  # the run's inputs record (train/outputs/resume_check.py `run_inputs`)
     max_length: int
     base: BaseDigests | None = None  # `--shard-base`: rank 0's pass (model/shard_digests.py)
@@ -214,7 +212,7 @@ class Opening:
         over its steps checked, the evaluation rows encoded, the model built, every process's
         settings and inputs agreed, the base sharded, then the run directory begun."""
         run = check_run_schedule(self.run, len(encoded))  # and --warmup-ratio's steps made
-        eval_rows = read_eval_rows(run, self.tok, self.max_length)
+        eval_rows = encode_eval_rows(run, self.raw, self.tok, self.max_length)
         backend, switches, out = run.backend, run.switches, Path(run.output)
         from twinrun.core.determinism import runtime_versions
         from twinrun.train.parallel.sharding import bound_allocator
@@ -259,7 +257,7 @@ class Opening:
             max_length=self.max_length,
             lock=self.lock,
             eval_rows=eval_rows,
-            eval_sha256=self.eval_sha256,
+            eval_sha256=self.raw.eval.sha256 if self.raw.eval is not None else None,
         )
         self.lock = None  # the session holds it now (finish_session releases it)
         return session
@@ -326,27 +324,18 @@ def head_params(head: torch.nn.Linear | None) -> Params:
     return [(HEAD_PARAM, head.weight)]
 
 
-def eval_digest(run: ValidRun) -> str | None:
-    """The evaluation examples' SHA256; a missing path or one that is not a regular file is
-    refused as the examples reader refuses it (before it is hashed)."""
-    if not run.has(Evaluation):
-        return None
-    return examples_sha256(run.record(Evaluation).eval_examples)
-
-
-def read_eval_rows(run: ValidRun, tok: CheckpointTokenizer, max_length: int) -> list[EncodedRow]:
-    """The `--eval-examples` rows (SFT rows, the run's chat template and `--messages-loss`; a
-    text run's plain),
-    encoded and cut to `--eval-limit`; checked like training examples, before anything is
-    written."""
-    if not run.has(Evaluation):
+def encode_eval_rows(
+    run: ValidRun, raw: RawData, tok: CheckpointTokenizer, max_length: int
+) -> list[EncodedRow]:
+    """The evaluation rows the checks read (SFT rows, the run's chat template and
+    `--messages-loss`; a text run's plain), encoded."""
+    if raw.eval is None:
         return []
     from twinrun.data.examples import encode_sft_rows
 
-    raw = load_rows(run.record(Evaluation).eval_examples)
     templated = run.has(Examples) and run.record(Examples).templated
     all_tokens = run.build.messages_loss == "all"  # evaluated as the run trains its rows
-    return encode_sft_rows(tok, raw[: run.switches.eval_limit], templated, max_length, all_tokens)
+    return encode_sft_rows(tok, raw.eval.rows, templated, max_length, all_tokens)
 
 
 def check_adapter_shape(run: ValidRun) -> None:
