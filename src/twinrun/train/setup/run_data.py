@@ -38,6 +38,10 @@ class RawData:
     sha256: str
     eval: EvalData | None = None
 
+    @property
+    def eval_sha256(self) -> str | None:
+        return self.eval.sha256 if self.eval is not None else None
+
 
 def read_data(run: ValidRun) -> RawData:
     """The data `run` trains on, read and shape-checked: a DataError naming the file (and row)

@@ -163,7 +163,6 @@ def _open_locked(run: ValidRun, raw: RawData, faults: Faults, lock: Path | None)
     )  # fmt: skip
     check_base_fits(run)
     out = Path(run.output)
-    eval_sha256 = raw.eval.sha256 if raw.eval is not None else None
     base, outline = None, None
     if run.backend.shard_base:  # rank 0 hashes every byte; each process what it reads
         from twinrun.model.shard_digests import base_digests, outline_sha256
@@ -171,7 +170,7 @@ def _open_locked(run: ValidRun, raw: RawData, faults: Faults, lock: Path | None)
         size = distributed.world().size
         base = distributed.from_root(lambda: base_digests(run.model, size), "hashing the model")
         outline = outline_sha256(run.model)
-    inputs = run_inputs(run, raw.sha256, eval_sha256, base.sha256 if base else None)
+    inputs = run_inputs(run, raw.sha256, raw.eval_sha256, base.sha256 if base else None)
     if run.switches.resume and check_resume(out, inputs) == 0:
         # killed before its first checkpoint: start again from step 0 (a fresh run)
         run = run.with_switches(resume=False, overwrite=True)
@@ -257,7 +256,7 @@ class Opening:
             max_length=self.max_length,
             lock=self.lock,
             eval_rows=eval_rows,
-            eval_sha256=self.raw.eval.sha256 if self.raw.eval is not None else None,
+            eval_sha256=self.raw.eval_sha256,
         )
         self.lock = None  # the session holds it now (finish_session releases it)
         return session
