@@ -83,10 +83,10 @@ def check_data(run: ValidRun) -> RawData:
     examples read (`run_data.read_eval`). Returns the data read, the evaluation rows with it."""
     data = read_data(run)
     check_run_schedule(run, len(data.items) if run.has(Examples) else 0)
-    if run.has(Evaluation):
-        _readable(
-            run.record(Evaluation).eval_examples, "examples file", "check the --eval-examples path"
-        )
+    if not run.has(Evaluation):
+        return data
+    path = run.record(Evaluation).eval_examples
+    _readable(path, "examples file", "check the --eval-examples path")
     return dataclasses.replace(data, eval=read_eval(run))
 
 
