@@ -22,11 +22,12 @@ from twinrun.objectives.registry import objective
 
 @dataclass(frozen=True)
 class EvalData:
-    """The `--eval-examples` rows the run evaluates on (cut to `--eval-limit`) and the SHA256 of
-    the file."""
+    """The `--eval-examples` rows the run evaluates on (cut to `--eval-limit`), the SHA256 of the
+    file, and whether the rows go through the chat template (as the run's examples do)."""
 
     rows: list[SourcedRow]
     sha256: str
+    templated: bool
 
 
 @dataclass(frozen=True)
@@ -63,4 +64,4 @@ def read_eval(run: ValidRun) -> EvalData | None:
     templated = run.has(Examples) and run.record(Examples).templated
     rows = load_rows(path)[: run.switches.eval_limit]
     check_shapes("examples", rows, templated)
-    return EvalData(rows, examples_sha256(path))
+    return EvalData(rows, examples_sha256(path), templated)

@@ -117,12 +117,12 @@ class Session(ModelSession):
 
 
 def open_session(given: ValidRun, raw: RawData) -> Opening:
-    """A checked run's set-up over its data (what the input checks, `preflight.CHECKS`, read): the
-    output directory locked for the whole session
-    (by the process that writes it: rank 0 under torchrun), the model's files opened, a base that
-    cannot fit refused and a resume checked against the inputs — nothing is written. The caller
-    encodes the data with the opening's tokenizer and builds the session from it
-    (`Opening.session`); it closes the opening when anything fails before."""
+    """A checked run's set-up over its data (what the input checks, `preflight.CHECKS`, read):
+    the output directory locked for the whole session (by the process that writes it: rank 0
+    under torchrun), the model's files opened, a base that cannot fit refused and a resume
+    checked against the inputs — nothing is written. The caller encodes the data with the
+    opening's tokenizer and builds the session from it (`Opening.session`); it closes the
+    opening when anything fails before."""
     # joins torchrun's process group, if any; rank 0 reports, the others only compute
     device = distributed.setup(given.backend.device)
     quiet = given.switches.quiet or not distributed.is_root()
@@ -332,9 +332,8 @@ def encode_eval_rows(
         return []
     from twinrun.data.examples import encode_sft_rows
 
-    templated = run.has(Examples) and run.record(Examples).templated
     all_tokens = run.build.messages_loss == "all"  # evaluated as the run trains its rows
-    return encode_sft_rows(tok, raw.eval.rows, templated, max_length, all_tokens)
+    return encode_sft_rows(tok, raw.eval.rows, raw.eval.templated, max_length, all_tokens)
 
 
 def check_adapter_shape(run: ValidRun) -> None:
