@@ -211,6 +211,11 @@ def mistakes(f: Files) -> dict[str, tuple[list[str], str]]:
         "threads-100000": (f.sft_args(threads="100000"), "--threads 100000 is more than"),
         "max-length-zero": (f.sft_args(max_length="0"), "--max-length must be >= 1"),
         "device-unknown": (f.sft_args(device="gpu"), "--device must be cpu, cuda or cuda:N"),
+        "inject-not-fault-at-step": (f.sft_args(inject="sampler"), "is not FAULT@STEP"),
+        "inject-a-fault-sft-does-not-take": (
+            f.sft_args(inject="observation@0"),
+            "fault 'observation' does not apply to sft",
+        ),
         "batch-larger-than-the-data": (  # the cause first, the warm-up it leaves no room for next
             f.sft_args(batch_size="500", warmup_steps="1"),
             "error: one step takes 500 examples (--batch-size 500 x --accumulation 1) and the "
@@ -390,6 +395,7 @@ NAMES = [
     "epochs-zero", "warmup-negative", "warmup-longer-than-the-run", "schedule-unknown",
     "wsd-without-decay", "lora-rank-zero", "lora-alpha-negative", "precision-unknown",
     "threads-zero", "threads-100000", "max-length-zero", "device-unknown",
+    "inject-not-fault-at-step", "inject-a-fault-sft-does-not-take",
     "batch-larger-than-the-data", "checkpointing-with-batch-invariant",
     "group-size-one", "missing-flags", "trl-lr", "trl-num-train-epochs", "beta-on-sft",
     "trl-beta-on-grpo", "trl-max-steps-on-sft", "trl-max-steps-on-grpo", "trl-config-flag",

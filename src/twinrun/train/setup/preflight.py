@@ -1,7 +1,8 @@
 """What a training run reads and writes, checked before torch loads.
 
 `CHECKS` is the one list of a run's input checks, in order; `preflight(run)` runs it, so a
-mistake costs no torch, transformers or PEFT import (seconds on a small machine): the output
+mistake costs no torch, transformers or PEFT import (seconds on a small machine): the planted
+faults (`--inject`, each FAULT@STEP of a fault the objective takes), the output
 directory (when resuming: that it holds something to resume,
 `train.resume_check.check_resumable`), the model directory, its `config.json`, tokenizer files
 and safetensors weights, the `--device` name, each examples, evaluation examples and corpus file
@@ -40,6 +41,7 @@ from twinrun.train.outputs.resume_check import check_resumable
 from twinrun.train.outputs.run_dir import check_output_dir, config_inputs
 from twinrun.train.parallel.distributed import process_device
 from twinrun.train.setup.run_data import RawData, read_data, read_eval
+from twinrun.train.step.faults import parse_faults
 
 
 def _readable(path: str, what: str, hint: str, missing: str | None = None) -> None:
@@ -54,6 +56,12 @@ def preflight(run: ValidRun) -> RawData:
     read it (`check_data`): what `train` hands the session, so nothing is read twice."""
     read = [data for check in CHECKS if (data := check(run)) is not None]
     return read[0]
+
+
+def check_faults(run: ValidRun) -> None:
+    """Each `--inject` is FAULT@STEP, of a fault the run's objective takes (the session parses
+    them again, with the same function, into the faults it plants)."""
+    parse_faults(run.switches.inject, run.objective)
 
 
 def check_output(run: ValidRun) -> None:
@@ -99,7 +107,9 @@ def check_adapter(run: ValidRun) -> None:
 Check = Callable[[ValidRun], RawData | None]  # the data check returns what it read; others None
 # The one list of a run's input checks, in order: `preflight` runs it before torch loads (the
 # commands), and `train(run)` runs it first when its caller has not (a library call).
-CHECKS: list[Check] = [check_output, check_model_files, check_device, check_data, check_adapter]
+CHECKS: list[Check] = [
+    check_faults, check_output, check_model_files, check_device, check_data, check_adapter
+]  # fmt: skip
 
 
 def check_run_schedule(run: ValidRun, examples: int) -> ValidRun:
