@@ -1,10 +1,12 @@
 """The input checks of a run are one list (`train.preflight.CHECKS`): a check added there refuses
 a `tune` command, a `twinrun run` config and a library call of `train` alike, before anything is
-written, and runs once per run whichever way it came."""
+written, fails `twinrun explain`'s inputs check, and runs once per run whichever way it came."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +31,19 @@ def planted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
+def sft_toml(model: Path, examples: Path, out: Path) -> dict[str, Any]:
+    """A one-epoch SFT config for `twinrun run`."""
+    return {
+        "training": {"trainer": "sft", "seed": 1, "epochs": 1, "batch_size": 4,
+                     "accumulation": 1, "learning_rate": 1e-2, "warmup_steps": 1,
+                     "lr_schedule": "cosine", "precision": "f32"},
+        "model": {"path": str(model), "chat_template": "on", "lora_rank": 4, "lora_alpha": 8},
+        "data": {"examples": str(examples)},
+        "backend": {"devices": "cpu", "options": {"threads": 1}},
+        "logging": {"dir": str(out)},
+    }  # fmt: skip
+
+
 def refused(capsys: pytest.CaptureFixture[str]) -> None:
     err = capsys.readouterr().err
     assert err == (
@@ -44,16 +59,14 @@ def test_a_check_added_once_refuses_every_way_a_run_comes(
     capsys.readouterr()
     assert run_cli(sft_args(toy_model_dir, sft_examples, cli_out, 1)) == 2
     refused(capsys)
-    config = write_toml(tmp_path / "sft.toml", {
-        "training": {"trainer": "sft", "seed": 1, "epochs": 1, "batch_size": 4,
-                     "accumulation": 1, "learning_rate": 1e-2, "warmup_steps": 1,
-                     "lr_schedule": "cosine", "precision": "f32"},
-        "model": {"path": str(toy_model_dir), "chat_template": "on", "lora_rank": 4,
-                  "lora_alpha": 8},
-        "data": {"examples": str(sft_examples)},
-        "backend": {"devices": "cpu", "options": {"threads": 1}},
-        "logging": {"dir": str(toml_out)},
-    })  # fmt: skip
+    config = write_toml(tmp_path / "sft.toml", sft_toml(toy_model_dir, sft_examples, toml_out))
+    assert run_cli(["explain", str(config), "--json"]) == 1
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["inputs"]["status"] == "fail"
+    assert checks["inputs"]["detail"] == (
+        "the planted check refuses this run — remove the planted check"
+    )
+    assert checks["steps"]["status"] == "skip"  # made from rows the checks did not hand on
     assert run_cli(["run", str(config)]) == 2
     refused(capsys)
     from twinrun.config.resolved import validate
@@ -67,7 +80,7 @@ def test_a_check_added_once_refuses_every_way_a_run_comes(
                     quiet=True)  # fmt: skip
     with pytest.raises(ConfigError, match="the planted check refuses this run"):
         train(validate(cfg))
-    assert planted == [str(cli_out), str(toml_out), str(lib_out)]  # once each
+    assert planted == [str(cli_out), str(toml_out), str(toml_out), str(lib_out)]  # explain, run
     for out in (cli_out, toml_out, lib_out):
         assert not out.exists() or not any(out.iterdir()), out
 
@@ -108,6 +121,13 @@ def test_the_data_is_read_once_and_handed_on(
     assert run_cli(sft_args(toy_model_dir, sft_examples, tmp_path / "cli", 1, *evaluated)) == 0
     assert sorted(reads) == sorted([str(sft_examples), str(held_out)])
     assert (tmp_path / "cli" / "twinrun.json").is_file()
+    reads.clear()
+    config = write_toml(
+        tmp_path / "sft.toml", sft_toml(toy_model_dir, sft_examples, tmp_path / "toml")
+    )
+    assert run_cli(["run", str(config)]) == 0  # its steps are counted from the rows read, too
+    assert reads == [str(sft_examples)]
+    assert (tmp_path / "toml" / "twinrun.json").is_file()
     reads.clear()
     from twinrun.config.resolved import validate
     from twinrun.config.run import RunConfig

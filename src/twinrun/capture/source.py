@@ -11,7 +11,7 @@ and the names of the files a TOML run leaves in its directory.
 
 from __future__ import annotations
 
-from twinrun.config.resolved import EpochPlan, Examples, StepCount
+from twinrun.config.resolved import EpochPlan, StepCount
 from twinrun.config.toml import EPOCH_TRAINERS, TomlRun
 from twinrun.core.errors import TwinrunError
 
@@ -20,23 +20,24 @@ FINAL = "final"
 FINAL_FILES = ("adapter_model.safetensors", "adapter_config.json", "reward_head.safetensors")
 
 
-def planned_steps(run: TomlRun) -> int:
-    """The optimizer steps the run will take (epoch trainers: from the examples count)."""
+def planned_steps(run: TomlRun, examples: int) -> int:
+    """The optimizer steps the run will take (epoch trainers: over `examples`, the count of rows
+    the run's input checks read)."""
     valid = run.training()
     if valid.has(StepCount):
         return valid.record(StepCount).steps
     from twinrun.data.batching import steps_per_epoch
-    from twinrun.data.examples import load_rows
 
-    n, plan = len(load_rows(valid.record(Examples).examples)), valid.record(EpochPlan)
-    return plan.epochs * steps_per_epoch(n, valid.batch_size, plan.accumulation)
+    plan = valid.record(EpochPlan)
+    return plan.epochs * steps_per_epoch(examples, valid.batch_size, plan.accumulation)
 
 
-def source_problems(run: TomlRun) -> list[str]:
-    """What stops this (non-replay) config from running as declared."""
+def source_problems(run: TomlRun, examples: int) -> list[str]:
+    """What stops this (non-replay) config from running as declared; `examples`: the count of
+    rows its input checks read (the steps of an epoch trainer are made from it)."""
     cfg = run.cfg
     problems: list[str] = []
-    total = planned_steps(run)
+    total = planned_steps(run, examples)
     if run.trainer in EPOCH_TRAINERS and run.max_steps is not None and run.max_steps != total:
         problems.append(
             f"training.max_steps is {run.max_steps} but {run.trainer} plans {total} steps "

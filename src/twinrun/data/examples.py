@@ -9,7 +9,6 @@ answer (`prompt_completion_ids`)."""
 from __future__ import annotations
 
 import json
-import stat
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -60,40 +59,10 @@ def shipped_examples(name: str = "sft.jsonl") -> Path:
     return Path(str(resources.files("twinrun") / "examples" / name))
 
 
-# The rows of the last regular files read (a run's examples and its evaluation examples), keyed by
-# the file's SHA256 and the limits: the command line reads and checks a run's data before torch
-# loads, and the session's read of the same bytes then costs a hash, not a parse.
-_READ: dict[tuple[Any, ...], list[SourcedRow]] = {}
-_KEPT = 2
-
-
-def _file_key(p: Path, limits: Limits) -> tuple[Any, ...] | None:
-    """None for what is not a regular file within the file limit (the reader refuses those)."""
-    try:
-        st = p.stat()
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limits.max_file_bytes:
-            return None
-        return (str(p.resolve()), sha256_file(p), limits)
-    except (OSError, DataError):  # gone or swapped meanwhile: the reader says what it is
-        return None
-
-
 def load_rows(path: str | Path, limits: Limits = EXAMPLES) -> list[SourcedRow]:
     """Read an examples file. Raises DataError naming the file (and line) on any problem; rows
-    and the file are bounded by `limits` (bytes per row and per file, integer digits, nesting).
-    A regular file read again with the same bytes gives the rows read before (a new list)."""
-    key = _file_key(Path(path), limits)
-    if key is not None and key in _READ:
-        return list(_READ[key])
-    rows = _read_rows(Path(path), limits)
-    if key is not None:
-        while len(_READ) >= _KEPT:
-            del _READ[next(iter(_READ))]
-        _READ[key] = rows
-    return list(rows)
-
-
-def _read_rows(p: Path, limits: Limits) -> list[SourcedRow]:
+    and the file are bounded by `limits` (bytes per row and per file, integer digits, nesting)."""
+    p = Path(path)
     if p.is_dir() and (kind := source_kind(p)) is not None:
         return _checked_rows(
             p, [_as_object(*pair) for pair in read_source(p, kind, limits)], limits

@@ -49,7 +49,7 @@ def run_toml(
     from twinrun.train.setup.preflight import preflight
 
     data = preflight(run.training())  # the output, the model and the data, before torch loads
-    problems = source_problems(run)
+    problems = source_problems(run, len(data.items))
     if problems:
         hint = "see docs/capture.md (capture a source step)"
         raise ConfigError(f"{path}: " + "; ".join(problems), hint)

@@ -2,8 +2,10 @@
 
 For a replay config these are the seven ordered checks of `capture/checks.py`, each with its
 result and, for a digest, `Expected sha256 … Got …`; a check whose inputs are not trusted
-(after an earlier failure) is shown as skipped. For a source config: the config itself and the
-capture preconditions (initialization state, one step, no checkpoints, one device).
+(after an earlier failure) is shown as skipped. For a source config: the config itself, its inputs
+checked by the list every run is checked by (`train.setup.preflight`), and the capture
+preconditions (initialization state, one step, no checkpoints, one device), skipped when the
+inputs did not pass.
 
 explain builds nothing and runs no user code: a GRPO plugin environment is located, never
 imported (`rl/plugin_trust.py`, rules 1 and 2).
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from twinrun.capture.checks import Check, run_checks
-from twinrun.config.toml import load_toml
+from twinrun.config.toml import TomlRun, load_toml
 from twinrun.core.errors import TwinrunError
 from twinrun.objectives.registry import objective
 
@@ -41,59 +43,46 @@ def explain_config(path: str | Path) -> dict[str, Any]:
             }
     else:
         checks = [Check("config", "pass", f"{run.trainer}: keys and values valid")]
-        checks.append(run_preflight(run))
+        inputs, examples = run_preflight(run)
+        checks.append(inputs)
         from twinrun.capture.source import source_problems
 
-        try:
-            problems = source_problems(run)
-        except TwinrunError as exc:
-            problems = [exc.one_line()]
         what = "capture_steps" if run.cfg.capture_steps else "v1 capture"
         name = f"{what} preconditions" if run.cfg.capture else "steps"
-        checks.append(
-            Check(
-                name,
-                "fail" if problems else "pass",
-                "; ".join(problems) or "initial state, steps, checkpoints, device",
+        if examples is None:  # an epoch run's steps are made from the rows the checks read
+            checks.append(Check(name, "skip", "not trusted: inputs did not pass"))
+        else:
+            try:
+                problems = source_problems(run, examples)
+            except TwinrunError as exc:
+                problems = [exc.one_line()]
+            checks.append(
+                Check(
+                    name,
+                    "fail" if problems else "pass",
+                    "; ".join(problems) or "initial state, steps, checkpoints, device",
+                )
             )
-        )
     report["checks"] = [c.as_dict() for c in checks]
     report["ok"] = all(c.status == "pass" for c in checks)
     return report
 
 
-def run_preflight(run: Any) -> Check:
-    """What `twinrun run` checks before it builds a model, by the same functions: the config's
-    numbers, the output location, the model's config.json and tokenizer, every examples row
-    (and, for GRPO, against a built-in environment), the initial adapter."""
-    from dataclasses import replace
+def run_preflight(run: TomlRun) -> tuple[Check, int | None]:
+    """What `twinrun run` checks before it builds a model, by the same list (`preflight`): the
+    planted faults, the output location, the model's files, the device, every examples row (and,
+    for GRPO, against a built-in environment), the schedule, the initial adapter. Returns the
+    check and the count of rows read (None when the check failed)."""
+    from twinrun.train.setup.preflight import preflight
 
-    from twinrun.config.resolved import validate
-    from twinrun.data.examples import load_rows
-    from twinrun.model.loading import read_model_config
-    from twinrun.train.outputs.run_dir import check_output_dir
-    from twinrun.train.step.faults import parse_faults
-
-    cfg = replace(run.cfg, objective=run.trainer)
     try:
-        validate(cfg)
-        parse_faults(cfg.inject, cfg.objective)
-        from twinrun.core.paths import output_path
-
-        output_path(cfg.output)
-        if not cfg.resume:
-            check_output_dir(cfg.output, cfg.overwrite)
-        read_model_config(cfg.model)
-        rows = load_rows(cfg.examples)
+        data = preflight(run.training())
         if objective(run.trainer).samples:
-            check_environment(cfg, rows)
-        if cfg.init_adapter is not None:
-            from twinrun.capture.state import read_trainer_state
-
-            read_trainer_state(cfg.init_adapter)
+            check_environment(run.cfg, data.items)
     except TwinrunError as exc:
-        return Check("inputs", "fail", exc.one_line())
-    return Check("inputs", "pass", f"model, {len(rows)} examples rows, output")
+        return Check("inputs", "fail", exc.one_line()), None
+    rows = len(data.items)
+    return Check("inputs", "pass", f"model, {rows} examples rows, output"), rows
 
 
 def check_environment(cfg: Any, rows: list[Any]) -> None:
