@@ -216,6 +216,11 @@ def mistakes(f: Files) -> dict[str, tuple[list[str], str]]:
             f.sft_args(inject="observation@0"),
             "fault 'observation' does not apply to sft",
         ),
+        "shard-base-without-torchrun": (
+            [*f.sft_args(), "--shard-base"],
+            "--shard-base shards the base across torchrun's processes, and this process was not "
+            "started by torchrun",
+        ),
         "batch-larger-than-the-data": (  # the cause first, the warm-up it leaves no room for next
             f.sft_args(batch_size="500", warmup_steps="1"),
             "error: one step takes 500 examples (--batch-size 500 x --accumulation 1) and the "
@@ -395,7 +400,7 @@ NAMES = [
     "epochs-zero", "warmup-negative", "warmup-longer-than-the-run", "schedule-unknown",
     "wsd-without-decay", "lora-rank-zero", "lora-alpha-negative", "precision-unknown",
     "threads-zero", "threads-100000", "max-length-zero", "device-unknown",
-    "inject-not-fault-at-step", "inject-a-fault-sft-does-not-take",
+    "inject-not-fault-at-step", "inject-a-fault-sft-does-not-take", "shard-base-without-torchrun",
     "batch-larger-than-the-data", "checkpointing-with-batch-invariant",
     "group-size-one", "missing-flags", "trl-lr", "trl-num-train-epochs", "beta-on-sft",
     "trl-beta-on-grpo", "trl-max-steps-on-sft", "trl-max-steps-on-grpo", "trl-config-flag",

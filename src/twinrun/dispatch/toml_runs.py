@@ -13,7 +13,6 @@ is checked before anything is written:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,9 +37,9 @@ def run_toml(
         loaded(run.training())
     if run.trainer == "optimizer_replay":
         from twinrun.replay.runner import replay
-        from twinrun.train.parallel.distributed import launched
+        from twinrun.train.parallel.distributed import several_processes
 
-        if launched() and os.environ.get("WORLD_SIZE") != "1":
+        if several_processes():
             raise ConfigError(
                 f"{path}: an optimizer replay runs in one process, not under torchrun",
                 "run it as `twinrun run CONFIG.toml` (a capture from any process count replays)",

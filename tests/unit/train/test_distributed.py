@@ -110,15 +110,52 @@ def test_shard_base_without_torchrun_is_a_clear_error_and_writes_nothing(
     assert not out.exists()
 
 
-def test_shard_base_refuses_batch_invariant_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    from twinrun.config.run import RunConfig
-    from twinrun.train.parallel.sharding import check_shard_base
+@pytest.mark.parametrize(
+    ("world_size", "extra", "line"),
+    [
+        ("0", ("--shard-base", "--batch-invariant"),
+         "--shard-base does not run with --batch-invariant (its packed forwards call the layers "
+         "one by one, outside FSDP's units) — leave one of them out"),
+        ("2", ("--trace-step", "0"),
+         "--trace-step traces the forwards of one process; under torchrun each process runs only "
+         "some of the step's forwards — trace the step in a run without torchrun (its bytes are "
+         "the same)"),
+    ],
+)  # fmt: skip
+def test_what_a_run_asks_of_torchruns_processes_is_checked_first(
+    toy_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, world_size: str, extra: tuple[str, ...], line: str,
+) -> None:  # fmt: skip
+    """Under torchrun (its variables set, no process group joined), `--shard-base` with
+    `--batch-invariant` and `--trace-step` on more than one process are refused by the input
+    checks: one line, nothing written, no process group."""
+    from testkit.toy_runs import run_args, write_examples
+    from twinrun.cli.main import run_cli
 
     for name in distributed.LAUNCH_ENV:
         monkeypatch.setenv(name, "0")
-    with pytest.raises(ConfigError, match="--shard-base does not run with --batch-invariant"):
-        check_shard_base(RunConfig(objective="sft", shard_base=True, batch_invariant=True))
-    check_shard_base(RunConfig(objective="sft", shard_base=True))  # launched: nothing to refuse
+    monkeypatch.setenv("WORLD_SIZE", world_size)
+    monkeypatch.setenv(distributed.TIMEOUT_ENV, "5")  # a check moved after the group: it fails
+    examples = write_examples(tmp_path / "data")["sft"]
+    out = tmp_path / "run"
+    assert run_cli([*run_args("sft", toy_model_dir, examples, out), *extra]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"twinrun: error: {line}"]
+    assert not out.exists() and not distributed.active()
+
+
+def test_several_processes_are_read_from_torchruns_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torchrun with one process (`--nproc-per-node 1`) is one process: the step's forwards are
+    all its own (`--trace-step` is not refused there)."""
+    for name in distributed.LAUNCH_ENV:
+        monkeypatch.setenv(name, "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert distributed.launched() and not distributed.several_processes()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert distributed.several_processes()
+    monkeypatch.delenv("RANK")
+    assert not distributed.several_processes()  # not started by torchrun
 
 
 def test_forward_slots_pad_every_process_to_the_most_forwards(

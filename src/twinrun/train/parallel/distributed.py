@@ -71,6 +71,12 @@ def launched() -> bool:
     return all(name in os.environ for name in LAUNCH_ENV)
 
 
+def several_processes() -> bool:
+    """True when torchrun started this process as one of more than one (WORLD_SIZE other than
+    1): read from the environment, before any process group is joined."""
+    return launched() and os.environ.get("WORLD_SIZE") != "1"
+
+
 def timeout_s() -> float:
     """The bound on every collective (seconds): TWINRUN_DIST_TIMEOUT_S, default 300."""
     raw = os.environ.get(TIMEOUT_ENV, "")

@@ -41,34 +41,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from twinrun.core.errors import ConfigError
 from twinrun.train.parallel import distributed
 
 if TYPE_CHECKING:
-    from twinrun.config.resolved import Backend
-    from twinrun.config.run import RunConfig
     from twinrun.model.build import CausalLM
     from twinrun.model.shard_digests import BaseDigests
     from twinrun.train.step.loop import Params
-
-
-def check_shard_base(cfg: Backend | RunConfig) -> None:
-    """What `--shard-base` needs, checked before anything is read or written (a run's backend,
-    or the config it is given as)."""
-    if not cfg.shard_base:
-        return
-    if not distributed.launched():
-        raise ConfigError(
-            "--shard-base shards the base across torchrun's processes, and this process was not "
-            "started by torchrun",
-            "run it as torchrun --nproc-per-node N -m twinrun ..., or leave --shard-base out",
-        )
-    if cfg.batch_invariant:
-        raise ConfigError(
-            "--shard-base does not run with --batch-invariant (its packed forwards call the "
-            "layers one by one, outside FSDP's units)",
-            "leave one of them out",
-        )
 
 
 MMAP_THRESHOLD = 1 << 20  # bytes: glibc serves every allocation this large by its own mmap

@@ -2,7 +2,8 @@
 
 `CHECKS` is the one list of a run's input checks, in order; `preflight(run)` runs it, so a
 mistake costs no torch, transformers or PEFT import (seconds on a small machine): the planted
-faults (`--inject`, each FAULT@STEP of a fault the objective takes), the output
+faults (`--inject`, each FAULT@STEP of a fault the objective takes), what the run asks of
+torchrun's processes (`--shard-base` needs them, `--trace-step` one), the output
 directory (when resuming: that it holds something to resume,
 `train.resume_check.check_resumable`), the model directory, its `config.json`, tokenizer files
 and safetensors weights, the `--device` name, each examples, evaluation examples and corpus file
@@ -39,7 +40,7 @@ from twinrun.model.tokens import check_tokenizer_files
 from twinrun.train.outputs.init_adapter import check_init_header
 from twinrun.train.outputs.resume_check import check_resumable
 from twinrun.train.outputs.run_dir import check_output_dir, config_inputs
-from twinrun.train.parallel.distributed import process_device
+from twinrun.train.parallel.distributed import launched, process_device, several_processes
 from twinrun.train.setup.run_data import RawData, read_data, read_eval
 from twinrun.train.step.faults import parse_faults
 
@@ -80,6 +81,31 @@ def check_model_files(run: ValidRun) -> None:
     shard_files(run.model)  # safetensors weights (not pickle only), every shard the index names
 
 
+def check_processes(run: ValidRun) -> None:
+    """What the run asks of torchrun's processes, read from the environment torchrun sets:
+    `--shard-base` shards the base across them (and its forwards are not batch-invariant's);
+    `--trace-step` traces the forwards of one process."""
+    backend = run.backend
+    if backend.shard_base and not launched():
+        raise ConfigError(
+            "--shard-base shards the base across torchrun's processes, and this process was not "
+            "started by torchrun",
+            "run it as torchrun --nproc-per-node N -m twinrun ..., or leave --shard-base out",
+        )
+    if backend.shard_base and backend.batch_invariant:
+        raise ConfigError(
+            "--shard-base does not run with --batch-invariant (its packed forwards call the "
+            "layers one by one, outside FSDP's units)",
+            "leave one of them out",
+        )
+    if run.switches.trace_step is not None and several_processes():
+        raise ConfigError(
+            "--trace-step traces the forwards of one process; under torchrun each process runs "
+            "only some of the step's forwards",
+            "trace the step in a run without torchrun (its bytes are the same)",
+        )
+
+
 def check_device(run: ValidRun) -> None:
     """The `--device` name (torchrun gives `cuda` each process's index)."""
     parse_device(process_device(run.backend.device))
@@ -108,7 +134,8 @@ Check = Callable[[ValidRun], RawData | None]  # the data check returns what it r
 # The one list of a run's input checks, in order: `preflight` runs it before torch loads (the
 # commands), and `train(run)` runs it first when its caller has not (a library call).
 CHECKS: list[Check] = [
-    check_faults, check_output, check_model_files, check_device, check_data, check_adapter
+    check_faults, check_processes, check_output, check_model_files, check_device, check_data,
+    check_adapter,
 ]  # fmt: skip
 
 

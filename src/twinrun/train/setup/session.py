@@ -127,17 +127,6 @@ def open_session(given: ValidRun, raw: RawData) -> Opening:
     device = distributed.setup(given.backend.device)
     quiet = given.switches.quiet or not distributed.is_root()
     run = given.with_switches(device=device, quiet=quiet)
-    from twinrun.train.parallel.sharding import check_shard_base
-
-    check_shard_base(run.backend)
-    if run.switches.trace_step is not None and distributed.world().size > 1:
-        from twinrun.core.errors import ConfigError
-
-        raise ConfigError(
-            "--trace-step traces the forwards of one process; under torchrun each process runs "
-            "only some of the step's forwards",
-            "trace the step in a run without torchrun (its bytes are the same)",
-        )
     faults = parse_faults(run.switches.inject, run.objective)
     # the second writer stops here; under torchrun only rank 0 writes, so only it locks
     lock = acquire(run.output) if distributed.is_root() else None
