@@ -4,8 +4,10 @@ A profile hook (`sys.setprofile`) sees every Python call from the moment `train(
 until the loop's first `run_step`; each call made by a twinrun module's code into another twinrun
 module's is a transition. Reported: the modules in the order first entered, the transitions, the
 re-entries (an entry into a module that was entered before and left since), and the entries per
-module. Calls into torch, transformers and the standard library are not counted: a module's
-call out to them and back is no transition.
+module; and, for every call, the same per stage of the set-up (each call `train` makes, with all
+it calls): which stage the re-entries come from, and whether a stage's come from a loop (one
+module pair entered again for each setting, row or layer). Calls into torch, transformers and
+the standard library are not counted: a module's call out to them and back is no transition.
 
 What it shows is structure, not speed: fewer re-entries is a set-up that reads in one pass.
 Writes bench/results/setup_trace.json and .md (`--quick` is the same run: it takes seconds).
@@ -33,9 +35,10 @@ class FirstStep(Exception):
     """Raised by the hook when the loop starts its first step: the trace ends there."""
 
 
-def trace_setup(work: Path) -> tuple[list[str], list[str]]:
-    """The twinrun module of every call, in order, from `train` to the first step; and of every
-    call that takes the run's configuration (a `RunConfig` or `ValidRun` argument)."""
+def trace_setup(work: Path) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+    """The twinrun module of every call, in order, from `train` to the first step; of every
+    call that takes the run's configuration (a `RunConfig` or `ValidRun` argument); and every
+    call's (stage, module), a stage being the call `train` made that it is part of."""
     import os
 
     from testkit.toy_runs import write_examples
@@ -56,7 +59,11 @@ def trace_setup(work: Path) -> tuple[list[str], list[str]]:
     )  # fmt: skip
     calls: list[str] = []
     taking_run: list[str] = []
+    staged: list[tuple[str, str]] = []
     first_step = loop_module.Loop.run_step.__code__
+    train_code = train.__code__
+    train_frame: list[Any] = []  # the frame of `train`, once entered
+    stage = [""]
 
     def hook(frame: Any, event: str, _arg: Any) -> None:
         if event != "call":
@@ -64,9 +71,15 @@ def trace_setup(work: Path) -> tuple[list[str], list[str]]:
         if frame.f_code is first_step:
             sys.setprofile(None)
             raise FirstStep
+        if frame.f_code is train_code:
+            train_frame.append(frame)
+        elif train_frame and frame.f_back is train_frame[0]:
+            stage[0] = frame.f_code.co_qualname
         name = frame.f_globals.get("__name__", "")
         if name.startswith("twinrun."):
             calls.append(name)
+            if train_frame and frame.f_code is not train_code:
+                staged.append((stage[0], name))
             code = frame.f_code
             names = code.co_varnames[: code.co_argcount]
             # the run's own methods (the run as `self`) are the run, not a module it passes through
@@ -82,7 +95,7 @@ def trace_setup(work: Path) -> tuple[list[str], list[str]]:
         pass
     finally:
         sys.setprofile(None)
-    return calls, taking_run
+    return calls, taking_run, staged
 
 
 def summarise(calls: list[str]) -> dict[str, Any]:
@@ -107,6 +120,43 @@ def summarise(calls: list[str]) -> dict[str, Any]:
     }
 
 
+def by_stage(staged: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Every call's re-entries, per stage of the set-up, in the order the stages ran; with the
+    module most entered in the stage and the stage's distinct module-to-module transitions
+    (a loop that enters one module pair again per item adds re-entries, not distinct ones)."""
+    stages: dict[str, list[str]] = {}
+    for name, module in staged:
+        stages.setdefault(name, []).append(module)
+    rows = []
+    for name, modules in stages.items():
+        s = summarise(modules)
+        top, n = next(iter(s["entries"].items()))
+        pairs = {(a, b) for a, b in zip(s["path"], s["path"][1:], strict=False)}
+        rows.append({
+            "stage": name, "modules": len(s["modules"]), "reentries": s["reentries"],
+            "distinct_transitions": len(pairs), "most_entered": top, "entries": n,
+        })  # fmt: skip
+    return rows
+
+
+def stage_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "**Every twinrun call, by stage** (each call `train` makes, with all it calls):",
+        "",
+        "| stage | modules | re-entries | distinct transitions | most entered |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| `{r['stage']}` | {r['modules']} | {r['reentries']} | "
+            f"{r['distinct_transitions']} | `{r['most_entered'].removeprefix('twinrun.')}` "
+            f"{r['entries']} |"
+        )
+    total = sum(r["reentries"] for r in rows)
+    lines += ["", f"Re-entries inside the stages: {total} (the rest are between stages).", ""]
+    return lines
+
+
 def section(title: str, s: dict[str, Any]) -> list[str]:
     top = ", ".join(
         f"`{m.removeprefix('twinrun.')}` {n}" for m, n in list(s["entries"].items())[:8]
@@ -128,6 +178,7 @@ def render(res: dict[str, Any]) -> str:
         "",
         *section("Calls that take the run's configuration", res["taking_run"]),
         *section("Every twinrun call", res["all_calls"]),
+        *stage_table(res["by_stage"]),
     ]
     return "\n".join(lines)
 
@@ -137,8 +188,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the same run: it takes seconds")
     ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="twinrun-setup-trace-") as tmp:
-        calls, taking_run = trace_setup(Path(tmp))
-    res = {"meta": meta(0.0), "taking_run": summarise(taking_run), "all_calls": summarise(calls)}
+        calls, taking_run, staged = trace_setup(Path(tmp))
+    res = {
+        "meta": meta(0.0),
+        "taking_run": summarise(taking_run),
+        "all_calls": summarise(calls),
+        "by_stage": by_stage(staged),
+    }
     md = render(res)
     print(md)
     write_results(NAME, res, f"# {NAME}\n\n{md}")
