@@ -1,8 +1,8 @@
 """`--init-adapter` is checked as `reproduce` and `export` check a run's adapter
 (`model.adapter_check.check_adapter_dir`): readable safetensors, float32, finite, and an
-adapter_config.json that parses and has the tensors' rank. Each refusal is one line naming the
-file, exit 2, before training and with nothing written; the header-level ones (truncated, empty,
-not safetensors, not float32) before torch is imported."""
+adapter_config.json that parses and has the tensors' rank; and it must be of the run's rank and
+alpha. Each refusal is one line naming the file, exit 2, before training and with nothing
+written; all but the finite check (which reads the tensors) before torch is imported."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def copy_init(init: Path, dest: Path, change: Callable[[Path], None]) -> Path:
     return dest
 
 
-# the header-level cases: refused in the preflight, before torch loads
+# the cases the headers and the config show: refused in the preflight, before torch loads
 HEADER_CASES: dict[str, tuple[Callable[[Path], None], Callable[[Path], str]]] = {
     "truncated": (
         lambda d: (d / ADAPTER).write_bytes((d / ADAPTER).read_bytes()[:100]),
@@ -108,9 +108,13 @@ HEADER_CASES: dict[str, tuple[Callable[[Path], None], Callable[[Path], str]]] = 
         rewrite(half),
         lambda d: f"{d / ADAPTER}: {first_a_name(d)} is stored as float16, twinrun writes float32",
     ),
+    "r 4 -> 8 in the config": (
+        set_config(r=8),
+        lambda d: f"{d / CONFIG}: r is 8 but {ADAPTER} holds {first_a_name(d)} of shape (4, 64)",
+    ),
 }
 
-# the cases that need the tensors or the config: refused in the session, before the model loads
+# the cases that need the tensors' values: refused in the session, before the model loads
 SESSION_CASES: dict[str, tuple[Callable[[Path], None], Callable[[Path], str]]] = {
     "NaN": (
         rewrite(set_first(float("nan"))),
@@ -119,10 +123,6 @@ SESSION_CASES: dict[str, tuple[Callable[[Path], None], Callable[[Path], str]]] =
     "Inf": (
         rewrite(set_first(float("inf"))),
         lambda d: f"{d / ADAPTER}: {first_a_name(d)} holds a value that is not finite (NaN or Inf)",
-    ),
-    "r 4 -> 8 in the config": (
-        set_config(r=8),
-        lambda d: f"{d / CONFIG}: r is 8 but {ADAPTER} holds {first_a_name(d)} of shape (4, 64)",
     ),
 }
 
@@ -195,6 +195,40 @@ def test_header_refusals_come_before_torch_loads(
     assert json.loads(done.stdout.splitlines()[-1]) == [[2, False]] * len(argvs), done.stderr
     assert done.stderr.strip().splitlines() == lines
     assert not (tmp_path / "out").exists()
+
+
+def test_flags_of_another_rank_or_alpha_are_refused_before_torch_loads(
+    init_dir: Path, toy_model_dir: Path, sft_examples: Path, tmp_path: Path
+) -> None:
+    """The run's --lora-rank / --lora-alpha are compared with the adapter's config before torch
+    loads; a broken config is refused there too."""
+    broken = copy_init(
+        init_dir, tmp_path / "broken", lambda d: (d / CONFIG).write_text('{"peft_type": "LORA"')
+    )
+    out = tmp_path / "out"
+
+    def args(init: Path, rank: str, alpha: str) -> list[str]:
+        argv = sft_args(toy_model_dir, sft_examples, out, 1, "--init-adapter", str(init))
+        argv[argv.index("--lora-rank") + 1], argv[argv.index("--lora-alpha") + 1] = rank, alpha
+        return argv
+
+    argvs = [args(init_dir, "8", "8"), args(init_dir, "4", "16"), args(broken, "4", "8")]
+    code = (
+        "import json, sys; from twinrun.cli.main import run_cli; "
+        f"print(json.dumps([[run_cli(a), 'torch' in sys.modules] for a in {argvs!r}]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert json.loads(done.stdout.splitlines()[-1]) == [[2, False]] * 3, done.stderr
+    lines = done.stderr.strip().splitlines()
+    flags = "— make the LoRA flags match the adapter"
+    assert lines[:2] == [
+        f"twinrun: error: adapter {init_dir} has rank 4 alpha 8, the run asks for rank 8 "
+        f"alpha 8.0 {flags}",
+        f"twinrun: error: adapter {init_dir} has rank 4 alpha 8, the run asks for rank 4 "
+        f"alpha 16.0 {flags}",
+    ]
+    assert lines[2].startswith(f"twinrun: error: cannot read {broken / CONFIG}: "), lines[2]
+    assert len(lines) == 3 and not out.exists()
 
 
 def test_an_untouched_init_adapter_still_trains(

@@ -8,20 +8,27 @@ readable safetensors, float32 (the dtype twinrun writes), finite, and consistent
 state is one line naming the file (exit 2), before anything is re-run or merged.
 
 `check_adapter_dir(directory, what, ...)` is that check without the sidecar: a training run's
-`--init-adapter` goes through it too (`train.init_adapter.check_init_adapter`), and
-`check_adapter_header` is its torch-free first part (the file, its header, float32), which the
-training preflight runs before torch loads.
+`--init-adapter` goes through it too, in two parts: `check_adapter_files`, torch-free (the file,
+its header, float32, the config and its rank), which the training preflight runs before torch
+loads (`train.init_adapter.check_init_files`), and `check_finite`, which reads the tensors, before
+the model loads. `read_adapter_config` reads an adapter_config.json, checked for the LoRA
+features twinrun supports.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
-from twinrun.core.errors import DataError, IntegrityError, TwinrunError
+from twinrun.core import reading
+from twinrun.core.errors import DataError, IntegrityError, ModelError, TwinrunError
 from twinrun.core.safetensors_io import TensorSpan
+from twinrun.model.loading import ADAPTER_DIR_HINT, check_adapter_directory
 
 ADAPTER_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
 HEAD_FILE = "reward_head.safetensors"
 HINT = "the run directory's adapter is damaged or was replaced: use the directory a run wrote"
 
@@ -35,7 +42,6 @@ def check_adapter_header(
 ) -> dict[str, TensorSpan]:
     """The tensors of the adapter file `path`, from its header alone (no torch): `error(...)`
     naming the file unless it is a regular, readable safetensors file of float32 tensors."""
-    from twinrun.core import reading
     from twinrun.core.safetensors_io import tensor_spans
 
     reading.open_regular(path, what, error).close()
@@ -47,7 +53,9 @@ def check_adapter_header(
     return spans
 
 
-def _finite(path: Path, what: str, hint: str, error: type[TwinrunError]) -> None:
+def check_finite(path: Path, what: str, hint: str, error: type[TwinrunError]) -> None:
+    """`error(...)` naming the tensor unless every value of the safetensors file `path` is
+    finite (it reads the tensors: torch)."""
     import torch
 
     from twinrun.core.safetensors_io import read_safetensors
@@ -57,7 +65,7 @@ def _finite(path: Path, what: str, hint: str, error: type[TwinrunError]) -> None
             raise error(f"{path}: {name} holds a value that is not finite (NaN or Inf)", hint)
 
 
-def check_adapter_dir(
+def check_adapter_files(
     directory: str | Path,
     what: str,
     hint: str = HINT,
@@ -65,18 +73,15 @@ def check_adapter_dir(
     recorded: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The adapter config of `directory` once its `adapter_model.safetensors` is a regular,
-    readable safetensors file of finite float32 tensors and its adapter_config.json parses
-    (ModelError otherwise) and has the tensors' rank (`lora_A` `r` rows, `lora_B` `r` columns);
-    `error(...)` naming the file otherwise. `recorded`: a sidecar's `train` section, whose
-    `lora_rank` / `lora_alpha` the config must equal where given."""
-    from twinrun.model.lora import read_adapter_config
-
+    readable safetensors file of float32 tensors and its adapter_config.json parses (ModelError
+    otherwise) and has the tensors' rank (`lora_A` `r` rows, `lora_B` `r` columns); `error(...)`
+    naming the file otherwise. `recorded`: a sidecar's `train` section, whose `lora_rank` /
+    `lora_alpha` the config must equal where given. Headers and config alone: no torch."""
     run = Path(directory)
     adapter = run / ADAPTER_FILE
     spans = check_adapter_header(adapter, what, hint, error)
-    _finite(adapter, what, hint, error)
     cfg = read_adapter_config(run)
-    config = run / "adapter_config.json"
+    config = run / ADAPTER_CONFIG
     for key, field in (("r", "lora_rank"), ("lora_alpha", "lora_alpha")):
         want = (recorded or {}).get(field)
         if isinstance(want, int | float) and not isinstance(want, bool) and cfg[key] != want:
@@ -89,6 +94,61 @@ def check_adapter_dir(
             raise error(
                 f"{config}: r is {r} but {adapter.name} holds {name} of shape {span.shape}", hint
             )
+    return cfg
+
+
+def check_adapter_dir(
+    directory: str | Path,
+    what: str,
+    hint: str = HINT,
+    error: type[TwinrunError] = DataError,
+    recorded: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """`check_adapter_files`, then every weight finite (`check_finite`)."""
+    cfg = check_adapter_files(directory, what, hint, error, recorded)
+    check_finite(Path(directory) / ADAPTER_FILE, what, hint, error)
+    return cfg
+
+
+def read_adapter_config(adapter_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """adapter_config.json, checked for the LoRA features twinrun supports."""
+    root = Path(adapter_dir)
+    path = root / ADAPTER_CONFIG
+    hint = ADAPTER_DIR_HINT
+    check_adapter_directory(root)
+    if not path.is_file():
+        raise ModelError(f"no {ADAPTER_CONFIG} in {root}", hint)
+    try:
+        cfg = json.loads(reading.read_text(path, "adapter config", 16 << 20, ModelError, hint))
+    except ModelError:
+        raise
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ModelError(f"cannot read {path}: {exc}", hint) from exc
+    if not isinstance(cfg, dict) or cfg.get("peft_type") != "LORA":
+        raise ModelError(f"{path}: not a LoRA adapter config (peft_type != LORA)", hint)
+    r, alpha, targets = cfg.get("r"), cfg.get("lora_alpha"), cfg.get("target_modules")
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+        raise ModelError(f"{path}: r must be a positive integer, got {r!r}", hint)
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or alpha <= 0:
+        raise ModelError(f"{path}: lora_alpha must be a positive number, got {alpha!r}", hint)
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+        raise ModelError(f"{path}: target_modules must be a non-empty list of names", hint)
+    unsupported = [
+        key
+        for key, ok in (
+            ("use_dora", not cfg.get("use_dora")),
+            ("bias", cfg.get("bias", "none") == "none"),
+            ("modules_to_save", not cfg.get("modules_to_save")),
+            ("fan_in_fan_out", not cfg.get("fan_in_fan_out")),
+            ("rank_pattern", not cfg.get("rank_pattern")),
+            ("alpha_pattern", not cfg.get("alpha_pattern")),
+            ("layers_to_transform", cfg.get("layers_to_transform") is None),
+            ("lora_bias", not cfg.get("lora_bias")),
+        )
+        if not ok
+    ]
+    if unsupported:
+        raise ModelError(f"{path}: unsupported LoRA settings {unsupported}", "use plain LoRA")
     return cfg
 
 
@@ -113,7 +173,7 @@ def check_run_adapter(run_dir: str | Path, sidecar: dict[str, Any]) -> None:
         head_path = run / HEAD_FILE
         _pinned(head_path, head.get("sha256"))
         check_adapter_header(head_path, "reward head")
-        _finite(head_path, "reward head", HINT, DataError)
+        check_finite(head_path, "reward head", HINT, DataError)
     recorded = sidecar.get("train")
     check_adapter_dir(
         run, "adapter weights", recorded=recorded if isinstance(recorded, dict) else None

@@ -31,14 +31,13 @@ from torch import nn
 from twinrun.core import reading
 from twinrun.core.errors import ModelError
 from twinrun.core.redact import redact_string
+from twinrun.model.adapter_check import ADAPTER_CONFIG, read_adapter_config
 from twinrun.model.dropout import dropped
-from twinrun.model.loading import ADAPTER_DIR_HINT, check_adapter_directory
 from twinrun.model.output import ModuleTree
 from twinrun.model.targets import ALL_LINEAR, DEFAULT_TARGETS, default_targets
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_METADATA = {"format": "pt"}  # what PEFT writes
-ADAPTER_CONFIG = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."
 
 
@@ -306,48 +305,6 @@ def save_adapter(
     write_tensors(out / ADAPTER_WEIGHTS, lora_state_dict(model, dtype), ADAPTER_METADATA)
     cfg = adapter_config(base_model_path, m_rank, m_alpha, m_targets, dropout)
     atomic_write_text(out / ADAPTER_CONFIG, json.dumps(cfg, sort_keys=True, indent=2) + "\n")
-
-
-def read_adapter_config(adapter_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """adapter_config.json, checked for the LoRA features twinrun supports."""
-    root = Path(adapter_dir)
-    path = root / ADAPTER_CONFIG
-    hint = ADAPTER_DIR_HINT
-    check_adapter_directory(root)
-    if not path.is_file():
-        raise ModelError(f"no {ADAPTER_CONFIG} in {root}", hint)
-    try:
-        cfg = json.loads(reading.read_text(path, "adapter config", 16 << 20, ModelError, hint))
-    except ModelError:
-        raise
-    except (OSError, ValueError, RecursionError) as exc:
-        raise ModelError(f"cannot read {path}: {exc}", hint) from exc
-    if not isinstance(cfg, dict) or cfg.get("peft_type") != "LORA":
-        raise ModelError(f"{path}: not a LoRA adapter config (peft_type != LORA)", hint)
-    r, alpha, targets = cfg.get("r"), cfg.get("lora_alpha"), cfg.get("target_modules")
-    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
-        raise ModelError(f"{path}: r must be a positive integer, got {r!r}", hint)
-    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or alpha <= 0:
-        raise ModelError(f"{path}: lora_alpha must be a positive number, got {alpha!r}", hint)
-    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
-        raise ModelError(f"{path}: target_modules must be a non-empty list of names", hint)
-    unsupported = [
-        key
-        for key, ok in (
-            ("use_dora", not cfg.get("use_dora")),
-            ("bias", cfg.get("bias", "none") == "none"),
-            ("modules_to_save", not cfg.get("modules_to_save")),
-            ("fan_in_fan_out", not cfg.get("fan_in_fan_out")),
-            ("rank_pattern", not cfg.get("rank_pattern")),
-            ("alpha_pattern", not cfg.get("alpha_pattern")),
-            ("layers_to_transform", cfg.get("layers_to_transform") is None),
-            ("lora_bias", not cfg.get("lora_bias")),
-        )
-        if not ok
-    ]
-    if unsupported:
-        raise ModelError(f"{path}: unsupported LoRA settings {unsupported}", "use plain LoRA")
-    return cfg
 
 
 def load_adapter(model: ModuleTree, adapter_dir: str | os.PathLike[str]) -> dict[str, Any]:

@@ -119,7 +119,7 @@ def open_model(
     # then: the CPU kernels are pinned before torch runs any (tokenization may)
     provenance = establish(strict=strict, threads=threads, device=device, cpu_kernels=cpu_kernels)
     if adapter is not None:
-        from twinrun.model.lora import read_adapter_config
+        from twinrun.model.adapter_check import read_adapter_config
 
         read_adapter_config(adapter)  # fail before tokenizing or building anything
     return Prelude(

@@ -6,10 +6,11 @@ It writes the LoRA adapter a fresh run at this seed would start with (`apply_lor
 then runs logical step 0 exactly once.
 
 A run that starts from such a directory (`--init-adapter`) checks it first, as `reproduce` and
-`export` check a run's adapter (`model.adapter_check`): `check_init_adapter` before the model is
-built (a regular, readable safetensors file of finite float32 tensors; an adapter_config.json
-that parses and has their rank), `check_init_header` in the preflight (the file and its header
-only, no torch). Each refusal is one line naming the file, before anything is written.
+`export` check a run's adapter (`model.adapter_check`): `check_init_files` in the preflight,
+before torch loads (a regular, readable safetensors file of float32 tensors, an
+adapter_config.json that parses and has their rank, and the run's rank and alpha), and
+`check_init_weights` before the model is built (every weight finite). Each refusal is one line
+naming the file, before anything is written.
 """
 
 from __future__ import annotations
@@ -96,21 +97,27 @@ def _write(path: Path, base: Any, model: str, seed: int, rank: int, alpha: float
     )
 
 
-def check_init_header(directory: str | Path) -> None:
+def check_init_files(directory: str | Path, rank: int, alpha: float) -> None:
     """ModelError naming the file unless `directory`'s adapter weights are a regular, readable
-    safetensors file of float32 tensors (its header alone: no torch); `read_adapter_config`'s
-    line for a directory that does not exist."""
-    from twinrun.model.adapter_check import ADAPTER_FILE, check_adapter_header
+    safetensors file of float32 tensors and its adapter_config.json a plain LoRA config of their
+    rank (`check_adapter_files`: headers and config alone, no torch); ConfigError unless the
+    adapter is of the run's `rank` and `alpha`. The preflight runs it, before torch loads."""
+    from twinrun.model.adapter_check import check_adapter_files
     from twinrun.model.loading import check_adapter_directory
 
     check_adapter_directory(Path(directory))
-    check_adapter_header(Path(directory) / ADAPTER_FILE, INIT_WHAT, INIT_HINT, ModelError)
+    adapter = check_adapter_files(directory, INIT_WHAT, INIT_HINT, ModelError)
+    if adapter["r"] != rank or float(adapter["lora_alpha"]) != alpha:
+        raise ConfigError(
+            f"adapter {directory} has rank {adapter['r']} alpha {adapter['lora_alpha']}, the "
+            f"run asks for rank {rank} alpha {alpha}",
+            "make the LoRA flags match the adapter",
+        )
 
 
-def check_init_adapter(directory: str | Path) -> dict[str, Any]:
-    """The adapter config of `--init-adapter` `directory`, once `check_adapter_dir` has found its
-    weights readable, float32 and finite and its config of their rank; ModelError naming the
-    file otherwise."""
-    from twinrun.model.adapter_check import check_adapter_dir
+def check_init_weights(directory: str | Path) -> None:
+    """ModelError naming the tensor unless every weight of `directory`'s adapter is finite (it
+    reads them: the session runs it, before the model loads)."""
+    from twinrun.model.adapter_check import ADAPTER_FILE, check_finite
 
-    return check_adapter_dir(directory, INIT_WHAT, INIT_HINT, ModelError)
+    check_finite(Path(directory) / ADAPTER_FILE, INIT_WHAT, INIT_HINT, ModelError)

@@ -9,7 +9,9 @@ directory (when resuming: that it holds something to resume,
 and safetensors weights, the `--device` name, each examples, evaluation examples and corpus file
 (read and every row's shape checked as the objective reads it, `run_data`), the schedule over
 the steps the examples make, and that an `--init-adapter` is a directory whose weights are a
-readable safetensors file of float32 tensors (its header: `train.init_adapter.check_init_header`).
+readable safetensors file of float32 tensors and whose adapter_config.json is a plain LoRA config
+of their rank and of the run's `--lora-rank` and `--lora-alpha` (headers and config alone:
+`train.init_adapter.check_init_files`).
 It returns the run's data as it read it. The commands run it before importing torch and hand
 that data to `train`; a library call of `train(run)` runs it first, before the output directory
 is locked, as the commands do. A new input check is one function added to `CHECKS`. What needs
@@ -37,7 +39,7 @@ from twinrun.core.errors import ConfigError
 from twinrun.data.batching import steps_per_epoch
 from twinrun.model.loading import check_model_dir, read_model_config, shard_files
 from twinrun.model.tokens import check_tokenizer_files
-from twinrun.train.outputs.init_adapter import check_init_header
+from twinrun.train.outputs.init_adapter import check_init_files
 from twinrun.train.outputs.resume_check import check_resumable
 from twinrun.train.outputs.run_dir import check_output_dir, config_inputs
 from twinrun.train.parallel.distributed import launched, process_device, several_processes
@@ -125,9 +127,11 @@ def check_data(run: ValidRun) -> RawData:
 
 
 def check_adapter(run: ValidRun) -> None:
-    """An `--init-adapter` is a directory whose weights are a readable float32 safetensors file."""
+    """An `--init-adapter` is a directory whose weights are a readable float32 safetensors file
+    and whose adapter_config.json is a plain LoRA config of their rank, the run's rank and
+    alpha."""
     if run.build.init_adapter is not None:
-        check_init_header(run.build.init_adapter)
+        check_init_files(run.build.init_adapter, run.lora_rank, run.lora_alpha)
 
 
 Check = Callable[[ValidRun], RawData | None]  # the data check returns what it read; others None

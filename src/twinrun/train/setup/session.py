@@ -23,6 +23,7 @@ from twinrun.core.fileio import atomic_write_json, atomic_write_jsonl
 from twinrun.core.lock import acquire, release
 from twinrun.core.progress import Progress
 from twinrun.core.redact import redact
+from twinrun.train.outputs.init_adapter import check_init_weights
 from twinrun.train.outputs.resume_check import check_resume, run_inputs
 from twinrun.train.outputs.run_dir import (
     adopt_run_dir,
@@ -272,8 +273,8 @@ def _build_model(run: ValidRun, p: Prelude) -> tuple[CausalLM, Params]:
     loading = Progress(1, "", quiet=run.switches.quiet or not distributed.is_root())
     loading.note(f"{run.objective}: loading {run.model} ...")  # a large model takes minutes
     fresh = FreshLora(run.lora_rank, run.lora_alpha, run.seed, build.lora_targets)
-    if build.init_adapter is not None:  # its files and shape, before the model loads (minutes)
-        check_adapter_shape(run)
+    if build.init_adapter is not None:  # its weights finite, before the model loads (minutes);
+        check_init_weights(build.init_adapter)  # its files, config and rank: the preflight
     model = p.build(
         precision=run.precision, seed=run.seed, attention=build.attention,
         lora=None if build.init_adapter is not None else fresh,
@@ -323,27 +324,6 @@ def encode_eval_rows(
 
     all_tokens = run.build.messages_loss == "all"  # evaluated as the run trains its rows
     return encode_sft_rows(tok, raw.eval.rows, raw.eval.templated, max_length, all_tokens)
-
-
-def check_adapter_shape(run: ValidRun) -> None:
-    """A run that starts from an existing adapter (e.g. `twinrun init-adapter`) has its shape,
-    and the adapter is one to trust (`train.init_adapter.check_init_adapter`: readable, float32,
-    finite, its config of the tensors' rank)."""
-    from twinrun.core.errors import ConfigError
-    from twinrun.train.outputs.init_adapter import check_init_adapter
-
-    given = run.build.init_adapter
-    adapter = check_init_adapter(given)  # type: ignore[arg-type]  # called when given
-    if (
-        adapter.get("r") != run.lora_rank
-        or float(adapter.get("lora_alpha", "nan")) != run.lora_alpha
-    ):
-        raise ConfigError(
-            f"adapter {given} has rank {adapter.get('r')} alpha "
-            f"{adapter.get('lora_alpha')}, the run asks for rank {run.lora_rank} alpha "
-            f"{run.lora_alpha}",
-            "make the LoRA flags match the adapter",
-        )
 
 
 def finish_session(
