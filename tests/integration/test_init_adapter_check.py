@@ -1,5 +1,5 @@
 """`--init-adapter` is checked as `reproduce` and `export` check a run's adapter
-(`model.adapter_check.check_adapter_dir`): readable safetensors, float32, finite, and an
+(`model.adapter_check`): readable safetensors, float32, finite, and an
 adapter_config.json that parses and has the tensors' rank; and it must be of the run's rank and
 alpha. Each refusal is one line naming the file, exit 2, before training and with nothing
 written; all but the finite check (which reads the tensors) before torch is imported."""

@@ -7,12 +7,12 @@ readable safetensors, float32 (the dtype twinrun writes), finite, and consistent
 `lora_alpha` equal the sidecar's `train.lora_rank` / `train.lora_alpha` when recorded). Any other
 state is one line naming the file (exit 2), before anything is re-run or merged.
 
-`check_adapter_dir(directory, what, ...)` is that check without the sidecar: a training run's
-`--init-adapter` goes through it too, in two parts: `check_adapter_files`, torch-free (the file,
-its header, float32, the config and its rank), which the training preflight runs before torch
-loads (`train.init_adapter.check_init_files`), and `check_finite`, which reads the tensors, before
-the model loads. `read_adapter_config` reads an adapter_config.json, checked for the LoRA
-features twinrun supports.
+Without the sidecar that check is two parts: `check_adapter_files`, torch-free (the file, its
+header, float32, the config and its rank), and `check_finite`, which reads the tensors. A training
+run's `--init-adapter` goes through both: the first in the preflight, before torch loads
+(`train.init_adapter.check_init_files`), the second before the model loads.
+`read_adapter_config` reads an adapter_config.json, checked for the LoRA features twinrun
+supports.
 """
 
 from __future__ import annotations
@@ -97,19 +97,6 @@ def check_adapter_files(
     return cfg
 
 
-def check_adapter_dir(
-    directory: str | Path,
-    what: str,
-    hint: str = HINT,
-    error: type[TwinrunError] = DataError,
-    recorded: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """`check_adapter_files`, then every weight finite (`check_finite`)."""
-    cfg = check_adapter_files(directory, what, hint, error, recorded)
-    check_finite(Path(directory) / ADAPTER_FILE, what, hint, error)
-    return cfg
-
-
 def read_adapter_config(adapter_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """adapter_config.json, checked for the LoRA features twinrun supports."""
     root = Path(adapter_dir)
@@ -175,6 +162,7 @@ def check_run_adapter(run_dir: str | Path, sidecar: dict[str, Any]) -> None:
         check_adapter_header(head_path, "reward head")
         check_finite(head_path, "reward head", HINT, DataError)
     recorded = sidecar.get("train")
-    check_adapter_dir(
+    check_adapter_files(
         run, "adapter weights", recorded=recorded if isinstance(recorded, dict) else None
     )
+    check_finite(adapter, "adapter weights", HINT, DataError)
